@@ -9,10 +9,13 @@ OUT ?= out
 
 .PHONY: image compose-test wan-test wheel-test compose-monitoring-test browser console-bench venv proto proto-check proto-lint lint format typecheck test test-fast check demo demo-flights demo-cape demo-sketch cape-figures sketch-figures evaluate bench clean
 
+# pip compiles every module it installs one at a time (32 s of CPU for the 10,800 modules of
+# '.[dev]'); compileall does it on every core.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-compile -e '.[dev]'
+	$(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -47,10 +50,16 @@ typecheck: $(STAMP)
 
 # The test suite: unit, statistical and integration tests (real processes, real gRPC), one
 # pytest-xdist worker per CPU; a test module stays on one worker, so its fixtures start once.
-# `make test PYTEST_WORKERS=0` runs it in this process.
+# The modules go out longest first, in the order tests/scheduling.py gives them (xdist's own
+# order, most tests first, left the few long ones for the end, one worker running them alone).
+# `make test PYTEST_WORKERS=0` runs it in this process. It ends with its 40 slowest phases (setup,
+# call, teardown), so that every CI log says where the suite's time goes, and writes every
+# module's seconds to $(OUT)/module-seconds.json (copy it over tests/module_seconds.json to
+# refresh the order).
 PYTEST_WORKERS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	  --durations=40 --record-module-seconds $(OUT)/module-seconds.json
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not integration"
@@ -126,9 +135,11 @@ image:
 	deploy/build-image.sh
 
 # deploy/docker-compose.yml end to end on a real Docker engine (started, as root, from Debian's
-# docker.io when none runs): the image, then tests/deploy/test_compose_stack.py (a summary, CAPE
-# jobs, sketches and exploration compared with their in-process runs; an owner and the curator
-# killed and restarted); the stack is removed with its volumes afterwards. Not part of `test`.
+# docker.io when none runs): the images, then, on one stack brought up with its monitoring
+# profile, tests/deploy/test_compose_stack.py (a summary, CAPE jobs, sketches and exploration
+# compared with their in-process runs; an owner and the curator killed and restarted) and
+# tests/deploy/test_compose_monitoring.py (Prometheus scrapes every service); the stack is removed
+# with its volumes afterwards. Not part of `test`.
 compose-test: $(STAMP)
 	PYTHON=$(PY) deploy/compose-test.sh
 
@@ -140,10 +151,10 @@ compose-test: $(STAMP)
 wheel-test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m wheel tests/deploy/test_wheel.py
 
-# The compose stack's optional monitoring profile: the owners, the curator and Prometheus (from
-# Debian's package, deploy/monitoring/Dockerfile) on a real Docker engine; Prometheus scrapes
+# The compose stack's optional monitoring profile alone: the owners, the curator and Prometheus
+# (from Debian's package, deploy/monitoring/Dockerfile) on a real Docker engine; Prometheus scrapes
 # every service and runs every query of deploy/monitoring/dashboard.json
-# (tests/deploy/test_compose_monitoring.py). Not part of `test`.
+# (tests/deploy/test_compose_monitoring.py). `compose-test` runs it too. Not part of `test`.
 compose-monitoring-test: $(STAMP)
 	PYTHON=$(PY) deploy/compose-monitoring-test.sh
 

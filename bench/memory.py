@@ -30,7 +30,7 @@ import logging
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -180,7 +180,7 @@ class Flood:
 
 
 def flood(
-    channel: grpc.Channel,
+    channel: grpc.Channel | Sequence[grpc.Channel],
     path: str,
     payload: bytes,
     calls: int,
@@ -191,14 +191,17 @@ def flood(
     """Send ``payload`` (a serialized request) to ``path`` on ``calls`` concurrent calls; read
     ``process``'s RSS before, every 10 ms meanwhile (the peak) and ``settle`` seconds after.
 
-    A first call with an empty request connects the channel and warms the server's path of the
-    method, ``settle / 2`` seconds before the RSS is read. Every status is recorded (``"OK"`` or
-    the code's name); nothing raises.
+    Over several channels (each its own connection: ``grpc.use_local_subchannel_pool``), the
+    calls take them in turn. A first call on each with an empty request connects it and warms
+    the server's path of the method, ``settle / 2`` seconds before the RSS is read. Every status
+    is recorded (``"OK"`` or the code's name); nothing raises.
     """
-    call: Callable[..., bytes] = channel.unary_unary(
-        path, request_serializer=None, response_deserializer=None
-    )
-    _status(call, b"")
+    channels = [channel] if isinstance(channel, grpc.Channel) else list(channel)
+    methods: list[Callable[..., bytes]] = [
+        c.unary_unary(path, request_serializer=None, response_deserializer=None) for c in channels
+    ]
+    for method in methods:
+        _status(method, b"")
     time.sleep(settle / 2)
     before = process.memory_info().rss
     sampler = RssSampler(process)
@@ -206,7 +209,9 @@ def flood(
     start = time.perf_counter()
     try:
         with ThreadPoolExecutor(calls) as pool:
-            statuses = list(pool.map(lambda _: _status(call, payload), range(calls)))
+            statuses = list(
+                pool.map(lambda i: _status(methods[i % len(methods)], payload), range(calls))
+            )
         seconds = time.perf_counter() - start
         time.sleep(settle)
         after = process.memory_info().rss

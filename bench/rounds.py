@@ -48,7 +48,7 @@ from numpy.typing import NDArray
 from bench.report import configure_logging
 from dpmarket.common.summarization.methods import Method, method_config
 from dpmarket.common.summarization.summary import ProgressEvent, SummaryResult
-from dpmarket.owner.data import PointSet, save_point_set
+from dpmarket.runtime.tables import PointSet, save_point_set
 
 logger = logging.getLogger("bench.rounds")
 
@@ -327,6 +327,7 @@ rounds_per_point = 1000
 [access]
 allow_non_private = true
 allow_exact_bids = true
+allow_steered_selection = true
 """
 _BENCH_CURATOR_POLICY = """
 [requests]

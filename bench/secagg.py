@@ -28,8 +28,12 @@ transport:
     (``/proc/<pid>/stat``, 10 ms ticks), killed ones included.
 
 Each run is a production round: a fresh round id, key material from ``os.urandom``, the rounding
-coins from a CSPRNG-seeded generator, ECDSA P-256 signatures on the key advertisements checked by
-every site (over gRPC, with every site's certificate checked against the CA and its name), the
+coins from a CSPRNG-seeded generator, every advertisement authenticated to every holder (over
+gRPC, with every site's certificate checked against the CA and its name): the binding of the
+site's static key, an ECDSA P-256 signature verified once per peer and key for the site's life
+(in-process, every site's keyring meets every peer before the warm-up round, as an owner that has
+run rounds with its peers has; over gRPC, in the untimed first round), and per round an HMAC under
+the pair's key of the round (:mod:`dpmarket.common.secagg.pairkeys`), the
 consistency check (every survivor signs the survivor list and checks ``t`` others' signatures
 before unmasking), and the threshold a CAPE job of ``S`` sites uses against its default
 ``S_C = ceil(S / 3) - 1`` colluders: the least ``t`` with ``2 t > S + S_C`` (14 of 20, 4 of 5).
@@ -88,6 +92,7 @@ from dpmarket.common.secagg import run_in_process
 from dpmarket.common.secagg.crypto import EcdsaSigner, EcdsaVerifier
 from dpmarket.common.secagg.fixedpoint import FixedPoint
 from dpmarket.common.secagg.graph import best_graph
+from dpmarket.common.secagg.pairkeys import PairKeyring
 from dpmarket.common.secagg.protocol import RoundParams, min_threshold
 from dpmarket.curator.owners import CALL_DEADLINE_SECONDS, GrpcOwnerEndpoint
 from dpmarket.curator.secagg import aggregate
@@ -224,6 +229,14 @@ def measure(
     keys = {name: ec.generate_private_key(ec.SECP256R1()) for name in names}
     signers = {name: EcdsaSigner(key) for name, key in keys.items()}
     verifier = EcdsaVerifier({name: key.public_key() for name, key in keys.items()})
+    # Each site's long-lived pair keys, as an owner process holds them across rounds and jobs:
+    # every peer's static-key binding verified and every pair key derived once, here, outside
+    # the timing (a site pays this once per peer for its static key's life, not per round).
+    keyrings = {name: PairKeyring(name, signer) for name, signer in signers.items()}
+    for name, keyring in keyrings.items():
+        for peer, other in keyrings.items():
+            if peer != name:
+                keyring.pair_key(peer, other.current.public, other.current.signature, verifier)
     fixed_point = FixedPoint(CLIP, RESOLUTION_BITS, sites)
     colluders = colluders_for(sites) if colluders is None else colluders
     graph: dict[str, Any] = {"graph": "complete"}
@@ -274,6 +287,7 @@ def measure(
             verifier=verifier,
             rng=production_rng(),
             phase_seconds=phase_seconds,
+            keyrings=keyrings,
         )
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         error = _check_sum(result, expected, bound)

@@ -32,7 +32,6 @@ from dpmarket.deploy.pki import owner_pins
 from dpmarket.owner.cape_service import SecureAggregationServicer
 from dpmarket.owner.secagg import SiteRounds
 from dpmarket.owner.service import owner_authorizer, site_identity
-from dpmarket.runtime.admission import largest_request
 from dpmarket.runtime.identity import Identity, identity_files
 from dpmarket.runtime.serving import serve_until_signalled, start_server, write_port
 from dpmarket.runtime.transport import TransportSecurity
@@ -148,11 +147,7 @@ async def serve(
 
     service = secure_aggregation_pb2.DESCRIPTOR.services_by_name["SecureAggregationService"]
     server, bound, _ = await start_server(
-        register,
-        [service.full_name],
-        f"127.0.0.1:{port}",
-        security,
-        max_request_bytes=largest_request([servicer]),
+        register, [service.full_name], f"127.0.0.1:{port}", security
     )
     logger.info("benchmark site %s serving on port %d", name, bound)
     write_port(port_file, bound)

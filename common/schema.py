@@ -44,7 +44,7 @@ The :attr:`Schema.fingerprint` is the SHA-256 of the canonical public schema (co
 types, bounds, levels and the label; not the name, description or draft flag): two parties with
 the same fingerprint hold the same declaration.
 
-Pure: no I/O (the commands read the files, :mod:`dpmarket.owner.data` the tables).
+Pure: no I/O (the commands read the files, :mod:`dpmarket.runtime.tables` the tables).
 """
 
 from __future__ import annotations

@@ -12,8 +12,15 @@ does not know the console's address learns nothing, and the browser's cookie, sc
 path, is sent to no other local server (:mod:`dpmarket.console.auth`). Every state-changing
 request needs proof that it comes from the console's own pages (:mod:`dpmarket.console.csrf`).
 
+Every answer has an address it can be reopened at: an exploration's is a ``GET`` with its
+question in the URL (computed here from the published sketches, it changes and charges
+nothing, like any page); a ranking's or a quote's (they read an uploaded file) is where their
+``POST`` redirects, kept in this process's memory (the newest :data:`KEPT_ANSWERS`). The
+address of a form's action, opened, is the form.
+
 Pages are rendered on the server (Jinja2 templates, matplotlib SVG plots,
-:mod:`dpmarket.console.plots`); the one script (``static/console.js``) follows a summary's progress
+:mod:`dpmarket.console.plots`, drawn in worker threads so that one page's plot does not hold up
+the others); the one script (``static/console.js``) follows a summary's progress
 from its server-sent events. Every response carries a Content-Security-Policy that allows this
 origin only (no CDN: the console works offline), forbids framing, and sends a referrer to this
 origin only (so a login address with the token never leaks to another site, while the console's
@@ -23,16 +30,20 @@ own requests keep the ``Origin`` the CSRF check needs).
 from __future__ import annotations
 
 import asyncio
+import collections
+import functools
 import json
 import math
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
+import jinja2
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
@@ -51,10 +62,18 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dpmarket.common.errors import DPMarketError
+from dpmarket.common.market.statement import StatementError
 from dpmarket.common.summarization.methods import METHODS
 from dpmarket.console import plots
 from dpmarket.console.auth import ConsoleToken, TokenMiddleware, cookie_name, session_of
-from dpmarket.console.consumer import ConsumerConsole, UserError, form_number
+from dpmarket.console.consumer import (
+    ConsumerConsole,
+    UserError,
+    form_credits,
+    form_number,
+    quote_view,
+    statement_view,
+)
 from dpmarket.console.csrf import FIELD, guarded
 from dpmarket.console.curator import CuratorConsole
 from dpmarket.console.owner import OwnerConsole
@@ -69,6 +88,10 @@ Party = ConsumerConsole | OwnerConsole | CuratorConsole
 EVENT_POLL_SECONDS = 0.2
 #: Explore's query kinds offered by the form (``synthetic`` draws records: not a plot).
 EXPLORE_QUERIES = ("mean", "moment2", "cdf", "count", "covariance", "logreg", "marginal")
+#: The explore form's fields, the parameters of an answer's address.
+EXPLORE_FIELDS = ("query", "spec", "owner", "column", "points", "where", "target")
+#: Rankings and quotes kept at an address of their own (the newest; in memory).
+KEPT_ANSWERS = 32
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -112,7 +135,13 @@ def _utc(at: float) -> str:
 
 
 def _number(value: float | None, spec: str = ".4g") -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+    """``value`` formatted with ``spec``; "—" for a figure a record does not hold (None, not
+    finite, or a key the record lacks: e.g. a uniform session releases no Theorem 7 epsilon)."""
+    if (
+        value is None
+        or isinstance(value, jinja2.Undefined)
+        or (isinstance(value, float) and not math.isfinite(value))
+    ):
         return "—"
     return format(value, spec)
 
@@ -259,14 +288,19 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
             catalogue = await run_in_threadpool(consumer.catalogue)
         except DPMarketError as exc:
             error = f"the curator did not answer: {exc}"
+        try:
+            methods = await run_in_threadpool(consumer.methods)
+        except DPMarketError:  # an older curator, or none: every method offered
+            methods = [{"method": m, "served": True, "reason": ""} for m in METHODS]
         history = await run_in_threadpool(consumer.history.entries, 20)
         last = next((r for r in history if r.status == "done"), None)
         share_svg = ""
         if last is not None and last.points_per_owner:
-            share_svg = plots.share_plot(
+            share_svg = await run_in_threadpool(
+                _share_plot,
                 last.points_per_owner,
                 last.left_out,
-                title=f"each owner's share of your last summary ({last.short_id})",
+                f"each owner's share of your last summary ({last.short_id})",
             )
         context = {
             "catalogue": catalogue,
@@ -276,32 +310,78 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
             "share_svg": share_svg,
             "running": [j for j in consumer.jobs.values() if not j.finished],
             "queries": EXPLORE_QUERIES,
-            "methods": METHODS,
+            "methods": methods,
             "request_id": uuid.uuid4().hex,
             **(extra or {}),
         }
         return page(request, "consumer.html", context, 503 if error else 200)
 
+    def root(request: Request) -> str:
+        return str(request.scope.get("root_path", ""))
+
     async def explore(request: Request) -> Response:
-        form = await request.form()
-        owners = [str(o) for o in form.getlist("owner") if str(o)]
+        """An answer at an address: ``GET /consumer/explore?query=...`` (what the form sends;
+        nothing is changed or charged, so the address can be reopened, kept or shared with
+        the console's other tabs); a ``POST`` of the same fields (checked as every POST is,
+        :mod:`dpmarket.console.csrf`) is redirected there."""
+        if request.method == "POST":
+            form = await request.form()
+            fields = [(k, str(v)) for k, v in form.multi_items() if k in EXPLORE_FIELDS]
+            return RedirectResponse(
+                f"{root(request)}/consumer/explore?{urlencode(fields)}", status_code=303
+            )
+        asked = request.query_params
+        if "query" not in asked:  # the bare address: the form
+            return RedirectResponse(f"{root(request)}/consumer#explore", status_code=303)
         question = {
-            "query": str(form.get("query", "mean")),
-            "spec": str(form.get("spec", "")),
-            "owners": owners,
-            "columns": [str(c) for c in form.getlist("column") if str(c)],
-            "points": _split(str(form.get("points", ""))),
-            "where": [w for w in (x.strip() for x in str(form.get("where", "")).split(";")) if w],
-            "target": str(form.get("target", "")),
+            "query": asked.get("query", "mean"),
+            "spec": asked.get("spec", ""),
+            "owners": [o for o in asked.getlist("owner") if o],
+            "columns": [c for c in asked.getlist("column") if c],
+            "points": _split(asked.get("points", "")),
+            "where": [w for w in (x.strip() for x in asked.get("where", "").split(";")) if w],
+            "target": asked.get("target", ""),
         }
         try:
             answer = await run_in_threadpool(consumer.explore, question)
         except UserError as exc:
             return await _with_status(overview(request, {"explore_error": str(exc)}), 400)
-        svg = plots.interval_plot(answer["rows"], title=answer["title"])
+        svg = await run_in_threadpool(plots.interval_plot, answer["plotted"], title=answer["title"])
         return page(request, "explore.html", {"answer": answer, "svg": svg, "question": question})
 
+    #: Answers of uploaded files (rankings, quotes), kept at an address of their own so that
+    #: the page a POST redirects to can be reopened: the newest :data:`KEPT_ANSWERS`, in this
+    #: process only.
+    kept: collections.OrderedDict[str, tuple[str, dict[str, Any]]] = collections.OrderedDict()
+
+    def keep(kind: str, context: dict[str, Any]) -> str:
+        key = secrets.token_urlsafe(12)
+        kept[key] = (kind, context)
+        while len(kept) > KEPT_ANSWERS:
+            kept.popitem(last=False)
+        return key
+
+    async def kept_answer(request: Request) -> Response:
+        kind = request.url.path.rstrip("/").split("/")[-2]
+        found = kept.get(request.path_params["key"])
+        if found is None or found[0] != kind:
+            message = (
+                f"no such answer: this console keeps its last {KEPT_ANSWERS} rankings and "
+                "quotes until it restarts; ask again from the forms"
+            )
+            return page(request, "missing.html", {"message": message}, 404)
+        template = "ranking.html" if kind == "rankings" else "quote.html"
+        return page(request, template, found[1])
+
+    async def to_form(request: Request) -> Response:
+        """The address of a form's action, opened (a reload, a bookmark): the form."""
+        anchor = {"rank": "rank", "summary": "request", "quote": "request"}
+        part = anchor[request.url.path.rstrip("/").rsplit("/", 1)[-1]]
+        return RedirectResponse(f"{root(request)}/consumer#{part}", status_code=303)
+
     async def rank(request: Request) -> Response:
+        if request.method == "GET":
+            return await to_form(request)
         form = await request.form()
         upload = form.get("validation")
         data, name = await _read_upload(upload)
@@ -311,31 +391,67 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
             )
         except UserError as exc:
             return await _with_status(overview(request, {"rank_error": str(exc)}), 400)
-        svg = plots.ranking_plot(ranking["rows"], title=f"owners by MMD² to {name}")
-        return page(request, "ranking.html", {"ranking": ranking, "svg": svg, "file": name})
+        svg = await run_in_threadpool(
+            plots.ranking_plot, ranking["rows"], title=f"owners by MMD² to {name}"
+        )
+        key = keep("rankings", {"ranking": ranking, "svg": svg, "file": name})
+        return RedirectResponse(f"{root(request)}/consumer/rankings/{key}", status_code=303)
+
+    def summary_request(form: Any) -> dict[str, Any]:
+        """The summary form's parameters (raises UserError for a malformed number)."""
+        return {
+            "summary_size": _form_number(form, "p", "Points", int, default="0") or 0,
+            "method": str(form.get("method", "candidates")),
+            "gamma": _form_number(form, "gamma", "Kernel γ", float, default=""),
+            "min_owners": _form_number(form, "min_owners", "Fewest owners", int, default="0") or 0,
+            "max_cost": form_credits(str(form.get("max_cost", "")), "max_cost", "Most it may cost"),
+        }
 
     async def summary(request: Request) -> Response:
+        if request.method == "GET":
+            return await to_form(request)
         form = await request.form()
         data, name = await _read_upload(form.get("validation"))
         try:
-            summary_size = _form_number(form, "p", "Points", int, default="0")
-            gamma = _form_number(form, "gamma", "Kernel γ", float, default="")
-            min_owners = _form_number(form, "min_owners", "Fewest owners", int, default="0")
+            asked = summary_request(form)
+            request_id = str(form.get("request_id", "")) or uuid.uuid4().hex
             session_id = await run_in_threadpool(
-                lambda: consumer.start_summary(
-                    data,
-                    name,
-                    summary_size=summary_size or 0,
-                    method=str(form.get("method", "candidates")),
-                    gamma=gamma,
-                    min_owners=min_owners or 0,
-                    request_id=str(form.get("request_id", "")) or uuid.uuid4().hex,
-                )
+                lambda: consumer.start_summary(data, name, request_id=request_id, **asked)
             )
         except UserError as exc:
             return await _with_status(overview(request, {"summary_error": str(exc)}), 400)
         root = request.scope.get("root_path", "")
         return RedirectResponse(f"{root}/consumer/sessions/{session_id}", status_code=303)
+
+    async def quote(request: Request) -> Response:
+        if request.method == "GET":
+            return await to_form(request)
+        form = await request.form()
+        data, name = await _read_upload(form.get("validation"))
+        try:
+            asked = summary_request(form)
+            quoted = await run_in_threadpool(lambda: consumer.quote(data, name, **asked))
+        except UserError as exc:
+            return await _with_status(overview(request, {"summary_error": str(exc)}), 400)
+        context = {"quote": quote_view(quoted, asked["max_cost"]), "file": name, "asked": asked}
+        key = keep("quotes", context)
+        return RedirectResponse(f"{root(request)}/consumer/quotes/{key}", status_code=303)
+
+    async def statements(request: Request) -> Response:
+        context: dict[str, Any]
+        try:
+            settled = await run_in_threadpool(consumer.statements)
+        except StatementError as exc:  # a signature that does not verify: nothing is shown
+            context = {"statements": [], "error": f"refused the curator's statements: {exc}"}
+            return page(request, "statements.html", context, 502)
+        except DPMarketError as exc:
+            context = {
+                "statements": [],
+                "error": f"the curator did not answer: {exc}",
+            }
+            return page(request, "statements.html", context, 503)
+        context = {"statements": [statement_view(s) for s in settled], "error": ""}
+        return page(request, "statements.html", context)
 
     async def session(request: Request) -> Response:
         key = request.path_params["key"]
@@ -350,14 +466,17 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
             return page(request, "missing.html", {"message": error}, 404)
         share_svg = curve_svg = ""
         if record.points_per_owner or record.left_out:
-            share_svg = plots.share_plot(
-                record.points_per_owner, record.left_out, title="each owner's share"
+            share_svg = await run_in_threadpool(
+                _share_plot, record.points_per_owner, record.left_out, "each owner's share"
             )
         if record.mmd_curve.get("sizes"):
-            curve_svg = plots.mmd_curve_plot(
-                [int(s) for s in record.mmd_curve["sizes"]],
-                record.mmd_curve["mmd2"],
-                title="MMD² of the summary's first k points to your validation set",
+            curve_svg = await run_in_threadpool(
+                functools.partial(
+                    plots.mmd_curve_plot,
+                    [int(s) for s in record.mmd_curve["sizes"]],
+                    record.mmd_curve["mmd2"],
+                    title="MMD² of the summary's first k points to your validation set",
+                )
             )
         downloadable = consumer.summary_file(record) is not None
         return page(
@@ -405,13 +524,30 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
 
     return [
         Route("/consumer", overview),
-        Route("/consumer/explore", explore, methods=["POST"]),
-        Route("/consumer/rank", rank, methods=["POST"]),
-        Route("/consumer/summary", summary, methods=["POST"]),
+        Route("/consumer/explore", explore, methods=["GET", "POST"]),
+        Route("/consumer/rank", rank, methods=["GET", "POST"]),
+        Route("/consumer/rankings/{key}", kept_answer),
+        Route("/consumer/summary", summary, methods=["GET", "POST"]),
+        Route("/consumer/quote", quote, methods=["GET", "POST"]),
+        Route("/consumer/quotes/{key}", kept_answer),
+        Route("/consumer/statements", statements),
         Route("/consumer/sessions/{key}", session),
         Route("/consumer/sessions/{key}/events", events),
         Route("/consumer/sessions/{key}/summary.csv", download),
     ]
+
+
+def _share_plot(shares: dict[str, int], left_out: dict[str, str], title: str) -> str:
+    """:func:`plots.share_plot`, drawn once per recorded share (a record does not change; the
+    main page shows the last summary's at every load)."""
+    return _drawn_share(tuple(sorted(shares.items())), tuple(sorted(left_out.items())), title)
+
+
+@functools.lru_cache(maxsize=64)
+def _drawn_share(
+    shares: tuple[tuple[str, int], ...], left_out: tuple[tuple[str, str], ...], title: str
+) -> str:
+    return plots.share_plot(dict(shares), dict(left_out), title=title)
 
 
 async def _with_status(response: Awaitable[Response], status: int) -> Response:
@@ -456,11 +592,14 @@ def _owner_routes(owner: OwnerConsole, page: Page) -> list[Route]:
         entries = view["entries"]
         charges_svg = ""
         if entries:
-            charges_svg = plots.charges_plot(
-                [e["at"] for e in entries],
-                [e["epsilon"] or 0.0 for e in entries],
-                [e["points"] for e in entries],
-                title=f"charges to {identity_name(owner)}'s ledger over time (UTC)",
+            charges_svg = await run_in_threadpool(
+                functools.partial(
+                    plots.charges_plot,
+                    [e["at"] for e in entries],
+                    [e["epsilon"] or 0.0 for e in entries],
+                    [e["points"] for e in entries],
+                    title=f"charges to {identity_name(owner)}'s ledger over time (UTC)",
+                )
             )
         return page(request, "owner.html", {"view": view, "charges_svg": charges_svg})
 
@@ -479,8 +618,13 @@ def _curator_routes(curator: CuratorConsole, page: Page) -> list[Route]:
         except FileNotFoundError as exc:
             return page(request, "missing.html", {"message": str(exc)}, 503)
         rates = view["rates"]
-        rate_svg = plots.rate_plot(
-            rates["hours"], rates["counts"], title="requests per hour (UTC), by consumer"
+        rate_svg = await run_in_threadpool(
+            functools.partial(
+                plots.rate_plot,
+                rates["hours"],
+                rates["counts"],
+                title="requests per hour (UTC), by consumer",
+            )
         )
         return page(request, "curator.html", {"view": view, "rate_svg": rate_svg})
 

@@ -106,6 +106,14 @@ def _bind(host: str, port: int) -> socket.socket:
     type=click.Path(exists=True, dir_okay=False),
     help="The private key of --https-cert.",
 )
+@click.option(
+    "--blas-threads",
+    default=1,
+    type=click.IntRange(min=1),
+    help="BLAS threads for the consumer's answers. One (the default, as owner serve's) avoids "
+    "threads spinning on a shared machine, where they cost a first answer more CPU than they "
+    "save; raise it for large sketches alone on many cores.",
+)
 @tls_options
 def console_command(
     listen: str,
@@ -118,12 +126,14 @@ def console_command(
     schema_path: str | None,
     https_cert: str | None,
     https_key: str | None,
+    blas_threads: int,
     **tls: Any,
 ) -> None:
     """Serve this party's web console (its role is its certificate's): the consumer's catalogue,
     exploration and summaries; the owner's budget, charges, sketches and policy; the curator's
     owners, sessions and catalogue. Every page needs the console's token (printed once)."""
     import uvicorn
+    from threadpoolctl import threadpool_limits
 
     from dpmarket.console.app import create_app
     from dpmarket.console.auth import ConsoleToken
@@ -153,6 +163,8 @@ def console_command(
     app = create_app(party, identity, token, port=bound, https=https_cert is not None)
     from dpmarket.console.consumer import ConsumerConsole
 
+    # Process-wide, for the warm-up thread and the answers alike.
+    threadpool_limits(limits=blas_threads, user_api="blas")
     if isinstance(party, ConsumerConsole):
         party.start_warming()  # its explore caches, in the background
     scheme = "https" if https_cert else "http"

@@ -2,12 +2,13 @@
 
 Every call goes to the consumer's curator over mTLS with the consumer's own certificate
 (:class:`dpmarket.consumer.client.CuratorClient`); exploration and ranking are computed here from
-the published sketches, as ``dpmarket explore`` and ``rank-owners`` compute them
+the published sketches, as ``dpmarket consumer explore`` and ``rank-owners`` compute them
 (:func:`dpmarket.consumer.catalogue.explore`, :func:`dpmarket.consumer.cli.rank_sketches`),
 so no owner is asked anything. A summary request runs as a session at the curator; a thread
 follows its WatchSession stream (:class:`SummaryJob`), fetches the summary, writes it to the
 consumer's data directory and records the outcome in the consumer's history
-(:mod:`dpmarket.consumer.history`), which also lists what ``dpmarket request --data-dir`` ran.
+(:mod:`dpmarket.consumer.history`), which also lists what
+``dpmarket consumer request --data-dir`` ran.
 The validation set a form uploads is read from a private temporary file and deleted at once; it
 stays in this process's memory only while its session runs.
 
@@ -19,10 +20,11 @@ Extension points
   (:mod:`dpmarket.consumer.catalogue`). A summary stays on ``CuratorClient``'s
   ``create_session``, ``watch`` and ``get_summary``: the form needs the session's id at once,
   which ``Consumer.summarize`` (blocking until the summary) does not give.
-* **Quotes and statements** (the market): a quote belongs in
-  :meth:`ConsumerConsole.start_summary` before ``create_session`` (shown on the request form),
-  a session's statement beside its record (:class:`~dpmarket.consumer.history.RecordedSession`);
-  the session page has a section for each once they exist.
+* **Quotes and statements** (the market): the request form's *quote only* action asks the
+  curator's QuoteSession (:meth:`ConsumerConsole.quote`: nothing released, charged or created),
+  its max-cost field caps both the quote and the session; the statements page lists the
+  curator's ListStatements for this consumer (:meth:`ConsumerConsole.statements`). A session's
+  statement could also be shown beside its record on the session page (not done yet).
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ import contextlib
 import dataclasses
 import logging
 import math
+import multiprocessing
 import os
+import re
 import tempfile
 import threading
 import time
@@ -44,14 +48,29 @@ import click
 import numpy as np
 
 from dpmarket.common.errors import DPMarketError
+from dpmarket.common.market.money import EPSILON_UNITS, credits_text, parse_credits
+from dpmarket.common.market.pricing import Quote
 from dpmarket.common.schema import Schema
+from dpmarket.common.summarization.kernels import suggested_gamma
 from dpmarket.common.summarization.methods import SummarizationConfig, method_config
 from dpmarket.common.summarization.summary import OwnerSelection
 from dpmarket.consumer import model_store
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.consumer.history import RecordedSession, SessionHistory, spent
+from dpmarket.consumer.market import SettledStatement
 
-__all__ = ["Catalogue", "ConsumerConsole", "SummaryJob", "UserError", "form_number"]
+__all__ = [
+    "Catalogue",
+    "ConsumerConsole",
+    "SummaryJob",
+    "UserError",
+    "count_row",
+    "form_credits",
+    "form_number",
+    "in_form_terms",
+    "quote_view",
+    "statement_view",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -59,12 +78,20 @@ logger = logging.getLogger(__name__)
 CATALOGUE_TTL_SECONDS = 10.0
 #: Summary jobs kept in memory (the oldest finished ones are forgotten beyond it).
 MAX_JOBS = 16
+#: Statements the statements page lists (the newest).
+STATEMENTS_SHOWN = 100
+#: CPU priority the refits of published fits run at, above the console's (nice).
+REFIT_NICENESS = 10
 #: Largest validation file a form may upload, bytes.
 MAX_UPLOAD_BYTES = 64 << 20
 
 
 class UserError(Exception):
-    """A request the console refuses with a message for the person at the browser."""
+    """A request the console refuses with a message for the person at the browser (the CLI
+    options a message names are put in the form's terms: :func:`in_form_terms`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(in_form_terms(message))
 
 
 @dataclass(frozen=True)
@@ -75,7 +102,9 @@ class Catalogue:
     ----------
     specs : list of dict
         ``{"name", "kind", "epsilon", "delta", "columns": [{"name", "low", "high", ...}],
-        "allocation": bool}`` per spec.
+        "allocation": bool, "published": int}`` per spec declared at the curator
+        (``published``: how many owners published a sketch of it; a spec nobody published
+        answers nothing, and the forms do not offer it).
     sketches : list of dict
         ``{"spec", "owner", "epsilon", "delta", "noisy_count", "published_at", "age"}`` per
         published sketch.
@@ -91,6 +120,21 @@ class Catalogue:
     schema: list[dict[str, Any]]
     read_at: float
 
+    @property
+    def published_specs(self) -> list[dict[str, Any]]:
+        """The specs with at least one published sketch (what the forms offer)."""
+        return [s for s in self.specs if s["published"]]
+
+    @property
+    def columns(self) -> list[dict[str, Any]]:
+        """The columns of the first published spec that is not the allocation's (its features
+        alone), else of the first published one (empty without any)."""
+        published = self.published_specs
+        chosen = next((s for s in published if not s["allocation"]), None) or next(
+            iter(published), None
+        )
+        return [] if chosen is None else list(chosen["columns"])
+
 
 def age_text(seconds: float) -> str:
     """A duration in words a person reads at a glance: ``"42 s"``, ``"5 min"``, ``"3 h"``,
@@ -100,6 +144,57 @@ def age_text(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds / size:.0f} {unit}"
     return f"{seconds:.0f} s"
+
+
+#: The form field each CLI option of a message stands for (label and field name, as the form's
+#: own errors name them).
+FORM_FIELDS = {
+    "--where": "Count predicates (where)",
+    "--column": "Columns (column)",
+    "--points": "CDF thresholds (points)",
+    "--target": "Logistic target (target)",
+    "--spec": "Sketch (spec)",
+    "--owner": "Owners (owner)",
+    "--all": "Owners (owner)",
+    "--exclude-owner": "Owners (owner)",
+    "--validation": "Validation file (validation)",
+    "-p": "Points (p)",
+    "--method": "Method (method)",
+    "--gamma": "Kernel γ (gamma)",
+    "--min-owners": "Fewest owners (min_owners)",
+    "--max-cost": "Most it may cost (max_cost)",
+}
+_OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z-]*|-p)(?![\w-])")
+
+
+def in_form_terms(message: str) -> str:
+    """``message`` (the CLI's, the curator's) with each CLI option it names replaced by the
+    form field that stands for it (:data:`FORM_FIELDS`): "raise --max-cost" becomes "raise
+    the form's “Most it may cost (max_cost)”"; an option the forms do not have stays as is."""
+
+    def field(found: re.Match[str]) -> str:
+        label = FORM_FIELDS.get(found.group(1))
+        return found.group(1) if label is None else f"the form's “{label}”"
+
+    return _OPTION.sub(field, message)
+
+
+def count_row(fraction: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """A count answer's row in records, from its fraction's row: the count estimate, standard
+    error and 95 % interval of ``extra`` (:attr:`dpmarket.consumer.explore.Answer.extra`: the
+    fraction's, times the record count estimate ``n``), with the fraction's flags and basis;
+    the label says of how many records."""
+    interval = extra.get("count_interval")
+    label = str(fraction["label"])
+    if label.startswith("P[") and label.endswith("]"):
+        label = label[2:-1]
+    return {
+        **fraction,
+        "label": f"records with {label} (of n ≈ {extra['n']:.0f})",
+        "value": float(extra["count"]),
+        "standard_error": float(extra.get("count_standard_error", math.nan)),
+        "interval": None if interval is None else [float(interval[0]), float(interval[1])],
+    }
 
 
 def form_number(
@@ -131,6 +226,75 @@ def form_number(
     if not math.isfinite(value):
         raise UserError(f"{label} ({field}): {text!r} is not a finite number; give e.g. {example}")
     return value
+
+
+def form_credits(text: str, field: str, label: str) -> int | None:
+    """An amount of credits a form's field holds, as micro-credits (None when it is blank).
+
+    Raises
+    ------
+    UserError
+        If ``text`` is not a non-negative amount of credits with at most six decimals
+        (:func:`~dpmarket.common.market.money.parse_credits`): the message names the field and
+        the value.
+    """
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        return parse_credits(text)
+    except ValueError as exc:
+        raise UserError(
+            f"{label} ({field}): {text!r} is not an amount of credits ({exc}); give e.g. 12.5"
+        ) from None
+
+
+def quote_view(quoted: Quote, max_cost: int | None) -> dict[str, Any]:
+    """A quote as the quote page shows it: ``{"summary_size", "lines": [{"owner", "read",
+    "delivered", "epsilon", "charge"}], "reward", "total", "max_cost"}`` (amounts as credits
+    text; ``max_cost`` None without a cap)."""
+    return {
+        "summary_size": quoted.summary_size,
+        "lines": [
+            {
+                "owner": line.owner,
+                "read": line.charge.points_read,
+                "delivered": line.charge.points_delivered,
+                "epsilon": line.charge.epsilon_units / EPSILON_UNITS,
+                "charge": credits_text(line.charge.total),
+            }
+            for line in quoted.lines
+        ],
+        "reward": credits_text(quoted.reward) if quoted.reward else "",
+        "total": credits_text(quoted.total),
+        "max_cost": None if max_cost is None else credits_text(max_cost),
+    }
+
+
+def statement_view(settled: SettledStatement) -> dict[str, Any]:
+    """A settled statement as the statements page shows it: ``{"session_id", "short",
+    "settled_at", "owners": [{"owner", "read", "delivered", "epsilon", "reward", "total"}],
+    "total", "recorded", "owner_count"}`` (amounts as credits text)."""
+    st = settled.statement
+    return {
+        "session_id": settled.session_id,
+        "short": settled.session_id[:8],
+        "settled_at": settled.settled_at,
+        "owners": [
+            {
+                "owner": line.owner,
+                "read": line.points_read,
+                "delivered": line.points_delivered,
+                "epsilon": (line.epsilon_session + line.epsilon_payout) / EPSILON_UNITS,
+                "reward": credits_text(line.reward),
+                "total": credits_text(line.total),
+            }
+            for line in st.lines
+        ],
+        "total": credits_text(st.total),
+        "recorded": settled.owners_recorded,
+        "owner_count": len(st.lines),
+    }
 
 
 @dataclass
@@ -196,34 +360,43 @@ class ConsumerConsole:
         self.jobs: dict[str, SummaryJob] = {}
         self._lock = threading.Lock()
         self._catalogue: Catalogue | None = None
+        self._methods: tuple[float, list[dict[str, Any]]] | None = None
         #: Each spec's M2M explorer, kept for the console's lifetime (its synthetic design); one
         #: exploration at a time uses them.
         self._explorers: dict[Any, Any] = {}
         self._exploring = threading.Lock()
         self._stop_warming = threading.Event()
-        #: Marginals models kept on disk (shared with ``dpmarket explore --data-dir``).
+        #: Marginals models kept on disk (shared with ``dpmarket consumer explore --data-dir``).
         self.model_dir = self.data_dir / model_store.FOLDER
         self.warming: threading.Thread | None = None
+        self._refitter: multiprocessing.process.BaseProcess | None = None
 
     def start_warming(self) -> threading.Thread:
-        """Compute the exploration caches ahead in a background thread (at a lower CPU
-        priority): every spec's M2M design and every published marginals sketch's model and
-        bootstrap refits (:func:`dpmarket.consumer.catalogue.warm`). Start-up and pages do not
-        wait for it; an answer waits only for the design or the model it needs."""
+        """Compute the exploration caches ahead in a background thread: every published
+        marginals sketch's model and bootstrap refits (the owner's published fit where there is
+        one) and every spec's M2M design (:func:`dpmarket.consumer.catalogue.warm`), then this
+        console's own refit of every published fit
+        (:func:`dpmarket.consumer.catalogue.verify_fits`), fitted in a child process at a lower
+        CPU priority (:func:`dpmarket.consumer.catalogue.refit_into_store`, into the model store
+        the check then reads). Start-up and pages do not wait for it; an answer waits only for
+        the design or the model it needs."""
         self.warming = threading.Thread(target=self._warm, name="explore-warm", daemon=True)
         self.warming.start()
         return self.warming
 
     def stop_warming(self) -> None:
-        """Stop the warm-up before its next step."""
+        """Stop the warm-up before its next step (and its refitting process at once)."""
         self._stop_warming.set()
+        refitter = self._refitter
+        if refitter is not None and refitter.is_alive():
+            refitter.terminate()
 
     def _warm(self) -> None:
-        from dpmarket.consumer.catalogue import warm
+        from dpmarket.consumer.catalogue import published_fits, verify_fits, warm
 
-        with contextlib.suppress(OSError):  # this thread only (Linux); elsewhere, as is
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         try:
+            # At the console's priority: it holds the lock answers take while it draws a
+            # design (a second or so each), and a starved holder would keep them waiting.
             warm(
                 self.client,
                 explorers=self._explorers,
@@ -231,8 +404,34 @@ class ConsumerConsole:
                 stop=self._stop_warming,
                 model_dir=self.model_dir,
             )
+            # The refits take seconds of CPU each (about 20 s for the tutorial's three): in
+            # this process they would share its interpreter lock with every page for minutes,
+            # whatever this thread's priority. A child process at a lower priority fits them
+            # into the model store; this thread then reads them from there and checks them.
+            fits = published_fits(self.client)
+            if fits and not self._stop_warming.is_set():
+                self._refit_elsewhere(fits)
+            if not self._stop_warming.is_set():
+                verify_fits(self.client, stop=self._stop_warming, model_dir=self.model_dir)
         except Exception as exc:  # best effort: the first answer computes what is missing
             logger.warning("the explore warm-up stopped: %s", exc)
+
+    def _refit_elsewhere(self, fits: list[Any]) -> None:
+        """Run :func:`~dpmarket.consumer.catalogue.refit_into_store` on ``fits`` in a child
+        process at CPU priority +:data:`REFIT_NICENESS` and wait for it (an error there is
+        logged: :func:`~dpmarket.consumer.catalogue.verify_fits` then fits what is missing)."""
+        context = multiprocessing.get_context("spawn")  # no copy of this process's threads
+        child = context.Process(
+            target=_refit_child,
+            args=(fits, str(self.model_dir)),
+            name="explore-refit",
+            daemon=True,  # ends with the console
+        )
+        self._refitter = child
+        child.start()
+        child.join()
+        if child.exitcode not in (0, None) and not self._stop_warming.is_set():
+            logger.warning("the explore refits' process ended with %s", child.exitcode)
 
     # ------------------------------------------------------------------------ catalogue
     def catalogue(self) -> Catalogue:
@@ -245,6 +444,7 @@ class ConsumerConsole:
         specs, allocation = self.client.sketch_catalogue()
         spec_rows, sketch_rows = [], []
         for spec in specs:
+            entries = list(self.client.sketches(spec))
             spec_rows.append(
                 {
                     "name": spec.name,
@@ -253,9 +453,10 @@ class ConsumerConsole:
                     "delta": spec.delta,
                     "columns": spec.domain.describe(),
                     "allocation": spec.name == allocation,
+                    "published": len(entries),
                 }
             )
-            for entry in self.client.sketches(spec):
+            for entry in entries:
                 d = entry.describe()
                 sketch_rows.append(
                     {
@@ -286,6 +487,30 @@ class ConsumerConsole:
             self._catalogue = catalogue
         return catalogue
 
+    def methods(self) -> list[dict[str, Any]]:
+        """The summarization methods as this deployment serves them (ListMethods: the
+        curator's policy and the owners' published access flags), for the request form:
+        ``{"method", "served", "reason"}`` each (the reason in the form's terms,
+        :func:`in_form_terms`); read again after :data:`CATALOGUE_TTL_SECONDS`.
+
+        Raises
+        ------
+        DPMarketError
+            When the curator does not answer.
+        """
+        with self._lock:
+            cached = self._methods
+        now = time.time()
+        if cached is not None and now - cached[0] < CATALOGUE_TTL_SECONDS:
+            return cached[1]
+        offers = [
+            {"method": o.method, "served": o.served, "reason": in_form_terms(o.reason)}
+            for o in self.client.methods()
+        ]
+        with self._lock:
+            self._methods = (now, offers)
+        return offers
+
     # ------------------------------------------------------------------------ exploring
     def explore(self, form: dict[str, Any]) -> dict[str, Any]:
         """Answer an exploration form: ``query``, ``spec``, ``owners`` (none: every owner),
@@ -294,9 +519,13 @@ class ConsumerConsole:
         Returns
         -------
         dict
-            ``{"title", "spec", "reason", "owners", "n", "source", "rows"}``, ``rows`` as
-            :meth:`dpmarket.consumer.explore.Answer.rows` (each with its 95 % interval and flags),
-            ``bases`` the distinct ``(basis, covers)`` pairs (what the intervals cover).
+            ``{"title", "spec", "reason", "owners", "n", "source", "rows", "plotted",
+            "count"}``,
+            ``rows`` as :meth:`dpmarket.consumer.explore.Answer.rows` (each with its 95 %
+            interval and flags; a count's first row is in records, :func:`count_row`, as the
+            CLI prints it, then the fraction), ``plotted`` the rows of one unit the plot
+            draws, ``count`` a count's row in records (None for another query), ``bases`` the
+            distinct ``(basis, covers)`` pairs (what the intervals cover).
 
         Raises
         ------
@@ -339,6 +568,12 @@ class ConsumerConsole:
         rows = answer.rows()
         owners = [e.owner for e in explored.entries]
         who = owners[0] if len(owners) == 1 else f"the union of {', '.join(owners)}"
+        plotted, count = rows, None
+        if "count" in answer.extra:
+            # In records, as `dpmarket consumer explore` prints a count; the fraction beside it.
+            count = count_row(rows[0], answer.extra)
+            plotted = [count]
+            rows = [*plotted, {**rows[0], "label": f"{rows[0]['label']} (the fraction)"}]
         return {
             "title": f"{query.kind} of {who}",
             "spec": explored.spec.name,
@@ -347,6 +582,8 @@ class ConsumerConsole:
             "n": explored.n_hat,
             "source": answer.source,
             "rows": rows,
+            "plotted": plotted,
+            "count": count,
             "bases": list(dict.fromkeys((r["basis"], r["covers"]) for r in rows)),
         }
 
@@ -374,7 +611,7 @@ class ConsumerConsole:
         }
 
     # ------------------------------------------------------------------------ summaries
-    def start_summary(
+    def _prepared(
         self,
         upload: bytes,
         filename: str,
@@ -383,18 +620,16 @@ class ConsumerConsole:
         method: str,
         gamma: float | None,
         min_owners: int,
-        request_id: str,
-    ) -> str:
-        """Read the validation file, create the session (CreateSession) and follow it in a
-        thread; return its id. A form posted twice (the same ``request_id``) gets the same
-        session.
+    ) -> tuple[SummarizationConfig, OwnerSelection, Any]:
+        """The request a summary form describes: its configuration (``gamma`` None: the width
+        suited to the file's points), owner selection and validation points.
 
         Raises
         ------
         UserError
-            For a file or parameters the console or the curator refuses (nothing is spent).
+            For a file or parameters the console refuses.
         """
-        from dpmarket.owner.data import load_point_set
+        from dpmarket.runtime.tables import load_point_set
 
         try:
             config = method_config(method, summary_size=summary_size)
@@ -408,6 +643,97 @@ class ConsumerConsole:
                 points = load_point_set(path, schema=self.schema, by_name=True)
             except (OSError, ValueError) as exc:
                 raise UserError(f"{filename}: {exc}") from exc
+        if gamma is None:  # the width the curator's refusal would suggest for these points
+            try:
+                config = dataclasses.replace(config, gamma=suggested_gamma(points.features))
+            except ValueError as exc:
+                raise UserError(f"{filename}: {exc}") from exc
+        return config, selection, points
+
+    def quote(
+        self,
+        upload: bytes,
+        filename: str,
+        *,
+        summary_size: int,
+        method: str,
+        gamma: float | None,
+        min_owners: int,
+        max_cost: int | None,
+    ) -> Quote:
+        """The most the summary a form describes would cost, per owner (QuoteSession): nothing
+        is released or charged, no session is created, nothing is written.
+
+        Raises
+        ------
+        UserError
+            For a file or parameters the console or the curator refuses, or a quote above
+            ``max_cost`` (micro-credits).
+        """
+        config, selection, points = self._prepared(
+            upload,
+            filename,
+            summary_size=summary_size,
+            method=method,
+            gamma=gamma,
+            min_owners=min_owners,
+        )
+        try:
+            return self.client.quote_session(
+                config,
+                points.features,
+                np.zeros((0, points.n_features)),
+                selection=selection,
+                schema=self.schema,
+                feature_names=() if self.schema is not None else points.columns,
+                max_cost=max_cost,
+            )
+        except DPMarketError as exc:
+            raise UserError(str(exc)) from exc
+
+    def statements(self) -> list[SettledStatement]:
+        """This consumer's settlement statements, newest first, at most
+        :data:`STATEMENTS_SHOWN` (ListStatements).
+
+        Raises
+        ------
+        DPMarketError
+            When the curator does not answer.
+        """
+        return self.client.statements(None, STATEMENTS_SHOWN)
+
+    def start_summary(
+        self,
+        upload: bytes,
+        filename: str,
+        *,
+        summary_size: int,
+        method: str,
+        gamma: float | None,
+        min_owners: int,
+        request_id: str,
+        max_cost: int | None = None,
+    ) -> str:
+        """Read the validation file, create the session (CreateSession) and follow it in a
+        thread; return its id. A form posted twice (the same ``request_id``) gets the same
+        session. ``gamma`` None (the form's field left empty): the kernel width suited to the
+        file's points, the one the curator's refusal of another width names
+        (:func:`dpmarket.common.summarization.kernels.suggested_gamma`). ``max_cost``
+        (micro-credits): a session quoted above it is refused before anything is released.
+
+        Raises
+        ------
+        UserError
+            For a file or parameters the console or the curator refuses (nothing is spent).
+        """
+        config, selection, points = self._prepared(
+            upload,
+            filename,
+            summary_size=summary_size,
+            method=method,
+            gamma=gamma,
+            min_owners=min_owners,
+        )
         existing = next((j for j in self.jobs.values() if j.request_id == request_id), None)
         if existing is not None:
             return existing.session_id
@@ -420,6 +746,7 @@ class ConsumerConsole:
                 selection=selection,
                 schema=self.schema,
                 feature_names=() if self.schema is not None else points.columns,
+                max_cost=max_cost,
             )
         except DPMarketError as exc:
             raise UserError(str(exc)) from exc
@@ -439,7 +766,7 @@ class ConsumerConsole:
     def _follow(self, job: SummaryJob) -> None:
         """Follow a session to its end, fetch, write and record its summary."""
         from dpmarket.consumer.report import evaluate_summary, summary_curve
-        from dpmarket.owner.data import PointSet, save_point_set
+        from dpmarket.runtime.tables import PointSet, save_point_set
 
         cfg = job.config
         try:
@@ -523,6 +850,16 @@ class ConsumerConsole:
         if suffix not in (".csv", ".parquet", ".npy", ".npz"):
             raise UserError(f"{filename}: a .csv, .parquet, .npy or .npz file, please")
         return _Upload(data, suffix, self.data_dir)
+
+
+def _refit_child(fits: list[Any], model_dir: str) -> None:
+    """The refitting process (:meth:`ConsumerConsole._refit_elsewhere`): lower its priority,
+    then fit into the model store."""
+    from dpmarket.consumer.catalogue import refit_into_store
+
+    with contextlib.suppress(OSError):
+        os.nice(REFIT_NICENESS)
+    refit_into_store(fits, model_dir)
 
 
 class _Upload:

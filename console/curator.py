@@ -51,7 +51,7 @@ class CuratorConsole:
     security : TransportSecurity
         The curator's certificate, for the owners' health checks.
     owners : sequence of (Identity, str)
-        Each configured owner and its address (``serve-curator --owner NAME@HOST:PORT``).
+        Each configured owner and its address (``curator serve --owner NAME@HOST:PORT``).
     service : str or None
         ``host:port`` of the curator's own service, whose health service reports each owner's
         channel (``owner:NAME``: SERVING while connected); None: not asked.

@@ -6,11 +6,9 @@ published`` read it (:func:`dpmarket.owner.cli.ledger_report`,
 a reader in while the service charges); the one call to the service is a health check over mTLS
 with the owner's own certificate. The console never asks the curator or another owner anything.
 
-Extension point
----------------
-**Earnings** (the market): an owner's earnings are recorded beside its ledger; the
-page's panels are :meth:`OwnerConsole.view`'s keys, and an ``earnings`` entry (its statements,
-checked against the ledger) is where they go, read in the same ``OwnerLedger`` transaction.
+Earnings (the market): the statements the owner checked against its ledger and recorded
+(:class:`dpmarket.owner.earnings.Earnings`, as ``dpmarket owner earnings`` reads them) and its
+prices, read in the same ``OwnerLedger`` opening as the budget.
 """
 
 from __future__ import annotations
@@ -20,14 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpmarket.common.market.money import EPSILON_UNITS, credits_text
+from dpmarket.common.market.pricing import OwnerPrices
 from dpmarket.console.probe import Probe, Prober
 from dpmarket.owner.cli import ledger_report, short_session
+from dpmarket.owner.earnings import Earning, Earnings
 from dpmarket.owner.ledger import OwnerLedger, ledger_path
 from dpmarket.owner.sketches import SketchPublisher
 from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.transport import TransportSecurity
 
-__all__ = ["OwnerConsole", "gauge", "service_target"]
+__all__ = ["OwnerConsole", "earnings_view", "gauge", "price_rows", "service_target"]
 
 
 def gauge(label: str, spent: float, limit: float, unit: str = "") -> dict[str, Any]:
@@ -81,7 +82,9 @@ class OwnerConsole:
             limits``, ``entries`` (charges, oldest first), ``sessions`` (per session: consumer,
             curator, mechanisms, ε, δ, points, first and last charge), ``sketches``
             (``spec``, ``epsilon``, ``delivered_to``), ``policy`` (read-only fields),
-            ``health`` (:class:`~dpmarket.console.probe.Probe` or None), ``ledger`` (path).
+            ``earnings`` (:func:`earnings_view`: the recorded statements and their total),
+            ``prices`` (:func:`price_rows`), ``health``
+            (:class:`~dpmarket.console.probe.Probe` or None), ``ledger`` (path).
 
         Raises
         ------
@@ -90,12 +93,13 @@ class OwnerConsole:
         """
         if not ledger_path(self.data_dir).is_file():
             raise FileNotFoundError(
-                f"{self.data_dir} holds no owner ledger yet: start the owner (serve-owner) once"
+                f"{self.data_dir} holds no owner ledger yet: start the owner (owner serve) once"
             )
         with OwnerLedger(self.data_dir, None) as book:
             report = ledger_report(book)
             published = SketchPublisher(book).published()
             policy = book.policy
+            earned = Earnings(book, book.identity.owner or self.identity.name).all()
         budget = report["budget"]
         gauges = [
             gauge("ε", budget["epsilon"]["spent"], budget["epsilon"]["limit"]),
@@ -147,9 +151,53 @@ class OwnerConsole:
                 for spec, key, eps, curators in published
             ],
             "policy": _policy_rows(report["policy"]),
+            "earnings": earnings_view(earned),
+            "prices": price_rows(policy.prices),
             "health": health,
             "read_at": time.time(),
         }
+
+
+def earnings_view(earned: list[Earning]) -> dict[str, Any]:
+    """The earnings panel: ``{"rows": [...], "total": credits text, "count"}``, the newest
+    statement first; each row ``{"session", "short", "consumer", "curator", "charge", "reward",
+    "total"`` (credits text), ``"recorded_at"`` (Unix seconds), ``"read", "delivered",
+    "epsilon"}`` (the owner's line of the statement: raw points read and delivered, ε charged
+    for the session and its payout)."""
+    rows = []
+    for e in reversed(earned):
+        line = e.statement.line
+        rows.append(
+            {
+                "session": e.session,
+                "short": short_session(e.session),
+                "consumer": e.consumer.removeprefix("consumer:"),
+                "curator": e.curator.removeprefix("curator:"),
+                "read": line.points_read,
+                "delivered": line.points_delivered,
+                "epsilon": (line.epsilon_session + line.epsilon_payout) / EPSILON_UNITS,
+                "charge": credits_text(e.charge),
+                "reward": credits_text(e.reward),
+                "total": credits_text(e.total),
+                "recorded_at": e.recorded_at,
+            }
+        )
+    return {
+        "rows": rows,
+        "count": len(rows),
+        "total": credits_text(sum(e.total for e in earned)),
+    }
+
+
+def price_rows(prices: OwnerPrices) -> list[tuple[str, str]]:
+    """The owner's prices as (what is priced, credits text): per raw point read, per point
+    delivered, per unit of ε, the minimum per session (docs/reference.md, ``[prices]``)."""
+    return [
+        ("per raw point read", credits_text(prices.per_point_read)),
+        ("per point delivered", credits_text(prices.per_point_delivered)),
+        ("per unit of ε", credits_text(prices.per_epsilon)),
+        ("minimum per session", credits_text(prices.minimum)),
+    ]
 
 
 def _policy_rows(policy: dict[str, Any]) -> list[tuple[str, str]]:
@@ -158,6 +206,8 @@ def _policy_rows(policy: dict[str, Any]) -> list[tuple[str, str]]:
     for name, value in policy.items():
         if name == "peers":
             text = ", ".join(f"{peer} ({pin[:12]}…)" for peer, pin in value.items()) or "none"
+        elif name == "prices":
+            text = ", ".join(f"{key} {credits}" for key, credits in value.items()) + " credits"
         elif isinstance(value, list | tuple):
             text = ", ".join(str(v) for v in value) or "none"
         else:

@@ -13,7 +13,7 @@ import math
 import os
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -21,7 +21,9 @@ from numpy.typing import NDArray
 
 from dpmarket.common.errors import InvalidArgumentError, NotFoundError
 from dpmarket.common.sketches import SketchLike
+from dpmarket.common.sketches.domain import Domain
 from dpmarket.common.sketches.marginals import MarginalsSketch
+from dpmarket.common.sketches.marginals_fit import FIT_TOLERANCE, carried_fit
 from dpmarket.common.sketches.sketch import PrivateSketch, merge_sketches
 from dpmarket.common.sketches.spec import PublishedSketch, SketchSpec
 from dpmarket.common.uncertainty import Flag, interval_row
@@ -43,12 +45,17 @@ __all__ = [
     "RANK_COVERS",
     "Exploration",
     "ExploreOptions",
+    "GraphicalModel",
+    "M2MModel",
     "Ranking",
     "SpecChoiceError",
     "choose_spec",
     "explore",
     "published",
+    "published_fits",
     "rank",
+    "refit_into_store",
+    "verify_fits",
     "warm",
 ]
 
@@ -76,6 +83,10 @@ class ExploreOptions:
         Fit an unpenalized constant in M2M.
     bootstrap : int
         Bootstrap models per marginals sketch behind its standard errors (0: none).
+    refit : bool
+        Fit every marginals sketch here, even one carrying its owner's fit (default False: use
+        the published fit when it matches ``bootstrap`` and ``seed`` and passes its checks;
+        :class:`~dpmarket.consumer.explore.MarginalsExplorer`).
     """
 
     synthetic: int | None = None
@@ -83,6 +94,64 @@ class ExploreOptions:
     lambda_rule: Literal["theorem", "paper"] = "theorem"
     intercept: bool = False
     bootstrap: int = 32
+    refit: bool = False
+
+
+@dataclass(frozen=True)
+class M2MModel:
+    """The M2M estimator behind an answer from an RFF, RACE or HIST sketch (M2M paper, Algorithm 1).
+
+    Attributes
+    ----------
+    n_synthetic : int
+        Synthetic points of its design.
+    seed : int
+        Seed of the design's points (public randomness).
+    lambda_rule : {"theorem", "paper"}
+        How its ridge parameter was chosen (:func:`dpmarket.common.sketches.m2m.regularization`).
+    lam : float
+        The ridge parameter used.
+    intercept : bool
+        Whether it fitted an intercept.
+    """
+
+    n_synthetic: int
+    seed: int
+    lambda_rule: str
+    lam: float
+    intercept: bool
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"m2m": {...}}``, as ``explore --json`` prints it (``lam`` as ``lambda``)."""
+        return {
+            "m2m": {
+                "n_synthetic": self.n_synthetic,
+                "seed": self.seed,
+                "lambda_rule": self.lambda_rule,
+                "lambda": self.lam,
+                "intercept": self.intercept,
+            }
+        }
+
+
+@dataclass(frozen=True)
+class GraphicalModel:
+    """The graphical model behind an answer from marginals sketches.
+
+    Attributes
+    ----------
+    bootstrap : int
+        Parametric bootstrap refits behind its intervals.
+    seed : int
+        Seed of the bootstrap (public randomness).
+    """
+
+    bootstrap: int
+    seed: int
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"graphical_model": {...}}``, as ``explore --json`` prints it."""
+        return {"graphical_model": {"bootstrap": self.bootstrap, "seed": self.seed}}
 
 
 @dataclass(frozen=True)
@@ -101,8 +170,8 @@ class Exploration:
         The estimates, with standard errors, intervals and flags.
     n_hat : float
         The estimated number of records behind the answer.
-    details : dict
-        The model's parameters, for the report (``m2m`` or ``graphical_model``).
+    model : M2MModel or GraphicalModel or None
+        The model that answered, with its parameters.
     """
 
     spec: SketchSpec
@@ -110,7 +179,7 @@ class Exploration:
     entries: tuple[PublishedSketch, ...]
     answer: Answer
     n_hat: float
-    details: dict[str, Any] = field(default_factory=dict)
+    model: M2MModel | GraphicalModel | None = None
 
     @property
     def owners(self) -> tuple[str, ...]:
@@ -126,7 +195,7 @@ class Exploration:
             "reason": self.reason,
             "owners": list(self.owners),
             "sketches": [e.describe() for e in self.entries],
-            **self.details,
+            **(self.model.to_json() if self.model is not None else {}),
             "answer": self.answer.as_dict(),
         }
 
@@ -374,11 +443,11 @@ def warm(
     stop: threading.Event | None = None,
     model_dir: str | os.PathLike[str] | None = None,
 ) -> int:
-    """Compute ahead what :func:`explore` computes first: every spec's M2M design (into
-    ``explorers``) and every published marginals sketch's model and bootstrap refits (into
-    :data:`~dpmarket.consumer.explore.MARGINALS_MODELS`), for the specs a question naming none
-    reads (every spec besides the curator's allocation spec's declaration). Answers are the same
-    whether or not it ran.
+    """Compute ahead what :func:`explore` computes first: every published marginals sketch's
+    model and bootstrap refits (into :data:`~dpmarket.consumer.explore.MARGINALS_MODELS`: read
+    from the owner's published fit where there is one, a few ms each), then every spec's M2M
+    design (into ``explorers``), for the specs a question naming none reads (every spec besides
+    the curator's allocation spec's declaration). Answers are the same whether or not it ran.
 
     Parameters
     ----------
@@ -401,7 +470,7 @@ def warm(
     Returns
     -------
     int
-        The steps done (designs drawn plus sketches fitted).
+        The steps done (sketches' models read or fitted, designs drawn).
 
     Raises
     ------
@@ -412,28 +481,167 @@ def warm(
     kept: dict[Any, Explorer] = explorers if explorers is not None else {}
     guard = lock if lock is not None else threading.Lock()
     catalogue, allocation = client.sketch_catalogue()
+    specs = _besides_allocation(list(catalogue), allocation)
     done = 0
-    for spec in _besides_allocation(list(catalogue), allocation):
-        if spec.kind == "marginals":
-            marginals = MarginalsExplorer(
-                spec, bootstrap=options.bootstrap, seed=options.seed, store=model_dir
-            )
-            for entry in client.sketches(spec):
-                if stop is not None and stop.is_set():
-                    return done
-                if isinstance(entry.sketch, MarginalsSketch):
-                    # Not under ``guard``: the model cache makes an answer that needs this
-                    # sketch wait for it, and lets every other answer run meanwhile.
-                    marginals.models(entry.sketch)
-                    done += 1
-        else:
+    for spec in [s for s in specs if s.kind == "marginals"]:
+        marginals = MarginalsExplorer(
+            spec,
+            bootstrap=options.bootstrap,
+            seed=options.seed,
+            store=model_dir,
+            refit=options.refit,
+        )
+        for entry in client.sketches(spec):
             if stop is not None and stop.is_set():
                 return done
-            with guard:
-                _explorer(kept, spec, options)
-            done += 1
+            if isinstance(entry.sketch, MarginalsSketch):
+                # Not under ``guard``: the model cache makes an answer that needs this
+                # sketch wait for it, and lets every other answer run meanwhile.
+                marginals.models(entry.sketch)
+                done += 1
+    for spec in [s for s in specs if s.kind != "marginals"]:
+        if stop is not None and stop.is_set():
+            return done
+        with guard:
+            _ = _explorer(kept, spec, options).design  # drawn when first read
+        done += 1
     logger.info("explore caches warmed: %d designs and sketch models", done)
     return done
+
+
+def published_fits(
+    client: Any, *, options: ExploreOptions | None = None
+) -> list[tuple[SketchSpec, PublishedSketch]]:
+    """Every published marginals sketch whose owner's fit the answers read
+    (:meth:`~dpmarket.consumer.explore.MarginalsExplorer.published`): what :func:`verify_fits`
+    refits.
+
+    Raises
+    ------
+    dpmarket.common.errors.DPMarketError
+        From the catalogue.
+    """
+    options = options if options is not None else ExploreOptions()
+    catalogue, allocation = client.sketch_catalogue()
+    found = []
+    for spec in _besides_allocation(list(catalogue), allocation):
+        if spec.kind != "marginals":
+            continue
+        reader = MarginalsExplorer(
+            spec, bootstrap=options.bootstrap, seed=options.seed, refit=options.refit, cache=None
+        )
+        for entry in client.sketches(spec):
+            if isinstance(entry.sketch, MarginalsSketch) and reader.published(entry.sketch):
+                found.append((spec, entry))
+    return found
+
+
+def refit_into_store(
+    fits: list[tuple[SketchSpec, PublishedSketch]],
+    model_dir: str | os.PathLike[str],
+    options: ExploreOptions | None = None,
+) -> int:
+    """Fit each of ``fits``' sketches here and keep the models in ``model_dir`` (nothing kept
+    in memory, nothing compared): the work of :func:`verify_fits`, done ahead, e.g. in another
+    process, so that :func:`verify_fits` then reads the models from the store. A sketch whose
+    models are kept there already is skipped.
+
+    Returns
+    -------
+    int
+        The sketches fitted or found kept.
+
+    Raises
+    ------
+    ValueError
+        From the fit.
+    """
+    options = options if options is not None else ExploreOptions()
+    for spec, entry in fits:
+        assert isinstance(entry.sketch, MarginalsSketch)
+        MarginalsExplorer(
+            spec,
+            bootstrap=options.bootstrap,
+            seed=options.seed,
+            store=model_dir,
+            refit=True,
+            cache=None,
+        ).models(entry.sketch)
+    return len(fits)
+
+
+def verify_fits(
+    client: Any,
+    *,
+    options: ExploreOptions | None = None,
+    stop: threading.Event | None = None,
+    model_dir: str | os.PathLike[str] | None = None,
+) -> int:
+    """Refit here every published marginals sketch whose owner's fit the answers read
+    (:func:`published_fits`), so that later answers read this process's own fit, and log a
+    warning where the owner's differs from it: the consumer checks the publisher's fit without
+    any answer waiting for it (the console runs it in the background after :func:`warm`,
+    the fits themselves in another process: :func:`refit_into_store`; an answer meanwhile
+    reads the published fit).
+
+    Parameters
+    ----------
+    client : CuratorClient
+    options : ExploreOptions, optional
+        The options the answers use (nothing is refitted with ``refit``: nothing published is
+        read).
+    stop : threading.Event, optional
+        Set: stop before the next sketch.
+    model_dir : path, optional
+        Where marginals models are kept on disk (the refits are kept there too, and read from
+        there when :func:`refit_into_store` fitted them).
+
+    Returns
+    -------
+    int
+        The sketches refitted.
+
+    Raises
+    ------
+    dpmarket.common.errors.DPMarketError, ValueError
+        From the catalogue or the fit.
+    """
+    options = options if options is not None else ExploreOptions()
+    done = 0
+    for spec, entry in published_fits(client, options=options):
+        if stop is not None and stop.is_set():
+            return done
+        _verify_fit(spec, entry, options, model_dir)
+        done += 1
+    return done
+
+
+def _verify_fit(
+    spec: SketchSpec,
+    entry: PublishedSketch,
+    options: ExploreOptions,
+    model_dir: str | os.PathLike[str] | None,
+) -> None:
+    """Refit ``entry``'s marginals sketch here (into the process's model cache, in place of
+    its published fit) and log a warning if the owner's fit differs from it."""
+    sketch = entry.sketch
+    assert isinstance(sketch, MarginalsSketch)
+    fit = carried_fit(sketch)
+    assert fit is not None
+    own = MarginalsExplorer(
+        spec, bootstrap=options.bootstrap, seed=options.seed, store=model_dir, refit=True
+    ).models(sketch)
+    gap = fit.difference(own)
+    if gap > FIT_TOLERANCE:
+        logger.warning(
+            "%s: %s's published fit differs from the one refitted here by %.3g of the total "
+            "(answers now read the refitted one)",
+            spec.name,
+            entry.owner,
+            gap,
+        )
+    else:
+        logger.info("%s: %s's published fit checked by refitting", spec.name, entry.owner)
 
 
 def explore(
@@ -504,7 +712,11 @@ def explore(
             if chosen.kind == "marginals":
                 tables = [e.sketch for e in entries if isinstance(e.sketch, MarginalsSketch)]
                 marginals_kept[chosen.name] = MarginalsExplorer(
-                    chosen, bootstrap=options.bootstrap, seed=options.seed, store=model_dir
+                    chosen,
+                    bootstrap=options.bootstrap,
+                    seed=options.seed,
+                    store=model_dir,
+                    refit=options.refit,
                 )
                 answered[chosen.name] = marginals_kept[chosen.name].answer(query, tables)
             else:
@@ -524,23 +736,19 @@ def explore(
         marginals = marginals_kept[chosen.name]
         tables = [e.sketch for e in entries if isinstance(e.sketch, MarginalsSketch)]
         n_hat = math.fsum(marginals.models(s)[0].total for s in tables)
-        details: dict[str, Any] = {
-            "graphical_model": {"bootstrap": options.bootstrap, "seed": options.seed}
-        }
+        model: M2MModel | GraphicalModel = GraphicalModel(options.bootstrap, options.seed)
     else:
         explorer = make(chosen)
         estimator = explorer.estimator(_merged(entries))
         n_hat = float(answer.extra.get("n", estimator.sketch.count_estimate))
-        details = {
-            "m2m": {
-                "n_synthetic": explorer.design.n_synthetic,
-                "seed": options.seed,
-                "lambda_rule": options.lambda_rule,
-                "lambda": estimator.lam,
-                "intercept": options.intercept,
-            }
-        }
-    return Exploration(chosen, reason, tuple(entries), answer, n_hat, details)
+        model = M2MModel(
+            n_synthetic=explorer.design.n_synthetic,
+            seed=options.seed,
+            lambda_rule=options.lambda_rule,
+            lam=estimator.lam,
+            intercept=options.intercept,
+        )
+    return Exploration(chosen, reason, tuple(entries), answer, n_hat, model)
 
 
 def rank(
@@ -549,6 +757,7 @@ def rank(
     *,
     spec: str | None = None,
     owners: Sequence[str] = (),
+    label: str | None = None,
 ) -> Ranking:
     """Rank owners by the MMD between a validation set and their RFF sketches, computed here
     (:func:`~dpmarket.consumer.explore.rank_owners`).
@@ -565,6 +774,10 @@ def rank(
         declaration, or that one when it is alone).
     owners : sequence of str
         Rank only these owners (default: every owner that published under the spec).
+    label : str, optional
+        The label column of the consumer's schema. When the spec's columns are the validation
+        set's plus this one, the validation set may be given without it, as
+        :meth:`dpmarket.client.Consumer.summarize` takes it (:func:`label_completed`).
 
     Returns
     -------
@@ -577,11 +790,91 @@ def rank(
     NotFoundError
         If an owner asked about has not published under the spec.
     InvalidArgumentError
-        If a validation record lies outside the spec's domain.
+        If a validation record lies outside the spec's domain, or the validation set has
+        neither the spec's columns nor all of them but ``label`` (naming the spec and its
+        columns).
     """
     chosen = choose_spec(client, spec, kind="rff")
     points = validation(chosen) if callable(validation) else np.asarray(validation, np.float64)
+    m = int(points.shape[0]) if points.ndim == 2 else 0
+    points = label_completed(points, chosen, label)
     entries = published(client.sketches(chosen, list(owners) or None), owners, chosen)
     sketches = {e.owner: e.sketch for e in entries if isinstance(e.sketch, PrivateSketch)}
     ranking = rank_owners(sketches, points)
-    return Ranking(chosen, int(points.shape[0]), tuple(ranking), sketches)
+    return Ranking(chosen, m, tuple(ranking), sketches)
+
+
+#: Most label values a features-only validation set is completed with (:func:`label_completed`).
+MAX_LABEL_LEVELS = 100
+
+
+def label_completed(
+    points: NDArray[np.float64], spec: SketchSpec, label: str | None
+) -> NDArray[np.float64]:
+    """The validation set with the spec's columns: as given, or, when it lacks exactly the
+    spec's column ``label``, every row repeated once per value of the label (in the spec's
+    domain), that column set to it.
+
+    A sketch of a spec whose columns include the label embeds the owner's records with their
+    labels, while D_v is the features only (as summaries take it). Ranking against D_v with
+    every label value equally weighted (D_v times the uniform distribution of the label) keeps
+    every completed row inside the domain and favours no class: for a binary label, the cross
+    term of the MMD then weights every owner record by the same factor of the label kernel, so
+    the ranking compares the owners' features to D_v's, plus each owner's own label spread (its
+    self term), which D_v does not know.
+
+    Parameters
+    ----------
+    points : ndarray of shape (m, d) or (m, d - 1)
+    spec : SketchSpec
+    label : str or None
+        The label column (the consumer's schema's).
+
+    Returns
+    -------
+    ndarray of shape (m, d) or (m * L, d)
+        ``L`` the label's values: its levels, or the integers within its bounds.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If the width is neither ``d`` nor ``d - 1`` with ``label`` one of the spec's columns, or
+        the label has more than :data:`MAX_LABEL_LEVELS` values; the message names the spec and
+        its columns.
+    """
+    domain = spec.domain
+    names = list(domain.names) or [f"column {j}" for j in range(domain.n_attributes)]
+    width = points.shape[1] if points.ndim == 2 else None
+    if width == domain.n_attributes:
+        return points
+    if width == domain.n_attributes - 1 and label is not None and label in names:
+        j = names.index(label)
+        values = _label_values(domain, j)
+        if values is not None:
+            rows = np.repeat(points, len(values), axis=0)
+            column = np.tile(values, points.shape[0])
+            return np.insert(rows, j, column, axis=1)
+    hint = (
+        f"; the label {label!r} is filled for a features-only set only when it is one of them "
+        f"and takes at most {MAX_LABEL_LEVELS} values"
+        if label is not None
+        else "; a set without the label column is accepted when the label is named (schema=)"
+    )
+    raise InvalidArgumentError(
+        f"the validation set has shape {points.shape}: spec {spec.name} ranks records of "
+        f"{domain.n_attributes} columns ({', '.join(names)}), in this order{hint}"
+    )
+
+
+def _label_values(domain: Domain, j: int) -> NDArray[np.float64] | None:
+    """The values of attribute ``j``: its levels, or the integers within its bounds (None if
+    more than :data:`MAX_LABEL_LEVELS`)."""
+    levels = domain.levels[j] if domain.levels else None
+    if levels is None:
+        low, high = math.ceil(float(domain.low[j])), math.floor(float(domain.high[j]))
+        if high < low or high - low + 1 > MAX_LABEL_LEVELS:
+            return None
+        levels = np.arange(low, high + 1, dtype=np.float64)
+    if len(levels) > MAX_LABEL_LEVELS:
+        return None
+    return np.asarray(levels, dtype=np.float64)

@@ -1,16 +1,17 @@
 """A consumer's commands: ``request`` a summary, ``health`` of a service, the ``cape`` jobs
-(``mean``, ``linreg``, ``logreg``, ``train``), the sketch catalogue (``sketch specs``,
-``sketch list``), ``explore`` and ``rank-owners``.
+(``mean``, ``linreg``, ``logreg``, ``train``), the sketch catalogue (``consumer specs``,
+``consumer sketches``), ``explore`` and ``rank-owners``.
 
 ``request`` and the ``cape`` jobs ask the curator, over mTLS, to run a session or a job across
 the owners. Exploration and ranking read the catalogue once and compute locally
 (:mod:`dpmarket.consumer.explore`): no owner is called, and the validation set never leaves the
 consumer's process. :func:`protocol_options` and the input helpers are shared with
-``dpmarket simulate`` (:mod:`dpmarket.experiments.cli`).
+``dpmarket lab simulate`` (:mod:`dpmarket.experiments.cli`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -24,6 +25,8 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from dpmarket.common.errors import DPMarketError, InvalidArgumentError
+from dpmarket.common.market.money import credits_text, parse_credits
+from dpmarket.common.market.terms import NO_REWARD, RewardOffer
 from dpmarket.common.schema import Schema
 from dpmarket.common.sketches.spec import SketchSpec
 from dpmarket.common.summarization.methods import (
@@ -39,7 +42,6 @@ from dpmarket.consumer.options import (
     method_options,
     summarization_config,
 )
-from dpmarket.owner.data import PointSet, load_point_set
 from dpmarket.runtime.cli import (
     SectionedCommand,
     check_outputs,
@@ -56,6 +58,7 @@ from dpmarket.runtime.cli import (
 from dpmarket.runtime.files import write_json
 from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.schemas import load_schema
+from dpmarket.runtime.tables import PointSet, load_point_set
 
 __all__ = [
     "CAPE_COMMANDS",
@@ -76,8 +79,13 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from rich.progress import Progress
+
     from dpmarket.common.cape.uncertainty import Estimate, Flag
-    from dpmarket.consumer.catalogue import Ranking
+    from dpmarket.consumer.cape_report import CapeReport
+    from dpmarket.consumer.catalogue import Exploration, Ranking
+    from dpmarket.consumer.client import CapeNetwork, CuratorClient
+    from dpmarket.consumer.explore import Query
 
 logger = logging.getLogger("dpmarket")
 
@@ -173,9 +181,10 @@ def protocol_options(func: Callable[..., Any]) -> Callable[..., Any]:
 def load_points(
     path: str, *, label_column: str | None = "label", schema: Schema | None = None
 ) -> PointSet:
-    """Read a points file (:func:`dpmarket.owner.data.load_point_set`); a missing or malformed file
-    fails the command with its name. With a schema, a table's features are selected by name in
-    the schema's order (another column order is reordered, a column the schema lacks refused)."""
+    """Read a points file (:func:`dpmarket.runtime.tables.load_point_set`); a missing or
+    malformed file fails the command with its name. With a schema, a table's features are
+    selected by name in the schema's order (another column order is reordered, a column the
+    schema lacks refused)."""
     try:
         return load_point_set(path, label_column=label_column, schema=schema, by_name=True)
     except (OSError, ValueError) as exc:
@@ -295,7 +304,7 @@ def finish(
     (:func:`dpmarket.consumer.report.plot_request`). Returns the report.
     """
     from dpmarket.consumer.report import comparison_table, evaluate_summary, plot_request
-    from dpmarket.owner.data import save_point_set
+    from dpmarket.runtime.tables import save_point_set
 
     evaluation = replace(
         evaluate_summary(
@@ -324,6 +333,16 @@ def finish(
         Console().print(comparison_table([evaluation], title=title, wide=wide))
     for line in charge_lines(result.report):
         console.print(line, highlight=False)
+    report = result.report
+    if report.cost is not None:
+        quoted = (
+            "" if report.quote is None else f" (quoted at most {credits_text(report.quote.total)})"
+        )
+        console.print(
+            f"cost: {credits_text(report.cost)} credits{quoted}; the signed statement: "
+            "dpmarket consumer statements",
+            highlight=False,
+        )
     if result.report.left_out:
         console.print(
             "[yellow]left out: "
@@ -385,6 +404,24 @@ def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: s
     raise click.ClickException(f"{exc}{spent}; report with the ledger -> {report_path}")
 
 
+class _Credits(click.ParamType):
+    """An amount of credits (a decimal string, six decimals at most), as micro-credits, read by
+    :func:`~dpmarket.common.market.money.parse_credits` as the client reads ``max_cost``: ``5``
+    (on the command line or in a configuration file) is 5 credits."""
+
+    name = "credits"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        try:
+            return parse_credits(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+#: The type of every option that takes credits (``--max-cost``, ``--reward``).
+CREDITS = _Credits()
+
+
 @click.command(
     "request",
     cls=SectionedCommand,
@@ -392,7 +429,8 @@ def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: s
         (
             "Request",
             ("curator_name", "request_id", "min_owners", "exclude_owners", "schema_path"),
-        )
+        ),
+        ("Market", ("max_cost", "quote_only", "reward", "reward_rule", "payout_epsilon")),
     ),
     briefs={"config": CONFIG_BRIEF},
 )
@@ -441,6 +479,47 @@ def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: s
     "share, MMD², where the summary went; never the validation set) is recorded in its "
     "sessions/ folder, where `dpmarket console` lists the consumer's past sessions.",
 )
+@click.option(
+    "--max-cost",
+    default=None,
+    type=CREDITS,
+    metavar="CREDITS",
+    help="The most the request may cost, in credits (e.g. 12.5). The curator quotes the "
+    "request's maximum cost from every owner's prices before anything is released; a quote "
+    "above this cap is refused and nothing is released or charged anywhere. Default: no cap.",
+)
+@click.option(
+    "--reward",
+    default=None,
+    type=CREDITS,
+    metavar="CREDITS",
+    help="A value-based reward paid on top of the owners' prices, split among the owners by a "
+    "private attribution of the summary's value against your validation set (a Laplace "
+    "release of every owner's Shapley value, charged to your validation set and to the "
+    "owners that delivered points). Default: none.",
+)
+@click.option(
+    "--reward-rule",
+    type=click.Choice(["value", "proportional"]),
+    default="value",
+    show_default=True,
+    help="value: the reward per unit of value, each owner paid on an estimate of its own value "
+    "(at most the reward in all); proportional: the reward split in proportion to the noisy "
+    "values (exactly the reward, at up to 4x the noise).",
+)
+@click.option(
+    "--payout-epsilon",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="epsilon of the payout release (with --reward).",
+)
+@click.option(
+    "--quote-only",
+    is_flag=True,
+    help="Print the request's quote (the most it can cost, per owner) and stop: nothing is "
+    "released or charged, no session is created, nothing is written.",
+)
 @protocol_options
 @summary_output_options
 @tls_options
@@ -452,6 +531,11 @@ def request(
     exclude_owners: tuple[str, ...],
     schema_path: str | None,
     data_dir: str | None,
+    max_cost: int | None,
+    reward: int | None,
+    reward_rule: str,
+    payout_epsilon: float,
+    quote_only: bool,
     summary_size: int,
     method: str,
     validation_path: str,
@@ -472,6 +556,7 @@ def request(
     **kwargs: Any,
 ) -> None:
     """Ask a running curator (over mTLS) for a summary matching a validation set."""
+
     from dpmarket.consumer.client import CuratorClient
 
     check_method_options(click.get_current_context(), method)
@@ -485,31 +570,16 @@ def request(
         raise click.BadParameter(str(exc), param_hint="--exclude-owner") from exc
     schema = read_schema(schema_path)
     inputs = read_inputs(validation_path, seed_set_path, test_path, schema)
+    offer = _reward_offer(reward, reward_rule, payout_epsilon)
+    ask = _Ask(config, inputs, schema, seed, selection, max_cost, offer)
+    connect = functools.partial(
+        CuratorClient, curator, security, curator=curator_identity(curator_name)
+    )
+    if quote_only:
+        _print_quote(connect, ask, as_json=as_json, wide=wide)
+        return
     check_outputs(out_path, report_path, *([] if plot_path is None else [plot_path]))
-    try:
-        curator_identity = Identity("curator", curator_name)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--curator-name") from exc
-    progress, update = progress_printer(method)
-    try:
-        with CuratorClient(curator, security, curator=curator_identity) as client, progress:
-            result = client.summarize(
-                config,
-                inputs.validation.features,
-                inputs.seed_set,
-                seed=seed,
-                on_progress=update,
-                request_id=request_id,
-                selection=selection,
-                schema=schema,
-                feature_names=() if schema is not None else inputs.validation.columns,
-            )
-    except SessionFailedError as exc:
-        if data_dir is not None:
-            _record_failure(data_dir, exc, config)
-        _failed(exc, config, report_path)
-    except DPMarketError as exc:
-        raise click.ClickException(str(exc)) from exc
+    result, session_id = _summarize(connect, ask, method, request_id, data_dir, report_path)
     document = finish(
         result,
         inputs,
@@ -522,19 +592,150 @@ def request(
         plot_path=plot_path,
     )
     if data_dir is not None:
-        from dpmarket.consumer.history import SessionHistory
+        _record_done(
+            data_dir, config, document, out_path, result, inputs.validation.features, session_id
+        )
 
-        try:
-            SessionHistory(data_dir).record(
-                status="done",
-                source="request",
-                method=config.method,
-                summary_size=config.summary_size,
-                result=document["result"],
-                summary_path=str(Path(out_path).resolve()),
+
+@dataclass(frozen=True)
+class _Ask:
+    """What ``request`` asks the curator, the same for its quote and for its session."""
+
+    config: SummarizationConfig
+    inputs: Inputs
+    schema: Schema | None
+    seed: int | None
+    selection: OwnerSelection
+    max_cost: int | None
+    reward: RewardOffer
+
+    def data(self) -> tuple[SummarizationConfig, NDArray[np.float64], NDArray[np.float64]]:
+        """The configuration, validation features and seed set (positional arguments of
+        :meth:`~dpmarket.consumer.client.CuratorClient.quote_session` and ``summarize``)."""
+        return self.config, self.inputs.validation.features, self.inputs.seed_set
+
+    def terms(self) -> dict[str, Any]:
+        """Their keyword arguments shared by the quote and the session: seed, owner selection,
+        schema (or the validation set's column names without one), cost cap and reward."""
+        return {
+            "seed": self.seed,
+            "selection": self.selection,
+            "schema": self.schema,
+            "feature_names": () if self.schema is not None else self.inputs.validation.columns,
+            "max_cost": self.max_cost,
+            "reward": self.reward,
+        }
+
+
+def _print_quote(
+    connect: Callable[[], CuratorClient], ask: _Ask, *, as_json: bool, wide: bool
+) -> None:
+    """Ask the curator what ``ask`` would cost (QuoteSession: nothing released or charged) and
+    print the quote, as JSON or a table; :class:`click.ClickException` on the curator's refusal."""
+    from dpmarket.consumer.market import quote_json, quote_table
+
+    try:
+        with connect() as client:
+            quoted = client.quote_session(*ask.data(), **ask.terms())
+    except DPMarketError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        print_json(quote_json(quoted))
+    else:
+        Console().print(quote_table(quoted, wide=wide))
+
+
+def _summarize(
+    connect: Callable[[], CuratorClient],
+    ask: _Ask,
+    method: str,
+    request_id: str | None,
+    data_dir: str | None,
+    report_path: str,
+) -> tuple[SummaryResult, str]:
+    """Run ``ask``'s session to its summary, printing its quote, id and progress (as
+    ``--method``'s progress printer shows it); return the summary and the session's id (as
+    printed; "" if the curator named none).
+
+    Raises
+    ------
+    click.ClickException
+        If the session failed (its report, with what it spent, written to ``report_path`` and
+        recorded in ``data_dir``'s history), or the curator refused or was lost (naming the
+        session when it was created, so that its report can be asked for later).
+    """
+    from dpmarket.consumer.market import quote_line
+
+    config = ask.config
+    progress, update = progress_printer(method)
+    created: list[str] = []
+
+    def on_created(session_id: str) -> None:
+        created.append(session_id)
+        console.print(f"session {session_id} created", highlight=False)
+
+    try:
+        with connect() as client, progress:
+            result = client.summarize(
+                *ask.data(),
+                **ask.terms(),
+                on_progress=update,
+                request_id=request_id,
+                on_quote=lambda q: progress.console.print(quote_line(q), highlight=False),
+                on_created=on_created,
             )
-        except OSError as exc:
-            console.print(f"[yellow]not recorded in {data_dir}: {exc}", highlight=False)
+    except SessionFailedError as exc:
+        if data_dir is not None:
+            _record_failure(data_dir, exc, config)
+        _failed(exc, config, report_path)
+    except DPMarketError as exc:
+        # After the session was created (the curator lost, say): name it, so that its report
+        # can be asked for (the curator's `sessions`, the console) once the curator is back.
+        where = f" (session {created[0]})" if created else ""
+        raise click.ClickException(f"{exc}{where}") from exc
+    return result, (created[0] if created else "")
+
+
+def _reward_offer(reward: int | None, reward_rule: str, payout_epsilon: float) -> RewardOffer:
+    """``--reward`` (micro-credits, read by :data:`CREDITS`) with its rule and payout epsilon as
+    a reward offer; :class:`click.BadParameter` naming the option."""
+    if reward is None:
+        return NO_REWARD
+    try:
+        return RewardOffer(reward_rule, reward, payout_epsilon)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--reward") from exc
+
+
+def _record_done(
+    data_dir: str,
+    config: SummarizationConfig,
+    document: dict[str, Any],
+    out_path: str,
+    result: SummaryResult,
+    validation: NDArray[np.float64],
+    session_id: str,
+) -> None:
+    """Record a finished request in the consumer's history (best effort: a warning on error):
+    with the session's id as printed (one id in the CLI and the console alike) and the MMD
+    curve the console draws for its own sessions."""
+    from dpmarket.consumer.history import SessionHistory
+    from dpmarket.consumer.report import summary_curve
+
+    curve = summary_curve(result, validation, config.gamma)
+    try:
+        SessionHistory(data_dir).record(
+            status="done",
+            source="request",
+            method=config.method,
+            summary_size=config.summary_size,
+            session_id=session_id,
+            result=document["result"],
+            summary_path=str(Path(out_path).resolve()),
+            mmd_curve={"sizes": [float(k) for k in curve.sizes], "mmd2": list(curve.mmd2)},
+        )
+    except OSError as exc:
+        console.print(f"[yellow]not recorded in {data_dir}: {exc}", highlight=False)
 
 
 def _record_failure(data_dir: str, exc: SessionFailedError, config: SummarizationConfig) -> None:
@@ -617,7 +818,7 @@ def _target(text: str | None, schema: Schema | None, task: str) -> tuple[str, fl
 
 
 def _cape_options(default_out: str, default_delta: float) -> list[Callable[..., Any]]:
-    """Options every ``dpmarket cape`` job command takes."""
+    """Options every ``dpmarket consumer cape`` job command takes."""
     return [
         click.option("--curator", required=True, metavar="HOST:PORT", help="The curator."),
         click.option("--curator-name", default="curator", help="The curator's certificate name."),
@@ -659,6 +860,25 @@ def _cape_options(default_out: str, default_delta: float) -> list[Callable[..., 
         click.option("--seed", default=None, type=click.IntRange(min=0), help="Reproducible runs."),
         click.option("--request-id", default=None, help="Idempotency key (default: random)."),
         click.option(
+            "--max-cost",
+            default=None,
+            type=CREDITS,
+            metavar="CREDITS",
+            help="The most the job may cost, in credits (e.g. 12.5). The curator quotes it from "
+            "every owner's prices (per unit of epsilon, and each owner's minimum) before any "
+            "owner opens it; a quote above this cap is refused and nothing is charged anywhere. "
+            "Default: no cap.",
+        ),
+        click.option(
+            "--min-owners",
+            default=None,
+            type=click.IntRange(min=1),
+            metavar="N",
+            help="Let the job run without owners that cannot be reached when it opens, as long as "
+            "at least N open it (the report's 'dropped' names who was left out). Default: every "
+            "owner the curator serves must, or the job fails before anything is charged.",
+        ),
+        click.option(
             "--out",
             "out_path",
             default=default_out,
@@ -680,8 +900,8 @@ _CALIBRATION_OPTION = click.option(
 def _cape_command(
     name: str, options: list[Callable[..., Any]], doc: str
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Make ``dpmarket cape NAME`` with the shared options, then ``options``, then mTLS; the
-    command joins :data:`CAPE_COMMANDS`."""
+    """Make ``dpmarket consumer cape NAME`` with the shared options, then ``options``, then
+    mTLS; the command joins :data:`CAPE_COMMANDS`."""
 
     def register(func: Callable[..., None]) -> Callable[..., None]:
         for option in reversed(options):
@@ -713,6 +933,7 @@ def _ask_curator(
     curator: str, curator_name: str, tls: dict[str, Any], call: Callable[[Any], Any]
 ) -> Any:
     """Call the curator as a consumer; a refusal becomes a ClickException."""
+
     from dpmarket.consumer.client import CuratorClient
 
     security = security_from_options("consumer", **tls)
@@ -723,9 +944,38 @@ def _ask_curator(
         raise click.ClickException(str(exc)) from exc
 
 
-def _delta_text(report: dict[str, Any]) -> str:
-    theorem1 = report.get("delta_theorem1")
-    return f"{report['delta_exact']:.3g} exactly" + (
+def _job_options(
+    seed: int | None,
+    request_id: str | None,
+    schema: Any,
+    min_owners: int | None,
+    max_cost: int | None,
+) -> dict[str, Any]:
+    """The keyword arguments every CAPE call of :class:`CuratorClient` takes, from the options."""
+    return {
+        "seed": seed,
+        "request_id": request_id,
+        "schema": schema,
+        "min_owners": min_owners or 0,
+        "max_cost": max_cost,
+    }
+
+
+def _print_cost(report: CapeReport) -> None:
+    """``cost: X credits (quoted at most Y)`` under a CAPE job's output, when it was priced."""
+    if report.quoted is None:
+        return
+    cost = "not settled" if report.cost is None else f"{credits_text(report.cost)} credits"
+    console.print(
+        f"cost: {cost} (quoted at most {credits_text(report.quoted)}); the signed statement: "
+        "dpmarket consumer statements",
+        highlight=False,
+    )
+
+
+def _delta_text(report: CapeReport) -> str:
+    theorem1 = report.delta_theorem1
+    return f"{report.delta_exact:.3g} exactly" + (
         f", {theorem1:.3g} by Theorem 1" if theorem1 is not None else ""
     )
 
@@ -740,11 +990,6 @@ _FLAG_NAMES = {
     "undetermined": "UNRELIABLE",
     "no_interval": "no interval",
 }
-
-
-def _without_estimates(report: dict[str, Any]) -> dict[str, Any]:
-    """The report without its ``estimates`` (a document carries them at its top level)."""
-    return {k: v for k, v in report.items() if k != "estimates"}
 
 
 def _estimates_table(title: str, header: str, estimates: Sequence[Estimate]) -> RichTable:
@@ -808,6 +1053,8 @@ def _fit_command(task: str) -> Callable[..., None]:
         no_intercept: bool,
         seed: int | None,
         request_id: str | None,
+        max_cost: int | None,
+        min_owners: int | None,
         out_path: str,
         as_json: bool,
         **tls: Any,
@@ -835,12 +1082,8 @@ def _fit_command(task: str) -> Callable[..., None]:
         except ValueError as exc:
             raise click.BadParameter(str(exc)) from exc
         check_outputs(out_path)
-        fit = _ask_curator(
-            curator,
-            curator_name,
-            tls,
-            lambda c: c.fit_cape(spec, seed=seed, request_id=request_id, schema=schema),
-        )
+        options = _job_options(seed, request_id, schema, min_owners, max_cost)
+        fit = _ask_curator(curator, curator_name, tls, lambda c: c.fit_cape(spec, **options))
         estimates = fit.estimates
         model = {
             "task": task,
@@ -848,7 +1091,7 @@ def _fit_command(task: str) -> Callable[..., None]:
             "weights": dict(zip(spec.columns, fit.weights.tolist(), strict=True)),
             "intercept": fit.intercept,
             "estimates": [e.to_json() for e in estimates],
-            "report": _without_estimates(fit.report),
+            "report": fit.report.to_json(estimates=False),
         }
         write_json(model, out_path)
         r = fit.report
@@ -858,17 +1101,18 @@ def _fit_command(task: str) -> Callable[..., None]:
             shown = estimates if spec.fit_intercept else estimates[:-1]
             Console().print(
                 _estimates_table(
-                    f"{task} regression of {spec.target[0]} over {len(r['sites'])} owners",
+                    f"{task} regression of {spec.target[0]} over {len(r.sites)} owners",
                     "weight" if task == "linear" else "log-odds",
                     shown,
                 )
             )
             _print_flags(shown)
         console.print(
-            f"{task} regression over {len(r['sites'])} owners ({', '.join(r['sites'])}); every "
+            f"{task} regression over {len(r.sites)} owners ({', '.join(r.sites)}); every "
             f"owner ({epsilon}, {_delta_text(r)})-DP against the curator and "
-            f"{r['colluders']} colluder(s); model -> {out_path}"
+            f"{r.colluders} colluder(s); model -> {out_path}"
         )
+        _print_cost(r)
 
     return command
 
@@ -908,6 +1152,8 @@ def cape_mean_command(
     calibration: str,
     seed: int | None,
     request_id: str | None,
+    max_cost: int | None,
+    min_owners: int | None,
     out_path: str,
     as_json: bool,
     **tls: Any,
@@ -925,28 +1171,31 @@ def cape_mean_command(
         curator,
         curator_name,
         tls,
-        lambda c: c.estimate_cape_mean(spec, seed=seed, request_id=request_id, schema=schema),
+        lambda c: c.estimate_cape_mean(
+            spec, **_job_options(seed, request_id, schema, min_owners, max_cost)
+        ),
     )
     estimates = estimate.estimates
     document = {
         "task": "mean",
         "mean": estimate.by_column,
         "estimates": [e.to_json() for e in estimates],
-        "report": _without_estimates(estimate.report),
+        "report": estimate.report.to_json(estimates=False),
     }
     write_json(document, out_path)
     r = estimate.report
     if as_json:
         print_json(document)
     else:
-        Console().print(_estimates_table(f"mean over {len(r['sites'])} owners", "mean", estimates))
+        Console().print(_estimates_table(f"mean over {len(r.sites)} owners", "mean", estimates))
         _print_flags(estimates)
     console.print(
-        f"mean of {len(columns)} column(s) over {len(r['sites'])} owners "
-        f"({', '.join(r['sites'])}), noise std {r['aggregator_noise_std']:.3g} per column; "
+        f"mean of {len(columns)} column(s) over {len(r.sites)} owners "
+        f"({', '.join(r.sites)}), noise std {r.aggregator_noise_std:.3g} per column; "
         f"every owner ({epsilon}, {_delta_text(r)})-DP against the curator and "
-        f"{r['colluders']} colluder(s); estimate -> {out_path}"
+        f"{r.colluders} colluder(s); estimate -> {out_path}"
     )
+    _print_cost(r)
 
 
 @_cape_command(
@@ -956,7 +1205,7 @@ def cape_mean_command(
             "--target",
             required=True,
             metavar="COLUMN",
-            help="The label: a column the owners declared 0/1 (serve-owner --binary-column).",
+            help="The label: a column the owners declared 0/1 (owner serve --binary-column).",
         ),
         click.option("--iterations", default=50, type=click.IntRange(min=1), help="T."),
         click.option("--learning-rate", default=1.0, type=click.FloatRange(min=0, min_open=True)),
@@ -986,12 +1235,12 @@ def cape_train_command(
     clip_norm: float,
     seed: int | None,
     request_id: str | None,
+    max_cost: int | None,
+    min_owners: int | None,
     out_path: str,
     as_json: bool,
     **tls: Any,
 ) -> None:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
     from dpmarket.common.cape.spec import CapeTrainingSpec
 
     schema = read_schema(bounds_path, "--bounds")
@@ -1011,6 +1260,38 @@ def cape_train_command(
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     check_outputs(out_path)
+    progress, update = _iterations_progress(iterations)
+    with progress:
+        network = _ask_curator(
+            curator,
+            curator_name,
+            tls,
+            lambda c: c.train_cape(
+                spec,
+                on_progress=update,
+                **_job_options(seed, request_id, schema, min_owners, max_cost),
+            ),
+        )
+        update(iterations, iterations)
+    document = _network_document(network)
+    write_json(document, out_path)
+    if as_json:
+        print_json(document)
+    else:
+        _print_flags(network.estimates)
+    r = network.report
+    console.print(
+        f"{iterations} iterations over {len(r.sites)} owners ({', '.join(r.sites)}); "
+        f"every owner ({r.epsilon:.6g}, {_delta_text(r)})-DP over the whole training against "
+        f"the curator and {r.colluders} colluder(s); network -> {out_path}"
+    )
+
+
+def _iterations_progress(iterations: int) -> tuple[Progress, Callable[[int, int], None]]:
+    """A progress bar over a training's ``iterations`` (shown on a terminal only) and the
+    callback that advances it: ``update(done, total)``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
     progress = Progress(
         "[bold]train",
         BarColumn(),
@@ -1025,48 +1306,35 @@ def cape_train_command(
     def update(done: int, total: int) -> None:
         progress.update(task, completed=done, total=total)
 
-    with progress:
-        network = _ask_curator(
-            curator,
-            curator_name,
-            tls,
-            lambda c: c.train_cape(
-                spec, seed=seed, request_id=request_id, schema=schema, on_progress=update
-            ),
-        )
-        progress.update(task, completed=iterations)
-    document = {
+    return progress, update
+
+
+def _network_document(network: CapeNetwork) -> dict[str, Any]:
+    """The trained network as ``cape train`` writes it: its features' bounds, its parameters
+    by layer (``W1`` of shape ``(H, D)``, ``b1`` ``(H,)``, ``w2`` ``(H,)``, ``b2``), its
+    estimates and its report."""
+    spec = network.spec
+    hidden, theta = spec.hidden, network.parameters
+    return {
         "task": "train",
         "features": [{"column": c, "low": lo, "high": hi} for c, lo, hi in spec.features],
-        "target": target,
-        "hidden_units": hidden_units,
+        "target": spec.target,
+        "hidden_units": hidden,
         "network": "sigmoid(w2 . relu(W1 x + b1) + b2), x = 2 (raw - low) / (high - low) - 1",
         "parameters": {
-            "W1": network.parameters[: hidden_units * spec.dim]
-            .reshape(hidden_units, spec.dim)
-            .tolist(),
-            "b1": network.parameters[hidden_units * spec.dim : -hidden_units - 1].tolist(),
-            "w2": network.parameters[-hidden_units - 1 : -1].tolist(),
-            "b2": float(network.parameters[-1]),
+            "W1": theta[: hidden * spec.dim].reshape(hidden, spec.dim).tolist(),
+            "b1": theta[hidden * spec.dim : -hidden - 1].tolist(),
+            "w2": theta[-hidden - 1 : -1].tolist(),
+            "b2": float(theta[-1]),
         },
         "estimates": [e.to_json() for e in network.estimates],
-        "report": _without_estimates(network.report),
+        "report": network.report.to_json(estimates=False),
     }
-    write_json(document, out_path)
-    if as_json:
-        print_json(document)
-    else:
-        _print_flags(network.estimates)
-    r = network.report
-    console.print(
-        f"{iterations} iterations over {len(r['sites'])} owners ({', '.join(r['sites'])}); "
-        f"every owner ({r['epsilon']:.6g}, {_delta_text(r)})-DP over the whole training against "
-        f"the curator and {r['colluders']} colluder(s); network -> {out_path}"
-    )
 
 
 # -------------------------------------------------------------------------- sketches
 def _client(curator: str, curator_name: str, tls: dict[str, Any]) -> Any:
+
     from dpmarket.consumer.client import CuratorClient
 
     security = security_from_options("consumer", **tls)
@@ -1238,6 +1506,20 @@ def list_command(
     help="Bootstrap models per marginals sketch behind its standard errors (0: none).",
 )
 @click.option(
+    "--blas-threads",
+    default=1,
+    type=click.IntRange(min=1),
+    help="BLAS threads for the answer. One (the default, as owner serve's) avoids threads "
+    "spinning on a shared machine; raise it for large sketches alone on many cores.",
+)
+@click.option(
+    "--refit",
+    is_flag=True,
+    help="Fit each marginals sketch's graphical model and bootstrap here, even where its owner "
+    "published them with the sketch (default: use those, checked, when they match --bootstrap "
+    "and --seed).",
+)
+@click.option(
     "--data-dir",
     default=None,
     type=click.Path(file_okay=False),
@@ -1264,6 +1546,8 @@ def explore_command(
     lambda_rule: str,
     intercept: bool,
     bootstrap: int,
+    blas_threads: int,
+    refit: bool,
     data_dir: str | None,
     out_path: str | None,
     as_json: bool,
@@ -1276,23 +1560,14 @@ def explore_command(
     among the sketches that express it (a marginals sketch: counts, CDFs, marginals, synthetic
     records, moments of discrete columns; HIST, RFF, RACE: all but marginals and records), the
     one whose honest 95 % interval is narrowest."""
+    from threadpoolctl import threadpool_limits
+
     from dpmarket.consumer import model_store
     from dpmarket.consumer.catalogue import ExploreOptions, SpecChoiceError, explore
-    from dpmarket.consumer.explore import Query, parse_where
 
     if bool(owners) == all_owners:
         raise click.UsageError("give --owner NAME (repeat for a union) or --all")
-    try:
-        q = Query(
-            query,
-            columns=columns,
-            points=points,
-            where=tuple(parse_where(w) for w in where),
-            target=target,
-            rows=rows,
-        )
-    except InvalidArgumentError as exc:
-        raise click.UsageError(str(exc)) from exc
+    q = _explore_query(query, columns, points, where, target, rows)
     if out_path is not None:
         check_outputs(out_path)
     options = ExploreOptions(
@@ -1301,9 +1576,13 @@ def explore_command(
         lambda_rule=lambda_rule,  # type: ignore[arg-type]
         intercept=intercept,
         bootstrap=bootstrap,
+        refit=refit,
     )
     try:
-        with _client(curator, curator_name, tls) as client:
+        with (
+            _client(curator, curator_name, tls) as client,
+            threadpool_limits(limits=blas_threads, user_api="blas"),
+        ):
             found = explore(
                 client,
                 q,
@@ -1316,18 +1595,47 @@ def explore_command(
         raise click.UsageError(str(exc)) from exc
     except (DPMarketError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    entries, answer = found.entries, found.answer
-    who = (
-        entries[0].owner if len(entries) == 1 else f"union of {', '.join(e.owner for e in entries)}"
-    )
     report = found.to_json(f"{curator_name}@{curator}")
-    reason, n_hat = found.reason, found.n_hat
     write_output(report, out_path)
     if as_json:
         print_json(report)
         return
-    _print_answer(answer, f"{query} of {who} ({answer.source}, n ≈ {n_hat:.0f})")
-    console.print(f"answered from {reason}")
+    _print_explored(found, query, q.kind)
+
+
+def _explore_query(
+    query: str,
+    columns: tuple[str, ...],
+    points: tuple[float, ...],
+    where: tuple[str, ...],
+    target: str,
+    rows: int,
+) -> Query:
+    """``explore``'s question from its options (:class:`click.UsageError` when malformed)."""
+    from dpmarket.consumer.explore import Query, parse_where
+
+    try:
+        return Query(
+            query,
+            columns=columns,
+            points=points,
+            where=tuple(parse_where(w) for w in where),
+            target=target,
+            rows=rows,
+        )
+    except InvalidArgumentError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+def _print_explored(found: Exploration, query: str, kind: str) -> None:
+    """An explored answer as text: its table (whose owners, which sketch), where it was
+    answered from, the count behind it and, for synthetic records, how many."""
+    entries, answer = found.entries, found.answer
+    who = (
+        entries[0].owner if len(entries) == 1 else f"union of {', '.join(e.owner for e in entries)}"
+    )
+    _print_answer(answer, f"{query} of {who} ({answer.source}, n ≈ {found.n_hat:.0f})")
+    console.print(f"answered from {found.reason}")
     if "count" in answer.extra:
         interval = answer.extra.get("count_interval")
         console.print(
@@ -1335,7 +1643,7 @@ def explore_command(
             + (f", 95 % interval [{interval[0]:.1f}, {interval[1]:.1f}]" if interval else "")
             + f" of n ≈ {answer.extra['n']:.0f}"
         )
-    if q.kind == "synthetic":
+    if kind == "synthetic":
         console.print(f"{len(answer.extra['records'])} synthetic records (--out writes them)")
 
 
@@ -1378,7 +1686,7 @@ def _print_answer(answer: Any, title: str) -> None:
 def _validation(path: str, spec: SketchSpec) -> NDArray[np.float64]:
     """The validation set in the spec's column order: a table's named columns, or an array file
     whose columns are the spec's, in order."""
-    from dpmarket.owner.data import load_point_set, load_table
+    from dpmarket.runtime.tables import load_point_set, load_table
 
     try:
         if Path(path).suffix.lower() in (".csv", ".parquet"):
@@ -1521,3 +1829,75 @@ def cape_group() -> None:
 
 for _command in CAPE_COMMANDS:
     cape_group.add_command(_command)
+
+
+# ----------------------------------------------------------------------------- the market
+@click.command("statements")
+@curator_options
+@click.option("--session", "session_id", default=None, help="Only this session's statement.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="The last N only.")
+@click.option(
+    "--csv",
+    "csv_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Also write one row per (session, owner) to this CSV file (amounts in micro-credits).",
+)
+@click.option("--wide", is_flag=True, help="Every column and whole ids (default: 80 columns).")
+@json_option
+@tls_options
+def statements_command(
+    curator: str,
+    curator_name: str,
+    session_id: str | None,
+    limit: int | None,
+    csv_path: str | None,
+    wide: bool,
+    as_json: bool,
+    **tls: Any,
+) -> None:
+    """The consumer's settlement statements: what each session cost, owner by owner.
+
+    Each statement is signed by the curator and settled from the owners' own ledgers (points
+    read, epsilon charged) at the prices quoted when the session opened; each owner checks its
+    own line before recording it."""
+    from dpmarket.consumer.market import statement_json, statements_table
+
+    if csv_path is not None:
+        check_outputs(csv_path)
+    try:
+        with _client(curator, curator_name, tls) as client:
+            settled = client.statements(session_id, limit)
+    except DPMarketError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if csv_path is not None:
+        _write_statements_csv(settled, csv_path)
+    if as_json:
+        print_json({"statements": [statement_json(s) for s in settled]})
+        return
+    if not settled:
+        console.print("no settled statements")
+        return
+    Console().print(statements_table(settled, wide=wide))
+
+
+def _write_statements_csv(settled: Sequence[Any], path: str) -> None:
+    """One row per (session, owner), amounts in micro-credits, epsilon in micro-epsilon."""
+    import csv
+    import dataclasses
+    import io
+
+    out = io.StringIO()
+    writer = None
+    for item in settled:
+        for line in item.statement.lines:
+            row = {"session_id": item.session_id, **dataclasses.asdict(line), "total": line.total}
+            if writer is None:
+                writer = csv.DictWriter(out, fieldnames=list(row))
+                writer.writeheader()
+            writer.writerow(row)
+    try:
+        Path(path).write_text(out.getvalue(), encoding="utf-8")
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {path}: {exc}") from exc
+    console.print(f"-> {path}")

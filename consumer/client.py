@@ -17,12 +17,21 @@ from typing import Any
 
 import grpc
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from numpy.typing import NDArray
 
 from dpmarket.common.cape.dpgd import accuracy, predict_proba
 from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from dpmarket.common.cape.uncertainty import Estimate, training_estimates
 from dpmarket.common.errors import AbortedError, InvalidArgumentError
+from dpmarket.common.market.pricing import Quote
+from dpmarket.common.market.statement import (
+    PublicKey,
+    StatementError,
+    decode_statement,
+    verify_statement,
+)
+from dpmarket.common.market.terms import NO_REWARD, RewardOffer
 from dpmarket.common.schema import Schema
 from dpmarket.common.sketches.spec import PublishedSketch, SketchSpec
 from dpmarket.common.summarization.methods import SummarizationConfig
@@ -32,9 +41,13 @@ from dpmarket.common.summarization.summary import (
     SessionReport,
     SummaryResult,
 )
+from dpmarket.common.summarization.terms import MethodOffer
 from dpmarket.consumer import convert
+from dpmarket.consumer.cape_report import CapeFitReport, CapeMeanReport, CapeTrainingReport
+from dpmarket.consumer.market import SettledStatement
 from dpmarket.runtime import cape_messages, sketch_messages
-from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.identity import Identity, certified_public_key
+from dpmarket.runtime.market import quote_from_proto
 from dpmarket.runtime.schemas import schema_to_proto
 from dpmarket.runtime.serving import CHANNEL_OPTIONS
 from dpmarket.runtime.status import error_from_rpc
@@ -106,6 +119,8 @@ class CuratorClient:
         self.target = target
         self.timeout = timeout
         expected = None if security.insecure else (curator or Identity("curator", "curator"))
+        self._ca_pem = security.ca_pem
+        self._curator = expected
         self._channel = connected_channel(
             target,
             security,
@@ -117,6 +132,8 @@ class CuratorClient:
         self._stub = curator_pb2_grpc.CuratorServiceStub(self._channel)
         self._cape = cape_pb2_grpc.CapeServiceStub(self._channel)
         self._sketches = sketch_pb2_grpc.SketchCatalogServiceStub(self._channel)
+        #: The quote of the last session :meth:`create_session` started (None before).
+        self.last_quote: Quote | None = None
 
     def close(self) -> None:
         """Close the channel."""
@@ -139,9 +156,12 @@ class CuratorClient:
         selection: OwnerSelection | None = None,
         schema: Schema | None = None,
         feature_names: Sequence[str] = (),
+        max_cost: int | None = None,
+        reward: RewardOffer = NO_REWARD,
     ) -> str:
         """Start a session; return its id (CreateSession). A retry with the same
         ``request_id`` returns the same session and charges nothing new.
+        The quote it was accepted under is :attr:`last_quote` afterwards.
 
         ``selection``: owners to leave out by name and the fewest the session may open with
         (default: every owner asked; an owner that refuses its terms or cannot be reached
@@ -149,18 +169,181 @@ class CuratorClient:
         public schema the validation set was read through (the curator refuses owners that
         declare another); ``feature_names`` the validation set's column names when it was read
         from a table without one (owners with a schema must have these features, in this
-        order)."""
-        request = convert.create_request_to_proto(
-            config, validation, seed_set, seed, request_id, selection
+        order). ``max_cost``: the most the session may cost, micro-credits (None: no cap; a
+        quote above it is refused with ``FailedPreconditionError``, nothing released or charged
+        anywhere); ``reward``: a value-based reward split by the private payout release."""
+        request = self._request(
+            config,
+            validation,
+            seed_set,
+            seed,
+            request_id,
+            selection,
+            schema,
+            feature_names,
+            max_cost,
+            reward,
         )
-        if schema is not None:
-            request.schema.CopyFrom(schema_to_proto(schema))
-        request.feature_names.extend(feature_names)
         try:
             response = self._stub.CreateSession(request, timeout=self.timeout, wait_for_ready=True)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc, f"curator at {self.target}") from None
+        self.last_quote = quote_from_proto(response.quote) if response.HasField("quote") else None
         return str(response.session_id)
+
+    @staticmethod
+    def _request(
+        config: SummarizationConfig,
+        validation: NDArray[np.float64],
+        seed_set: NDArray[np.float64],
+        seed: int | None,
+        request_id: str,
+        selection: OwnerSelection | None,
+        schema: Schema | None,
+        feature_names: Sequence[str],
+        max_cost: int | None,
+        reward: RewardOffer,
+    ) -> curator_pb2.CreateSessionRequest:
+        request = convert.create_request_to_proto(
+            config,
+            validation,
+            seed_set,
+            seed,
+            request_id,
+            selection,
+            max_cost=max_cost,
+            reward=reward,
+        )
+        if schema is not None:
+            request.schema.CopyFrom(schema_to_proto(schema))
+        request.feature_names.extend(feature_names)
+        return request
+
+    def quote_session(
+        self,
+        config: SummarizationConfig,
+        validation: NDArray[np.float64],
+        seed_set: NDArray[np.float64],
+        *,
+        seed: int | None = None,
+        selection: OwnerSelection | None = None,
+        schema: Schema | None = None,
+        feature_names: Sequence[str] = (),
+        max_cost: int | None = None,
+        reward: RewardOffer = NO_REWARD,
+    ) -> Quote:
+        """The most a request would cost, without running it (QuoteSession): nothing is
+        released or charged, no session is created. Raises as :meth:`create_session` would
+        before the session opens (a quote above ``max_cost``: ``FailedPreconditionError``)."""
+        request = self._request(
+            config,
+            validation,
+            seed_set,
+            seed,
+            "",
+            selection,
+            schema,
+            feature_names,
+            max_cost,
+            reward,
+        )
+        try:
+            response = self._stub.QuoteSession(
+                curator_pb2.QuoteSessionRequest(request=request),
+                timeout=self.timeout,
+                wait_for_ready=True,
+            )
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc, f"curator at {self.target}") from None
+        return quote_from_proto(response.quote)
+
+    def statements(
+        self, session_id: str | None = None, limit: int | None = None
+    ) -> list[SettledStatement]:
+        """The consumer's settlement statements, newest first (ListStatements); only
+        ``session_id``'s if given. Every statement's signature is checked first
+        (:meth:`_statement_key`, :func:`~dpmarket.common.market.statement.verify_statement`).
+
+        Raises
+        ------
+        StatementError
+            (an ``InvalidArgumentError``) If a statement the curator returns is not a canonical
+            statement, or its signature does not verify with the key of the curator's
+            certificate (tampered, unsigned, signed by another key): the whole answer is refused.
+        """
+        request = curator_pb2.ListStatementsRequest(session_id=session_id or "", limit=limit or 0)
+        try:
+            response = self._stub.ListStatements(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc, f"curator at {self.target}") from None
+        if not response.statements:
+            return []
+        key = self._statement_key(bytes(response.curator_certificate))
+        settled = []
+        for m in response.statements:
+            statement = decode_statement(bytes(m.statement.statement))
+            signature = bytes(m.statement.signature)
+            verify_statement(statement, signature, key)
+            settled.append(
+                SettledStatement(
+                    session_id=m.session_id,
+                    settled_at=m.settled_at.ToNanoseconds() / 1e9,
+                    statement=statement,
+                    signature=signature,
+                    owners_recorded=int(m.owners_recorded),
+                )
+            )
+        return settled
+
+    def _statement_key(self, certificate: bytes) -> PublicKey:
+        """The key statements must be signed with: that of the curator's certificate, checked
+        against this consumer's CA and the curator identity its channel expects
+        (:func:`~dpmarket.runtime.identity.certified_public_key`).
+
+        Raises
+        ------
+        StatementError
+            With plaintext transport (no CA to check a certificate against), without a
+            certificate, or for one that fails a check or holds a key of another kind.
+        """
+        if self._ca_pem is None or self._curator is None:
+            raise StatementError(
+                "statements cannot be checked over a plaintext channel (no CA): connect to the "
+                "curator over mTLS to read them"
+            )
+        if not certificate:
+            raise StatementError(
+                f"the curator at {self.target} sent statements without its certificate: they "
+                "cannot be checked, refused"
+            )
+        try:
+            key = certified_public_key(certificate, self._ca_pem, self._curator)
+        except ValueError as exc:
+            raise StatementError(f"the curator's statements are refused: {exc}") from None
+        if not isinstance(key, ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey):
+            raise StatementError(
+                f"the curator's certificate holds a {type(key).__name__}, not an EC or Ed25519 "
+                "key: its statements cannot be checked, refused"
+            )
+        return key
+
+    def methods(self) -> list[MethodOffer]:
+        """Which summarization methods the deployment serves, and why not (ListMethods: the
+        curator's policy and each owner's published access flags); nothing is asked of the
+        owners but their descriptions.
+
+        Raises
+        ------
+        UnavailableError
+            If the curator or every owner is unreachable.
+        """
+        try:
+            response = self._stub.ListMethods(
+                curator_pb2.ListMethodsRequest(), timeout=self.timeout
+            )
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc, f"curator at {self.target}") from None
+        return [convert.method_offer_from_proto(m) for m in response.methods]
 
     def watch(self, session_id: str) -> Iterator[tuple[ProgressEvent, SessionReport | None]]:
         """Yield progress events until the session ends (WatchSession); the last one comes with
@@ -194,12 +377,20 @@ class CuratorClient:
         selection: OwnerSelection | None = None,
         schema: Schema | None = None,
         feature_names: Sequence[str] = (),
+        max_cost: int | None = None,
+        reward: RewardOffer = NO_REWARD,
+        on_quote: Callable[[Quote], None] | None = None,
+        on_created: Callable[[str], None] | None = None,
     ) -> SummaryResult:
         """Create a session, follow it to the end and return its summary.
 
         ``request_id`` defaults to a fresh random key, so a retried CreateSession (the client
-        retries while the curator is starting) never opens a second session. ``schema`` and
-        ``feature_names`` as :meth:`create_session`.
+        retries while the curator is starting) never opens a second session. ``schema``,
+        ``feature_names``, ``max_cost`` (micro-credits) and ``reward`` as
+        :meth:`create_session`; ``on_created`` is called with the session's id as soon as
+        the curator has created it, before it is followed (a caller that loses the curator
+        afterwards still knows which session to ask about); ``on_quote`` receives the quote
+        the session was accepted under, once it is created.
 
         Raises
         ------
@@ -216,7 +407,13 @@ class CuratorClient:
             selection=selection,
             schema=schema,
             feature_names=feature_names,
+            max_cost=max_cost,
+            reward=reward,
         )
+        if on_created is not None:
+            on_created(session_id)
+        if on_quote is not None and self.last_quote is not None:
+            on_quote(self.last_quote)
         last: tuple[ProgressEvent, SessionReport | None] | None = None
         for event, report in self.watch(session_id):
             last = (event, report)
@@ -248,12 +445,17 @@ class CuratorClient:
         request_id: str | None = None,
         timeout: float = 600.0,
         schema: Schema | None = None,
+        min_owners: int = 0,
+        max_cost: int | None = None,
     ) -> CapeFit:
         """Fit a model by capeFM across the curator's owners (FitCape).
 
         ``request_id`` defaults to a fresh random key (a retry never fits twice). With ``schema``
         (the consumer's, the spec's columns and bounds taken from it), the curator refuses owners
-        that declare another before anything is charged.
+        that declare another before anything is charged. The job needs every owner unless
+        ``min_owners`` (not 0) says how many. ``max_cost``: the most it may cost, micro-credits
+        (None: no cap; a quote above it: ``FailedPreconditionError``, nothing charged); the
+        report's ``quote`` and ``cost`` say what it was quoted and what it cost.
 
         Raises
         ------
@@ -261,13 +463,16 @@ class CuratorClient:
             The error matching the curator's status.
         """
         request = cape_pb2.FitCapeRequest(
-            spec=cape_messages.spec_to_proto(spec), request_id=_key(request_id)
+            spec=cape_messages.spec_to_proto(spec),
+            request_id=_key(request_id),
+            min_owners=min_owners,
+            max_cost=max_cost,
         )
         response = self._cape_call("FitCape", request, seed, timeout, schema)
         return CapeFit(
             weights=cape_messages.vector_from_proto(response.weights, "weights"),
             intercept=float(response.intercept),
-            report=json.loads(response.report_json),
+            report=CapeFitReport.from_json(json.loads(response.report_json)),
         )
 
     def estimate_cape_mean(
@@ -278,12 +483,15 @@ class CuratorClient:
         request_id: str | None = None,
         timeout: float = 600.0,
         schema: Schema | None = None,
+        min_owners: int = 0,
+        max_cost: int | None = None,
     ) -> CapeMean:
         """The mean vector of some columns across the curator's owners (EstimateCapeMean).
 
         ``request_id`` defaults to a fresh random key (a retry never spends twice). With ``schema``
         (the consumer's, the spec's columns and bounds taken from it), the curator refuses owners
-        that declare another before anything is charged.
+        that declare another before anything is charged. The job needs every owner unless
+        ``min_owners`` (not 0) says how many. ``max_cost`` as :meth:`fit_cape`.
 
         Raises
         ------
@@ -291,11 +499,15 @@ class CuratorClient:
             The error matching the curator's status.
         """
         request = cape_pb2.EstimateCapeMeanRequest(
-            spec=cape_messages.spec_to_proto(spec), request_id=_key(request_id)
+            spec=cape_messages.spec_to_proto(spec),
+            request_id=_key(request_id),
+            min_owners=min_owners,
+            max_cost=max_cost,
         )
         response = self._cape_call("EstimateCapeMean", request, seed, timeout, schema)
         mean = cape_messages.vector_from_proto(response.mean, "mean", len(spec.features))
-        return CapeMean(spec=spec, mean=mean, report=json.loads(response.report_json))
+        report = CapeMeanReport.from_json(json.loads(response.report_json))
+        return CapeMean(spec=spec, mean=mean, report=report)
 
     def train_cape(
         self,
@@ -305,7 +517,9 @@ class CuratorClient:
         request_id: str | None = None,
         timeout: float = 1800.0,
         schema: Schema | None = None,
+        min_owners: int = 0,
         on_progress: Callable[[int, int], None] | None = None,
+        max_cost: int | None = None,
     ) -> CapeNetwork:
         """Train the 2-layer network by CAPE gradient descent across the curator's owners
         (TrainCape).
@@ -314,7 +528,7 @@ class CuratorClient:
         (the consumer's, the spec's columns and bounds taken from it), the curator refuses owners
         that declare another before anything is charged. ``on_progress(done, total)`` is called
         after every iteration, from the curator's WatchCapeJob stream (best effort: a lost
-        stream only stops the calls).
+        stream only stops the calls). ``max_cost`` as :meth:`fit_cape`.
 
         Raises
         ------
@@ -323,7 +537,10 @@ class CuratorClient:
         """
         key = _key(request_id)
         request = cape_pb2.TrainCapeRequest(
-            spec=cape_messages.training_to_proto(spec), request_id=key
+            spec=cape_messages.training_to_proto(spec),
+            request_id=key,
+            min_owners=min_owners,
+            max_cost=max_cost,
         )
         if on_progress is None:
             response = self._cape_call("TrainCape", request, seed, timeout, schema)
@@ -332,9 +549,8 @@ class CuratorClient:
         parameters = cape_messages.vector_from_proto(
             response.parameters, "parameters", spec.n_params
         )
-        return CapeNetwork(
-            spec=spec, parameters=parameters, report=json.loads(response.report_json)
-        )
+        report = CapeTrainingReport.from_json(json.loads(response.report_json))
+        return CapeNetwork(spec=spec, parameters=parameters, report=report)
 
     def _train_watched(
         self,
@@ -445,29 +661,21 @@ class CapeFit:
         Coefficients on the raw feature columns, in the spec's order.
     intercept : float
         Prediction (or logit) = ``intercept + x @ weights``.
-    report : dict
+    report : CapeFitReport
         Sites, dropped sites, noise, epsilon and delta per site (exact profile and Theorem 1),
-        each owner's spend, timings.
+        each owner's spend, timings, the estimates.
     """
 
     weights: NDArray[np.float64]
     intercept: float
-    report: dict[str, Any]
+    report: CapeFitReport
 
     @property
     def estimates(self) -> tuple[Estimate, ...]:
         """Every coefficient (the columns, then the intercept) with its standard error, 95 %
         interval and flags, as the curator computed them from the release
         (:func:`dpmarket.common.cape.uncertainty.capefm_estimates`)."""
-        return _estimates(self.report)
-
-
-def _estimates(report: dict[str, Any]) -> tuple[Estimate, ...]:
-    """The report's ``estimates``; ``InvalidArgumentError`` if they are missing or malformed."""
-    try:
-        return tuple(Estimate.from_json(e) for e in report["estimates"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InvalidArgumentError(f"the curator's report has no valid estimates: {exc}") from None
+        return self.report.estimates
 
 
 @dataclass(frozen=True)
@@ -480,14 +688,14 @@ class CapeMean:
         The request (columns, bounds, guarantee).
     mean : ndarray of shape (D,), float64
         The mean of each column, in the spec's order and the columns' units.
-    report : dict
+    report : CapeMeanReport
         Sites, dropped sites, noise std at the aggregator and of the baselines, epsilon and
-        delta per site (exact profile and Theorem 1), each owner's spend, timings.
+        delta per site (exact profile and Theorem 1), each owner's spend, timings, the estimates.
     """
 
     spec: CapeMeanSpec
     mean: NDArray[np.float64]
-    report: dict[str, Any]
+    report: CapeMeanReport
 
     @property
     def by_column(self) -> dict[str, float]:
@@ -498,7 +706,7 @@ class CapeMean:
     def estimates(self) -> tuple[Estimate, ...]:
         """Every column's mean with its exact standard error, 95 % interval and flags
         (:func:`dpmarket.common.cape.uncertainty.mean_estimates`)."""
-        return _estimates(self.report)
+        return self.report.estimates
 
 
 @dataclass(frozen=True)
@@ -511,14 +719,14 @@ class CapeNetwork:
         The request (columns, bounds, hyper-parameters, budget).
     parameters : ndarray of shape (P,), float64
         ``W1`` (row-major), ``b1``, ``w2``, ``b2`` on the features mapped to [-1, 1].
-    report : dict
+    report : CapeTrainingReport
         Sites and iterations, noise per iteration, the total epsilon charged, delta by Theorem 1
         and exactly, each owner's spend, timings.
     """
 
     spec: CapeTrainingSpec
     parameters: NDArray[np.float64]
-    report: dict[str, Any]
+    report: CapeTrainingReport
 
     @property
     def estimates(self) -> tuple[Estimate, ...]:
@@ -531,12 +739,9 @@ class CapeNetwork:
         InvalidArgumentError
             If the report states no noise per iteration.
         """
-        try:
-            last = float(self.report["noise_std_per_iteration"][-1])
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise InvalidArgumentError(
-                f"the curator's report states no noise per iteration: {exc}"
-            ) from None
+        if not self.report.noise_std_per_iteration:
+            raise InvalidArgumentError("the curator's report states no noise per iteration")
+        last = self.report.noise_std_per_iteration[-1]
         return training_estimates(
             self.parameters, self.spec.parameter_labels, self.spec.learning_rate, last
         )

@@ -9,6 +9,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.market.terms import NO_REWARD, RewardOffer
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.summarization.methods import SummarizationConfig
 from dpmarket.common.summarization.session_ledger import SessionLedger
@@ -16,10 +17,12 @@ from dpmarket.common.summarization.summary import (
     OwnerSelection,
     ProgressEvent,
     SessionReport,
-    Stage,
+    SessionStage,
     SummaryResult,
 )
+from dpmarket.common.summarization.terms import MethodOffer
 from dpmarket.runtime.arrays import array_to_proto, labeled_points_from_proto
+from dpmarket.runtime.market import quote_from_proto, reward_to_proto
 from dpmarket.v1 import curator_pb2
 
 _METHODS = {
@@ -66,7 +69,7 @@ _ENUM_PARAMS: dict[str, dict[str, int]] = {
         "none": curator_pb2.EMBEDDING_PRIOR_NONE,
     },
 }
-_STAGES: dict[int, Stage] = {
+_STAGES: dict[int, SessionStage] = {
     curator_pb2.STAGE_SETUP: "setup",
     curator_pb2.STAGE_ROUNDS: "rounds",
     curator_pb2.STAGE_DONE: "done",
@@ -81,9 +84,13 @@ def create_request_to_proto(
     seed: int | None,
     request_id: str = "",
     selection: OwnerSelection | None = None,
+    *,
+    max_cost: int | None = None,
+    reward: RewardOffer = NO_REWARD,
 ) -> curator_pb2.CreateSessionRequest:
     """Build a CreateSessionRequest; every parameter the method reads is sent explicitly (the
-    others are left unset).
+    others are left unset). ``max_cost`` (micro-credits; None: no cap) and ``reward`` are the
+    request's market terms.
 
     Raises
     ------
@@ -110,6 +117,10 @@ def create_request_to_proto(
     )
     if seed is not None:
         request.seed = seed
+    if max_cost is not None:
+        request.max_cost = max_cost
+    if reward != NO_REWARD:
+        request.reward.CopyFrom(reward_to_proto(reward))
     return request
 
 
@@ -151,6 +162,8 @@ def report_from_proto(r: curator_pb2.SessionReport) -> SessionReport:
             for o in r.owner_spend
         },
         left_out={o.owner_id: o.reason for o in r.left_out},
+        quote=quote_from_proto(r.quote) if r.HasField("quote") else None,
+        cost=int(r.cost) if r.HasField("cost") else None,
     )
 
 
@@ -173,4 +186,15 @@ def result_from_proto(message: curator_pb2.GetSummaryResponse) -> SummaryResult:
         labels=labels,
         owner_ids=tuple(message.owner_ids),
         report=report_from_proto(message.report),
+    )
+
+
+def method_offer_from_proto(message: curator_pb2.MethodOffer) -> MethodOffer:
+    """MethodOffer message -> MethodOffer (an unknown method enum: ``"unknown"``)."""
+    return MethodOffer(
+        method=_METHOD_NAMES.get(message.method, "unknown"),
+        served=bool(message.served),
+        reason=message.reason,
+        serving=tuple(message.serving_owners),
+        refusing=tuple(message.refusing_owners),
     )

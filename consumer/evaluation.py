@@ -7,13 +7,8 @@ import warnings
 
 import numpy as np
 from numpy.typing import NDArray
-from sklearn.dummy import DummyClassifier
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.pipeline import Pipeline, make_pipeline
-from sklearn.preprocessing import StandardScaler
-from sklearn.svm import LinearSVC
 
-from dpmarket.owner.data import PointSet
+from dpmarket.runtime.tables import PointSet
 
 __all__ = ["downstream_accuracy", "hash_model_accuracy"]
 
@@ -71,6 +66,14 @@ def downstream_accuracy(train: PointSet, test: PointSet, *, seed: int = 0) -> fl
             f"training set {train.name!r} has {train.n_features} features but test set "
             f"{test.name!r} has {test.n_features}"
         )
+    # scikit-learn (about a second to import) on first use: a program that imports the client
+    # without evaluating a summary does not pay for it.
+    from sklearn.dummy import DummyClassifier
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.pipeline import Pipeline, make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    from sklearn.svm import LinearSVC
+
     model: Pipeline | DummyClassifier
     if np.unique(train.labels).size < 2:
         model = DummyClassifier(strategy="most_frequent")

@@ -33,12 +33,12 @@ does not identify: ``bounds``, the independence guess flagged on the value), wid
 quantile of the noise (:mod:`dpmarket.consumer.intervals` states each construction). The
 graphical model's counts, CDFs, cells and moments get a measured marginal's unbiased interval
 (``measured``) or Fréchet bounds from the measured marginals (``bounds``, the model's guess
-flagged on the value: :mod:`dpmarket.common.sketches.marginals_bounds`); its covariances the
-bootstrap's over the noise (``noise``). A logistic regression's bias is not bounded, nor is that
-of a graphical model's covariance of columns never measured together: their intervals cover the
-noise only and are flagged ``unbounded`` on the interval. Values and intervals are cut to what
-the quantity can be — a mean to its column's public bounds, a fraction to [0, 1], a variance to
-[0, w^2/4] — the raw estimate kept beside them.
+flagged on the value: :mod:`dpmarket.common.sketches.marginals_bounds`); its covariances of
+a pair every owner measured together, bounds from the measured sums (``measured``), of any other
+pair Cauchy-Schwarz bounds from the two variances (``bounds``). A logistic regression's bias is
+not bounded: its intervals cover the noise only and are flagged ``unbounded`` on the interval.
+Values and intervals are cut to what the quantity can be — a mean to its column's public bounds,
+a fraction to [0, 1], a variance to [0, w^2/4] — the raw estimate kept beside them.
 
 The synthetic design's randomness is the consumer's own and protects nothing (the sketches are
 already private), so it is seeded (default 0): the same sketch and query give the same answer,
@@ -47,8 +47,9 @@ bit for bit, wherever they are computed.
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import itertools
+import logging
 import math
 import os
 import re
@@ -68,6 +69,7 @@ from dpmarket.common.sketches.domain import Domain
 from dpmarket.common.sketches.feature_maps import HISTMap
 from dpmarket.common.sketches.intervals import (
     DEFAULT_REPLICATES,
+    Bounded,
     count_estimate,
     release_totals,
 )
@@ -87,7 +89,12 @@ from dpmarket.common.sketches.marginals import (
     cell_weights,
     free_compiled,
 )
-from dpmarket.common.sketches.marginals_bounds import fraction_bounds
+from dpmarket.common.sketches.marginals_bounds import (
+    covariance_bounds,
+    fraction_bounds,
+    unmeasured_covariance_bounds,
+)
+from dpmarket.common.sketches.marginals_fit import carried_fit, fit_sketch
 from dpmarket.common.sketches.mmd import MMDEstimate, mmd2_difference, sketch_mmd2_estimate
 from dpmarket.common.sketches.sketch import (
     PrivateSketch,
@@ -120,6 +127,8 @@ __all__ = [
     "rank_owners",
     "sketch_digest",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: The analyses a consumer can run on a sketch (``marginal`` and ``synthetic`` need a
 #: marginals sketch).
@@ -509,10 +518,11 @@ FLAGS: dict[str, tuple[On, str]] = {
         "interval",
     ),
     "uninformative": (
-        "interval",
+        "value",
         "the interval, before it is cut to what the quantity can be, spans more than half of "
-        "it: the bias bound or the noise dominates, and the cut interval would hide how little "
-        "the sketch says",
+        "it: the bias bound or the noise dominates, so the value says little; the interval "
+        "still covers (cutting it to what the quantity can be never removes the truth), and "
+        "the reason gives its width before the cut",
     ),
     "unbounded": (
         "interval",
@@ -521,7 +531,8 @@ FLAGS: dict[str, tuple[On, str]] = {
     ),
     "few-records": (
         "interval",
-        "the record count is estimated within 20 % or worse: the noise dominates every ratio",
+        "the record count is estimated within 20 % or worse: the noise dominates every ratio, "
+        "and the interval's plug-in of the count estimate has no guarantee there",
     ),
     "model-guess": (
         "value",
@@ -611,7 +622,11 @@ def _bounded_flags(
     range (the noise or the bias bound explains it), and flagged ``clipped`` when it does not;
     an interval wider than :data:`UNINFORMATIVE` of the range is flagged ``uninformative``; a
     count estimate with a relative standard error above :data:`FEW_RECORDS`, ``few-records``
-    (each on the interval; at most one per value)."""
+    (at most one per value). ``clipped`` is on the interval (the whole interval is impossible:
+    it missed), and so is ``few-records`` (the interval plugs in a count estimate that is known
+    within 20 % or worse; a bound over the count's own interval measured 1.5-7 times wider and
+    was not adopted); ``uninformative`` is on the value: a wide interval still covers, and
+    cutting it to what the quantity can be never removes the truth."""
     k = raw.shape[0]
     low, high, what = _possible(query, domain, k)
     values = np.clip(raw, low, high)
@@ -633,7 +648,8 @@ def _bounded_flags(
             flag = _flag(
                 "few-records",
                 f"the record count is known within {100 * count_rse:.0f} % only: the noise "
-                "dominates every ratio",
+                "dominates every ratio, and the interval's plug-in of the count has no "
+                "guarantee",
             )
         elif np.isfinite(span[j]) and raw_width[j] > UNINFORMATIVE * span[j]:
             flag = _flag(
@@ -647,6 +663,22 @@ def _bounded_flags(
             continue
         flags.append((flag,))
     return values, lo, hi, tuple(flags)
+
+
+def _guess_flags(
+    flags: Sequence[tuple[Flag, ...]], stated: Sequence[tuple[str, str]]
+) -> tuple[tuple[Flag, ...], ...]:
+    """``flags`` with ``model-guess`` on the value added where the basis is ``bounds``: there
+    the value inside the bounds is the independence guess, while its interval holds whatever
+    the joint (so it still covers)."""
+    guess = _flag(
+        "model-guess",
+        "the independence guess: one histogram per column does not hold these columns "
+        "together; the interval is bounds that hold whatever the joint",
+    )
+    return tuple(
+        (guess, *f) if b == "bounds" else f for f, (b, _) in zip(flags, stated, strict=True)
+    )
 
 
 def m2m_target(query: Query, domain: Domain) -> tasks.Target | None:
@@ -750,17 +782,31 @@ class Explorer:
         self.seed = int(seed)
         self.lambda_rule = lambda_rule
         self.intercept = bool(intercept)
-        self.design = SyntheticDesign.draw(
-            spec.feature_map,
-            spec.domain,
+        self.n_synthetic = int(n_synthetic)
+
+    @functools.cached_property
+    def design(self) -> SyntheticDesign:
+        """The synthetic design (``n_synthetic`` points drawn from the spec's domain with the
+        explorer's seed), drawn when first read: a histogram's means, moments, CDFs, counts and
+        covariances are read from its bins and never draw it."""
+        return SyntheticDesign.draw(
+            self.spec.feature_map,
+            self.spec.domain,
             np.random.default_rng(self.seed),
-            n_synthetic=n_synthetic,
+            n_synthetic=self.n_synthetic,
         )
 
     @property
     def domain(self) -> Domain:
         """The spec's domain."""
         return self.spec.domain
+
+    def _check(self, sketch: SketchLike) -> None:
+        """Check that every part of ``sketch`` was made under the spec
+        (:meth:`SketchSpec.check_sketch`; InvalidArgumentError if not)."""
+        for part in getattr(sketch, "parts", (sketch,)):
+            if isinstance(part, PrivateSketch):
+                self.spec.check_sketch(part)
 
     def estimator(self, sketch: SketchLike) -> M2MEstimator:
         """An M2M estimator of ``sketch`` (one owner's or a union) on the shared design.
@@ -770,10 +816,7 @@ class Explorer:
         InvalidArgumentError
             If a sketch was not made under the spec.
         """
-        parts = getattr(sketch, "parts", (sketch,))
-        for part in parts:
-            if isinstance(part, PrivateSketch):
-                self.spec.check_sketch(part)
+        self._check(sketch)
         return M2MEstimator(
             sketch, design=self.design, lambda_rule=self.lambda_rule, intercept=self.intercept
         )
@@ -827,9 +870,14 @@ class Explorer:
         """
         if query.kind in ("marginal", "synthetic"):
             raise InvalidArgumentError(f"{query.kind} needs a marginals sketch, not M2M")
+        if query.kind != "logreg":  # no estimator: a histogram's answer needs no design
+            if isinstance(sketch, M2MEstimator):
+                plain = sketch.sketch  # an estimator's sketch is taken as given
+            else:
+                self._check(sketch)
+                plain = sketch
+            return self._bounded(query, plain, errors=errors, replicates=replicates)
         est = sketch if isinstance(sketch, M2MEstimator) else self.estimator(sketch)
-        if query.kind != "logreg":
-            return self._bounded(query, est.sketch, errors=errors, replicates=replicates)
         raw = self._estimate(query, est)
         domain = self.domain
         se = np.full(raw.values.shape, np.nan)
@@ -880,58 +928,18 @@ class Explorer:
     ) -> Answer:
         """Means, moments, CDFs, counts, covariances: bias-bounded intervals (:meth:`answer`)."""
         domain = self.domain
-        fmap = self.spec.feature_map
         rng = np.random.default_rng([self.seed, 4])
         reps = (replicates or DEFAULT_REPLICATES) if errors else 2
         labels = _labels(query, domain)
         idx = _columns(query, domain) if query.kind != "count" else np.zeros(0, dtype=np.int64)
         extra: dict[str, Any] = {}
-        if isinstance(fmap, HISTMap):
-            predicates: dict[int, tuple[float, float]] = {}
-            if query.kind == "count":
-                lower, upper = _bounds(query, domain)
-                for j in np.flatnonzero(np.isfinite(lower[0]) | np.isfinite(upper[0])):
-                    predicates[int(j)] = (float(lower[0, j]), float(upper[0, j]))
-            bounded = hist_bounded(
-                query.kind,
-                fmap,
-                domain,
-                sketch,
-                rng,
-                columns=idx,
-                thresholds=_thresholds(query, domain, idx) if query.kind == "cdf" else None,
-                predicates=predicates,
-                replicates=reps,
-            )
+        if isinstance(self.spec.feature_map, HISTMap):
+            bounded, n_columns = self._hist(query, sketch, rng, idx, reps)
             source = f"{self.spec.name} (histogram)"
-            n_columns = len(predicates) if query.kind == "count" else idx.size
         else:
-            if query.kind == "covariance":
-                bounded, lam = m2m_bounded(
-                    "covariance",
-                    self.design,
-                    sketch,
-                    rng,
-                    columns=idx,
-                    lambda_rule=self.lambda_rule,
-                    replicates=reps,
-                )
-            else:
-                target = m2m_target(query, domain)
-                assert target is not None
-                values = np.asarray(target(self.design.points), dtype=np.float64)
-                bounded, lam = m2m_bounded(
-                    "linear",
-                    self.design,
-                    sketch,
-                    rng,
-                    values=values.reshape(values.shape[0], -1),
-                    lambda_rule=self.lambda_rule,
-                    replicates=reps,
-                )
+            bounded, lam = self._m2m(query, sketch, rng, idx, reps)
             extra["lambda"] = lam.tolist()
-            source = f"{self.spec.name} (M2M)"
-            n_columns = idx.size
+            source, n_columns = f"{self.spec.name} (M2M)", idx.size
         n_hat, n_var = count_estimate(sketch, *release_totals(sketch))
         n = float(n_hat[0])
         k = len(labels)
@@ -944,24 +952,7 @@ class Explorer:
             values, flags = _clip(query, domain, bounded.value)
             low = high = np.zeros(0)
             se, bias = np.full(k, np.nan), np.full(k, np.nan)
-        if query.kind == "covariance":
-            rows, cols = np.triu_indices(idx.size)
-            stated = [
-                interval_basis(self.spec.kind, "covariance", 1 if a == b else 2)
-                for a, b in zip(rows, cols, strict=True)
-            ]
-        else:
-            stated = [interval_basis(self.spec.kind, query.kind, n_columns)] * k
-        # Where the bounds hold whatever the joint, the value inside them is the independence
-        # guess: flagged on the value (its interval still covers).
-        guess = _flag(
-            "model-guess",
-            "the independence guess: one histogram per column does not hold these columns "
-            "together; the interval is bounds that hold whatever the joint",
-        )
-        flags = tuple(
-            (guess, *f) if b == "bounds" else f for f, (b, _) in zip(flags, stated, strict=True)
-        )
+        stated = self._stated(query, idx, n_columns, k)
         if query.kind == "count":
             extra.update(count=float(values[0]) * n, n=n, count_standard_error=float(se[0]) * n)
             if errors:
@@ -973,7 +964,7 @@ class Explorer:
             extra,
             errors=se,
             columns=_value_columns(query, domain),
-            flags=flags,
+            flags=_guess_flags(flags, stated),
             raw=bounded.value,
             source=source,
             low=low,
@@ -982,6 +973,83 @@ class Explorer:
             basis=tuple(b for b, _ in stated) if errors else (),
             covers=tuple(c for _, c in stated) if errors else (),
         )
+
+    def _hist(
+        self,
+        query: Query,
+        sketch: SketchLike,
+        rng: np.random.Generator,
+        idx: NDArray[np.int64],
+        reps: int,
+    ) -> tuple[Bounded, int]:
+        """A histogram's bounded answer (:func:`dpmarket.consumer.intervals.hist_bounded`) and
+        the number of columns the value is about (a count's predicated columns)."""
+        domain = self.domain
+        fmap = self.spec.feature_map
+        assert isinstance(fmap, HISTMap)
+        predicates: dict[int, tuple[float, float]] = {}
+        if query.kind == "count":
+            lower, upper = _bounds(query, domain)
+            for j in np.flatnonzero(np.isfinite(lower[0]) | np.isfinite(upper[0])):
+                predicates[int(j)] = (float(lower[0, j]), float(upper[0, j]))
+        bounded = hist_bounded(
+            query.kind,
+            fmap,
+            domain,
+            sketch,
+            rng,
+            columns=idx,
+            thresholds=_thresholds(query, domain, idx) if query.kind == "cdf" else None,
+            predicates=predicates,
+            replicates=reps,
+        )
+        return bounded, len(predicates) if query.kind == "count" else idx.size
+
+    def _m2m(
+        self,
+        query: Query,
+        sketch: SketchLike,
+        rng: np.random.Generator,
+        idx: NDArray[np.int64],
+        reps: int,
+    ) -> tuple[Bounded, NDArray[np.float64]]:
+        """An RFF or RACE sketch's bounded answer by M2M
+        (:func:`dpmarket.consumer.intervals.m2m_bounded`) and each value's ridge parameter."""
+        if query.kind == "covariance":
+            return m2m_bounded(
+                "covariance",
+                self.design,
+                sketch,
+                rng,
+                columns=idx,
+                lambda_rule=self.lambda_rule,
+                replicates=reps,
+            )
+        target = m2m_target(query, self.domain)
+        assert target is not None
+        values = np.asarray(target(self.design.points), dtype=np.float64)
+        return m2m_bounded(
+            "linear",
+            self.design,
+            sketch,
+            rng,
+            values=values.reshape(values.shape[0], -1),
+            lambda_rule=self.lambda_rule,
+            replicates=reps,
+        )
+
+    def _stated(
+        self, query: Query, idx: NDArray[np.int64], n_columns: int, k: int
+    ) -> list[tuple[str, str]]:
+        """Per value, its interval's basis and construction
+        (:func:`dpmarket.consumer.intervals.interval_basis`)."""
+        if query.kind == "covariance":
+            rows, cols = np.triu_indices(idx.size)
+            return [
+                interval_basis(self.spec.kind, "covariance", 1 if a == b else 2)
+                for a, b in zip(rows, cols, strict=True)
+            ]
+        return [interval_basis(self.spec.kind, query.kind, n_columns)] * k
 
     def _estimate(self, query: Query, est: M2MEstimator) -> Answer:
         domain = self.domain
@@ -1033,16 +1101,10 @@ def _marginal_labels(fmap: MarginalsMap, domain: Domain, idx: Sequence[int]) -> 
 
 
 def sketch_digest(sketch: MarginalsSketch) -> str:
-    """SHA-256 (hex) of a marginals sketch's content: every measurement's clique, noise scale
-    and noisy values, in order. Two sketches with the same digest give the same fitted model."""
-    h = hashlib.sha256()
-    for m in sketch.measurements:
-        values = np.ascontiguousarray(m.values, dtype="<f8")
-        h.update(np.asarray(m.clique, dtype="<i8").tobytes())
-        h.update(np.float64(m.sigma).astype("<f8").tobytes())
-        h.update(np.int64(values.size).astype("<i8").tobytes())
-        h.update(values.tobytes())
-    return h.hexdigest()
+    """SHA-256 (hex) of a marginals sketch's content (:attr:`MarginalsSketch.digest`: every
+    measurement's clique, noise scale and noisy values, in order). Two sketches with the same
+    digest give the same fitted model."""
+    return sketch.digest
 
 
 #: A cache key: the spec's name and key, the sketch's :func:`sketch_digest`, the bootstrap size,
@@ -1166,6 +1228,13 @@ class MarginalsExplorer:
     store : path, optional
         A folder where fitted models are also kept on disk across processes
         (:mod:`dpmarket.consumer.model_store`; the consumer's ``DATA_DIR/explore-models``).
+    refit : bool
+        Fit every sketch here, even one that carries its owner's fit (``explore --refit``);
+        default False: a sketch's published fit
+        (:class:`~dpmarket.common.sketches.marginals_fit.MarginalsFit`) is used when it is of
+        this sketch and of this explorer's bootstrap size and seed, and its trees pass their
+        checks (:meth:`~dpmarket.common.sketches.marginals_fit.MarginalsFit.models`; what that
+        trusts is stated there), so no answer waits for a fit.
 
     Raises
     ------
@@ -1181,6 +1250,7 @@ class MarginalsExplorer:
         seed: int = 0,
         cache: ModelCache | None = MARGINALS_MODELS,
         store: str | os.PathLike[str] | None = None,
+        refit: bool = False,
     ):
         if not isinstance(spec.feature_map, MarginalsMap):
             raise InvalidArgumentError(f"{spec.name} is a {spec.kind} spec, not a marginals one")
@@ -1190,6 +1260,7 @@ class MarginalsExplorer:
         self.seed = int(seed)
         self.cache = cache
         self.store = None if store is None else Path(store)
+        self.refit = bool(refit)
         # Keyed by id(); the sketch is kept alive beside its models so that its id is not reused.
         self._models: dict[int, tuple[MarginalsSketch, MarginalsModel, list[MarginalsModel]]] = {}
 
@@ -1225,14 +1296,34 @@ class MarginalsExplorer:
             key = (self.spec.name, self.spec.key, sketch_digest(sketch), self.bootstrap, self.seed)
             if self.cache is None:
                 fitted = self._stored_or_fit(sketch, key)
+            elif self.refit:  # this explorer's own fit, in place of a published one kept
+                fitted = self._stored_or_fit(sketch, key)
+                self.cache.put(key, fitted)
             else:
                 fitted = self.cache.fitted(key, lambda: self._stored_or_fit(sketch, key))
             found = (sketch, *fitted)
             self._models[id(sketch)] = found
         return found[1], found[2]
 
+    def published(self, sketch: MarginalsSketch) -> Fitted | None:
+        """``sketch``'s published fit as models, when this explorer may use it (not
+        :attr:`refit`, the fit of this explorer's bootstrap size and seed) and it passes its
+        checks; None otherwise (a fit that fails them is logged and ignored)."""
+        fit = carried_fit(sketch)
+        if fit is None or self.refit or (fit.bootstrap, fit.seed) != (self.bootstrap, self.seed):
+            return None
+        try:
+            return fit.models(sketch)
+        except ValueError as exc:
+            logger.warning("%s: the sketch's published fit is not used (%s)", self.spec.name, exc)
+            return None
+
     def _stored_or_fit(self, sketch: MarginalsSketch, key: ModelKey) -> Fitted:
-        """``sketch``'s models from :attr:`store` if kept there, else fitted (and kept there)."""
+        """``sketch``'s models from its published fit (:meth:`published`), else from
+        :attr:`store` if kept there, else fitted (and kept there)."""
+        published = self.published(sketch)
+        if published is not None:
+            return published
         if self.store is not None:
             with _FITTING:
                 found = model_store.load(self.store, key, self.feature_map, sketch.measurements)
@@ -1245,18 +1336,15 @@ class MarginalsExplorer:
         return fitted
 
     def _fit(self, sketch: MarginalsSketch) -> Fitted:
-        """Fit ``sketch``'s model and its :attr:`bootstrap` refits (one fit at a time in the
-        process: :func:`~dpmarket.common.sketches.marginals.free_compiled` drops every jax
-        executable, so it must not run in the middle of another thread's fit)."""
+        """Fit ``sketch``'s model and its :attr:`bootstrap` refits
+        (:func:`~dpmarket.common.sketches.marginals_fit.fit_sketch`, the procedure an owner's
+        published fit follows too; one fit at a time in the process:
+        :func:`~dpmarket.common.sketches.marginals.free_compiled` drops every jax executable,
+        so it must not run in the middle of another thread's fit)."""
         with _FITTING:
-            model = MarginalsModel.fit(self.feature_map, sketch.measurements)
-            # Seeded by the sketch's content: an owner's errors do not depend on which other
-            # sketches this explorer fitted first.
-            digest = hashlib.sha256(b"".join(m.values.tobytes() for m in sketch.measurements))
-            rng = np.random.default_rng([self.seed, 2, int.from_bytes(digest.digest()[:8])])
-            boot = model.bootstrap(self.bootstrap, rng) if self.bootstrap > 0 else []
-            free_compiled()  # answers are numpy from here on
-        return model, boot
+            return fit_sketch(
+                self.feature_map, sketch.measurements, bootstrap=self.bootstrap, seed=self.seed
+            )
 
     def answer(self, query: Query, sketches: Sequence[MarginalsSketch]) -> Answer:
         """The graphical models' answer to ``query`` for the union of ``sketches``' owners.
@@ -1391,9 +1479,10 @@ class MarginalsExplorer:
         value's columns (``"measured"``; widened to hold the model's value if it lies outside),
         Fréchet bounds that hold whatever the joint otherwise (``"bounds"``; the model's value,
         an independence guess there, is flagged ``model-guess`` on the value and moved inside
-        them when outside). Covariances: the bootstrap's ``-+ Z95 se`` (``"noise"``, NaN bounds
-        here), flagged ``model-guess`` on the value and ``unbounded`` on the interval where the
-        pair was never measured together.
+        them when outside). Covariances: bounds from the measured sums where every owner
+        measured the pair together (``"measured"``), Cauchy-Schwarz bounds otherwise
+        (``"bounds"``, the model's guess flagged ``model-guess`` on the value):
+        :meth:`_covariance_intervals`.
 
         Returns
         -------
@@ -1444,37 +1533,53 @@ class MarginalsExplorer:
         parts: Sequence[Sequence[Measurement]],
         values: NDArray[np.float64],
     ) -> tuple[NDArray[np.float64], tuple[str, ...], tuple[str, ...], tuple[tuple[Flag, ...], ...]]:
-        """Covariances: no bound from the marginals (module docstring), so NaN bounds (the
-        caller's ``-+ Z95 se`` replaces them), and flags where the pair was never measured."""
+        """Covariances (and variances) of discrete columns: where every owner measured a
+        marginal holding the pair, bounds from four measured sums
+        (:func:`~dpmarket.common.sketches.marginals_bounds.covariance_bounds`; ``"measured"``);
+        otherwise Cauchy-Schwarz bounds from the two variances' intervals, which hold whatever
+        the joint (:func:`~dpmarket.common.sketches.marginals_bounds.
+        unmeasured_covariance_bounds`; ``"bounds"``), the model's independence guess flagged
+        ``model-guess`` on the value. Either is widened to hold the model's value."""
         idx = _columns(query, self.domain)
         rows, cols = np.triu_indices(idx.size)
+        cells = [int(c) for c in self.feature_map.cells]
+        k = values.shape[0]
+        bounds = np.full((k, 2), np.nan)
+        basis: list[str] = []
+        covers: list[str] = []
         flags: list[tuple[Flag, ...]] = []
-        for a, b in zip(rows, cols, strict=True):
-            pair = {int(idx[a]), int(idx[b])}
-            held = all(any(pair <= set(m.clique) for m in ms) for ms in parts)
+        for v, (a, b) in enumerate(zip(rows, cols, strict=True)):
+            ja, jb = int(idx[a]), int(idx[b])
+            levels = (self.domain.level_values(ja), self.domain.level_values(jb))
+            assert levels[0] is not None and levels[1] is not None  # expresses()
+            found = covariance_bounds(parts, cells, (ja, jb), (levels[0], levels[1]))
+            if found is not None:
+                bounds[v] = (min(found[0], values[v]), max(found[1], values[v]))
+                basis.append("measured")
+                covers.append(
+                    "E xy, E x, E y and n from the measured marginals that hold the pair "
+                    "(unbiased, each -+ z sd at alpha/8 a side: union bound), combined by "
+                    "interval arithmetic; widened to hold the model's value"
+                )
+                flags.append(())
+                continue
+            low, high = unmeasured_covariance_bounds(parts, cells, (ja, jb), (levels[0], levels[1]))
+            bounds[v] = (min(low, values[v]), max(high, values[v]))
+            basis.append("bounds")
+            covers.append(
+                "|cov| <= sd_a sd_b (Cauchy-Schwarz), each variance at the upper end of its "
+                "measured interval at 97.5 %: holds whatever the joint"
+            )
             flags.append(
-                ()
-                if held
-                else (
+                (
                     _flag(
                         "model-guess",
                         "the graphical model's independence guess: the pair was never measured "
-                        "together",
-                    ),
-                    _flag(
-                        "unbounded",
-                        "the pair was never measured together: nothing bounds the model's bias, "
-                        "and the interval covers the noise only",
+                        "together; the interval holds whatever the joint",
                     ),
                 )
             )
-        k = values.shape[0]
-        return (
-            np.full((k, 2), np.nan),
-            ("noise",) * k,
-            ("bootstrap over the graphical model's measurements (value -+ 1.96 se)",) * k,
-            tuple(flags),
-        )
+        return bounds, tuple(basis), tuple(covers), tuple(flags)
 
     def _weights(
         self, query: Query, weigh: Callable[..., NDArray[np.float64]] = cell_weights

@@ -2,11 +2,11 @@
 
 The curator keeps a finished session's summary and report only until they expire (a minute after
 the consumer fetched them, by default: the curator is parsimonious), so what a consumer learned
-from a session lives with the consumer. ``dpmarket request --data-dir DIR`` and the consumer's
-console (``dpmarket console``) record each session they ran in ``DIR/sessions/``, one JSON file
-per session: what was asked (method, p), how it ended, what it spent, each owner's share of the
-summary, its MMD² to the validation set (and, for a console run, the MMD curve), and where the
-summary was written. The validation set itself is never recorded.
+from a session lives with the consumer. ``dpmarket consumer request --data-dir DIR`` and the
+consumer's console (``dpmarket console``) record each session they ran in ``DIR/sessions/``, one
+JSON file per session: what was asked (method, p), how it ended, what it spent, each owner's
+share of the summary, its MMD² to the validation set and its MMD curve, and where the summary was
+written. The validation set itself is never recorded.
 
 Files are written atomically and readable by the consumer's user only (mode 0600, folder 0700).
 """

@@ -21,14 +21,13 @@ import numpy as np
 from numpy.typing import NDArray
 from rich import box
 from rich.table import Table
-from scipy.stats import binomtest
 
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.summarization.kernels import PopulationMMD, mmd2, mmd2_to_population
 from dpmarket.common.summarization.session_ledger import SessionLedger
 from dpmarket.common.summarization.summary import SummaryResult
 from dpmarket.consumer.evaluation import downstream_accuracy
-from dpmarket.owner.data import PointSet
+from dpmarket.runtime.tables import PointSet
 
 
 @dataclass(frozen=True)
@@ -306,6 +305,8 @@ def uncertainty(
     if accuracy is not None:
         n = n_test
         k = round(accuracy * n)
+        from scipy.stats import binomtest  # about a second: on first use
+
         interval = binomtest(k, n).proportion_ci(confidence_level=level, method="wilson")
         out["accuracy"] = {
             "kind": "estimate",

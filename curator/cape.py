@@ -39,7 +39,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -62,6 +62,7 @@ from dpmarket.common.errors import (
     UnavailableError,
 )
 from dpmarket.common.ids import short_id
+from dpmarket.common.market.terms import MarketTerms
 from dpmarket.common.privacy.accounting import PrivacyEvent
 from dpmarket.common.privacy.ledger import (
     UNKNOWN_NOT_RETURNED,
@@ -271,6 +272,13 @@ class _CapeRun(Generic[SpecT, PlanT]):
     on_progress : callable, optional
         ``on_progress(done, total)`` after every iteration of a training (public: the count of
         iterations, no value computed from the data).
+    min_sites : int, optional
+        Sites that must open the job, or it fails ``FAILED_PRECONDITION`` before anything is
+        drawn or charged (the curator's service: every owner unless the consumer's
+        ``min_owners`` says otherwise); None: any 2. Sites lost after the opening are left out as
+        the protocol tolerates.
+    market : mapping of str to MarketTerms, optional
+        Each site's line of the job's quote, sent when it opens (a site without one: unquoted).
     """
 
     def __init__(
@@ -284,6 +292,8 @@ class _CapeRun(Generic[SpecT, PlanT]):
         call_timeout: float | None = None,
         on_charge: Callable[[Sequence[Charge]], None] | None = None,
         on_progress: Callable[[int, int], None] | None = None,
+        min_sites: int | None = None,
+        market: Mapping[str, MarketTerms] | None = None,
     ) -> None:
         names = [e.name for e in endpoints]
         if len(set(names)) != len(names):
@@ -296,6 +306,8 @@ class _CapeRun(Generic[SpecT, PlanT]):
         self.call_timeout = call_timeout
         self.on_charge = on_charge
         self.on_progress = on_progress
+        self.min_sites = min_sites
+        self.market = dict(market or {})
         self.dropped: dict[str, str] = {}
         self.timings = _Timings()
         self._charged = False
@@ -356,17 +368,31 @@ class _CapeRun(Generic[SpecT, PlanT]):
         ------
         DPMarketError
             The first refusal (missing column, value out of bounds, policy), naming the owner.
+        FailedPreconditionError
+            If fewer than ``min_sites`` sites opened it.
         """
         seeds = owner_seeds(self.rng, list(self.sites))
         t0 = time.perf_counter()
 
         async def open_one(site: _Site) -> OpenedJob:
             site.opened = True
+            name = site.endpoint.name
             return await site.endpoint.open_job(
-                self.job_id, self.spec, seeds[site.endpoint.name], self.consumer
+                self.job_id, self.spec, seeds[name], self.consumer, market=self.market.get(name)
             )
 
         opened = await self._each(sorted(self.sites), open_one, "open", refusals=True)
+        if self.min_sites is not None and len(opened) < self.min_sites:
+            needs = (
+                f"all {len(self.sites)}"
+                if self.min_sites >= len(self.sites)
+                else f"at least {self.min_sites}"
+            )
+            raise FailedPreconditionError(
+                f"{len(opened)} of {len(self.sites)} owners can take part; the job needs {needs} "
+                f"(--min-owners N lets it run with N); nothing was charged (dropped: "
+                f"{self.dropped})"
+            )
         for name, answer in opened.items():
             self.sites[name].size = int(answer.rows)
             self.sites[name].min_colluders = int(answer.min_colluders)
@@ -398,10 +424,6 @@ class _CapeRun(Generic[SpecT, PlanT]):
     def _plan(self, sizes: list[int], first_iteration: int, colluders: int) -> PlanT:
         plan = plan_for(self.spec, sizes, colluders, first_iteration)
         return plan  # type: ignore[return-value]
-
-    @staticmethod
-    def _round_length(plan: PlanT) -> int:
-        return plan.round_length if isinstance(plan, CapeTrainingPlan) else plan.size
 
     async def _noise_round(
         self, alive: list[str], first_iteration: int = 0, colluders: int | None = None
@@ -445,7 +467,7 @@ class _CapeRun(Generic[SpecT, PlanT]):
         params = noise_round_params(
             alive,
             sc,
-            self._round_length(plan),
+            plan.round_length,
             FixedPoint(CLIP_SIGMAS * scale, RESOLUTION_BITS, len(alive)),
         )
         t0 = time.perf_counter()
@@ -774,7 +796,24 @@ class CapeTrainingJob(_CapeRun[CapeTrainingSpec, CapeTrainingPlan]):
                     alive = [alive[j] for j in released]
                     break
         assert first_plan is not None
-        report = {
+        report = self._report(first_plan, segments, lost_at, rounds, stds, start)
+        return CapeTrainingResult(theta, report)
+
+    def _report(
+        self,
+        plan: CapeTrainingPlan,
+        segments: list[dict[str, Any]],
+        lost_at: dict[str, int],
+        rounds: int,
+        stds: list[float],
+        start: float,
+    ) -> dict[str, Any]:
+        """The training's report: its privacy figures from its first ``plan`` (every later plan
+        keeps its colluders and per-iteration budget), one segment per noise round that released,
+        the iteration at which each lost site stopped, the std of each iteration's noise and the
+        timings since ``start`` (``time.perf_counter()``)."""
+        spec = self.spec
+        return {
             "task": "train",
             "sites": segments[0]["sites"],
             "sizes": {n: s.size for n, s in self.sites.items() if s.size},
@@ -786,20 +825,19 @@ class CapeTrainingJob(_CapeRun[CapeTrainingSpec, CapeTrainingPlan]):
             "dim": spec.dim,
             "hidden_units": spec.hidden,
             "parameters": spec.n_params,
-            "epsilon": first_plan.epsilon,
+            "epsilon": plan.epsilon,
             "epsilon_requested": spec.epsilon,
             "delta_target": spec.delta,
-            "delta_exact": first_plan.delta_exact,
-            "delta_theorem1": first_plan.delta_theorem1,
-            "colluders": first_plan.colluders,
-            "default_colluders": default_colluders(first_plan.sites),
-            "loss_sigma_per_iteration": first_plan.loss_sigma,
-            "sigma_z": first_plan.sigma_z,
+            "delta_exact": plan.delta_exact,
+            "delta_theorem1": plan.delta_theorem1,
+            "colluders": plan.colluders,
+            "default_colluders": default_colluders(plan.sites),
+            "loss_sigma_per_iteration": plan.loss_sigma,
+            "sigma_z": plan.sigma_z,
             "noise_std_per_iteration": stds,
-            "baseline_noise_std": first_plan.baseline_stds(),
+            "baseline_noise_std": plan.baseline_stds(),
             "seconds": {**self.timings.seconds, "total": time.perf_counter() - start},
         }
-        return CapeTrainingResult(theta, report)
 
 
 def _attested_rows(answer: tuple[SizeAttestation, bytes], name: str) -> int:

@@ -17,7 +17,7 @@ import functools
 import hashlib
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,11 +35,16 @@ from dpmarket.common.errors import (
     ResourceExhaustedError,
 )
 from dpmarket.common.ids import new_session_id, short_id
+from dpmarket.common.market.pricing import OwnerPrices, Quote, check_cap
+from dpmarket.common.market.statement import NO_SUMMARY, PrivateKey
+from dpmarket.common.market.terms import FREE, MarketTerms, cape_quote, quote_to_json
+from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.privacy.rng import make_rng
 from dpmarket.common.schema import Schema, disagreement
 from dpmarket.curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult, job_for
 from dpmarket.curator.owners import wait_for_owners
 from dpmarket.curator.policy import DEFAULT_RANGES, CuratorPolicy, RequestRate
+from dpmarket.curator.settlement import SessionMarket, settle_session
 from dpmarket.curator.store import CuratorStore
 from dpmarket.runtime import cape_messages as msg
 from dpmarket.runtime.admission import COLUMN_BYTES, SMALL_REQUEST_BYTES, ServiceLimits
@@ -110,6 +115,13 @@ class CapeJobs:
         The per-consumer request rate, shared with the summarization sessions.
     call_timeout : float, optional
         Seconds after which an owner that has not answered is dropped.
+    signing_key : EC or Ed25519 private key, optional
+        The curator's certificate key, which signs a job's statement (None: jobs are quoted and
+        capped, but not settled).
+    deliver : callable, optional
+        ``deliver(job_id)`` delivers each owner its part of a settled job's statement (the
+        session manager's :meth:`~dpmarket.curator.sessions.SessionManager.deliver_statements`;
+        its background retry delivers what this misses).
     """
 
     def __init__(
@@ -120,12 +132,17 @@ class CapeJobs:
         store: CuratorStore | None,
         rate: RequestRate,
         call_timeout: float | None = None,
+        signing_key: PrivateKey | None = None,
+        deliver: Callable[[str], Coroutine[Any, Any, int]] | None = None,
     ) -> None:
         self.owners = list(owners)
         self.policy = policy
         self.store = store
         self.rate = rate
         self.call_timeout = call_timeout
+        self.signing_key = signing_key
+        self.deliver = deliver
+        self._deliveries: set[asyncio.Task[int]] = set()
         self._running = 0
         self._done: dict[tuple[str, str], tuple[str, dict[str, Any] | DPMarketError]] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
@@ -141,6 +158,8 @@ class CapeJobs:
         request_id: str = "",
         request_digest: str = "",
         schema: Schema | None = None,
+        min_owners: int = 0,
+        max_cost: int | None = None,
     ) -> dict[str, Any]:
         """Run a CAPE job; return its document: ``{"weights", "intercept", "report"}`` (capeFM),
         ``{"mean", "report"}`` (a mean) or ``{"parameters", "report"}`` (a training).
@@ -157,6 +176,14 @@ class CapeJobs:
 
         With a ``schema`` (the consumer's, from which it took the spec's columns and bounds),
         every owner that answers must declare the same one, checked before anything else.
+        The job needs every owner to open it, or ``min_owners`` of them when not 0 (as a
+        summarization session's selection).
+
+        The job is priced (:meth:`_quote`): before any owner opens it, the curator quotes it
+        from every owner's published prices at the job's epsilon and refuses it above
+        ``max_cost`` (micro-credits; None: no cap); each owner opens it with its line of the
+        quote, and once it has charged, it is settled from the owners' records (:meth:`_settle`;
+        the report's ``"quote"`` and ``"cost"``).
 
         Raises
         ------
@@ -171,7 +198,9 @@ class CapeJobs:
             For a retry whose result has expired.
         FailedPreconditionError
             If an owner's schema differs from ``schema`` (naming the first column that
-            differs); nothing is opened, released or charged.
+            differs); nothing is opened, released or charged. If fewer owners than required
+            open the job; nothing is drawn, released or charged. If the quote exceeds
+            ``max_cost`` (``CostCapExceededError``); nothing is stored, opened or charged.
         DPMarketError
             As the job's ``run`` (:mod:`dpmarket.curator.cape`); nothing is released when an owner
             refuses at open.
@@ -181,6 +210,11 @@ class CapeJobs:
                 "this curator does not accept seeded jobs (start it with --allow-seeded-sessions)"
             )
         self.policy.check_cape(spec)
+        if not 0 <= min_owners <= len(self.owners):
+            raise InvalidArgumentError(
+                f"min_owners={min_owners} is outside [0, {len(self.owners)}], the owners this "
+                "curator serves (0: every owner)"
+            )
         # An owner restarted a moment ago (or whose last connection failed) is connected before
         # the job asks it anything, within a bounded wait.
         await wait_for_owners(self.owners)
@@ -188,7 +222,9 @@ class CapeJobs:
             await self._check_schema(schema)
         if not request_id:
             try:
-                return await self._fit(spec, seed, consumer, None, request_digest)
+                return await self._fit(
+                    spec, seed, consumer, None, request_digest, min_owners, max_cost
+                )
             except _Refused as refused:
                 raise refused.error from None
         if len(request_id) > MAX_REQUEST_ID_LENGTH or not (
@@ -211,7 +247,9 @@ class CapeJobs:
                 logger.info("CAPE request %r of %s retried: nothing new", request_id, consumer)
                 return outcome
             try:
-                document = await self._fit(spec, seed, consumer, request_id, request_digest)
+                document = await self._fit(
+                    spec, seed, consumer, request_id, request_digest, min_owners, max_cost
+                )
             except _Refused as refused:
                 raise refused.error from None
             except DPMarketError as exc:  # failed after its charge: the same answer on retry
@@ -308,6 +346,21 @@ class CapeJobs:
             return None
         return digest, _failure(*failure)
 
+    def _admit(self, consumer: str) -> None:
+        """Refuse a job over ``consumer``'s rate or over the curator's running jobs.
+
+        Raises
+        ------
+        ResourceExhaustedError
+            When the consumer's rate limit or the policy's ``max_running`` is reached.
+        """
+        self.rate.check(consumer)
+        if self._running >= self.policy.max_running:
+            raise ResourceExhaustedError(
+                f"this curator runs at most {self.policy.max_running} CAPE jobs at once; "
+                "retry later"
+            )
+
     async def _fit(
         self,
         spec: AnyCapeSpec,
@@ -315,13 +368,14 @@ class CapeJobs:
         consumer: str,
         request_id: str | None,
         digest: str,
+        min_owners: int = 0,
+        max_cost: int | None = None,
     ) -> dict[str, Any]:
-        self.rate.check(consumer)
-        if self._running >= self.policy.max_running:
-            raise ResourceExhaustedError(
-                f"this curator runs at most {self.policy.max_running} CAPE jobs at once; "
-                "retry later"
-            )
+        self._admit(consumer)
+        try:
+            quoted, prices = await self._quote(spec, max_cost)
+        except DPMarketError as exc:  # refused before anything: nothing kept under its key
+            raise _Refused(exc) from exc
         job_id = new_session_id()
         store = self.store
         charged = False
@@ -333,14 +387,7 @@ class CapeJobs:
             charged = True
 
         if store is not None:
-            store.create(
-                job_id,
-                consumer=consumer,
-                request_id=request_id,
-                request_digest=digest,
-                method=f"cape-{spec.task}",
-                config=dataclasses.asdict(spec),
-            )
+            _record_start(store, job_id, spec, consumer, request_id, digest)
         progress = self._progress_for(
             consumer, request_id, spec.iterations if isinstance(spec, CapeTrainingSpec) else 1
         )
@@ -358,7 +405,10 @@ class CapeJobs:
             call_timeout=self.call_timeout,
             on_charge=on_charge,
             on_progress=on_progress,
+            min_sites=min_owners or len(self.owners),
+            market={o: MarketTerms.of(quoted, o, NO_SUMMARY) for o in prices},
         )
+        market = SessionMarket(job_id, consumer, quoted, prices, NO_SUMMARY)
         ttl = self.policy.result_ttl_seconds
         self._running += 1
         try:
@@ -369,42 +419,139 @@ class CapeJobs:
             if not isinstance(exc, DPMarketError):
                 raise
             logger.warning("CAPE job %s failed: %s", short_id(job_id), exc)
+            if charged:  # the owners are paid for what they released
+                self._settle(market, job.owner_spend)
             if store is not None:
-                spend = {n: dataclasses.asdict(s) for n, s in job.owner_spend.items()}
-                failed = {"owner_spend": spend, "error_type": type(exc).__name__}
-                store.fail_document(job_id, str(exc), failed, ttl=ttl)
-                if not charged and request_id is not None:
-                    store.forget_request(job_id)
+                forget = not charged and request_id is not None
+                _record_failure(store, job_id, job.owner_spend, exc, ttl=ttl, forget_request=forget)
             if not charged:
                 raise _Refused(exc) from exc
             raise
         finally:
             self._running -= 1
-        report = {
-            **result.report,
-            "owner_spend": {n: dataclasses.asdict(s) for n, s in job.owner_spend.items()},
-        }
-        document: dict[str, Any] = {"report": report}
-        if isinstance(result, CapeResult):
-            document["weights"] = result.weights.tolist()
-            document["intercept"] = result.intercept
-        elif isinstance(result, CapeMeanEstimate):
-            document["mean"] = result.mean.tolist()
-        else:
-            assert isinstance(result, CapeTrainingResult)
-            document["parameters"] = result.parameters.tolist()
+        document = _result_document(result, job.owner_spend)
+        document["report"]["quote"] = quote_to_json(quoted)
+        document["report"]["cost"] = self._settle(market, job.owner_spend)
         if store is not None:
             store.finish_document(job_id, document, ttl=ttl)
         progress.finished = True
         await _notify(progress.changed)
+        sites = len(result.report["sites"])
         logger.info(
-            "CAPE job %s for %s: %s over %d sites",
-            short_id(job_id),
-            consumer,
-            spec.task,
-            len(result.report["sites"]),
+            "CAPE job %s for %s: %s over %d sites", short_id(job_id), consumer, spec.task, sites
         )
         return document
+
+    async def _quote(
+        self, spec: AnyCapeSpec, max_cost: int | None
+    ) -> tuple[Quote, dict[str, OwnerPrices]]:
+        """The job's quote from the published prices of every owner that answers (an owner that
+        does not is not quoted: if it has prices it refuses the job at open, charging nothing),
+        and the prices; refused above ``max_cost`` before any owner opens the job.
+
+        Raises
+        ------
+        CostCapExceededError
+            (``FAILED_PRECONDITION``) If the quote exceeds ``max_cost``.
+        """
+
+        async def prices_of(owner: CapeSiteEndpoint) -> OwnerPrices:
+            ask = getattr(owner, "prices", None)
+            return FREE if ask is None else await ask()
+
+        answers = await asyncio.gather(*(prices_of(o) for o in self.owners), return_exceptions=True)
+        prices = {
+            o.name: a
+            for o, a in zip(self.owners, answers, strict=True)
+            if isinstance(a, OwnerPrices)
+        }
+        quoted = cape_quote(prices, spec.cost[0])
+        check_cap(quoted, max_cost)
+        return quoted, prices
+
+    def _settle(self, market: SessionMarket, spend: Mapping[str, SessionSpend]) -> int | None:
+        """Settle a job that charged, from its owners' records (as a session that delivered no
+        point: :func:`~dpmarket.curator.settlement.settle_session`), store its statement and
+        deliver each owner its part; return the statement's total, micro-credits, or None (no
+        store or key, or an owner's record unknown: the job stays unsettled, logged). Never
+        raises."""
+        if self.store is None or self.signing_key is None:
+            return None
+        job_id = market.owner_session
+        try:
+            spends = {o: s for o, s in spend.items() if o in market.prices}
+            settled = settle_session(market, spends, {}, self.signing_key)
+            if settled is None:
+                logger.warning("CAPE job %s: an owner's record is unknown: not settled", job_id)
+                return None
+            self.store.record_settlement(job_id, settled)
+        except Exception:
+            logger.exception("CAPE job %s: settling it failed", short_id(job_id))
+            return None
+        if self.deliver is not None:
+            task = asyncio.get_running_loop().create_task(self.deliver(job_id))
+            self._deliveries.add(task)
+            task.add_done_callback(self._deliveries.discard)
+        return settled.statement.total
+
+
+def _record_start(
+    store: CuratorStore,
+    job_id: str,
+    spec: AnyCapeSpec,
+    consumer: str,
+    request_id: str | None,
+    digest: str,
+) -> None:
+    """Record a job as running in the store, under the consumer's request id and digest (what
+    a repeated request is matched against), with its spec as the session's config."""
+    store.create(
+        job_id,
+        consumer=consumer,
+        request_id=request_id,
+        request_digest=digest,
+        method=f"cape-{spec.task}",
+        config=dataclasses.asdict(spec),
+    )
+
+
+def _result_document(
+    result: CapeResult | CapeMeanEstimate | CapeTrainingResult, owner_spend: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A finished job's stored document: its report (with what each owner spent) and its
+    estimate (``weights`` and ``intercept``, ``mean`` or ``parameters``, as lists)."""
+    report = {
+        **result.report,
+        "owner_spend": {n: dataclasses.asdict(s) for n, s in owner_spend.items()},
+    }
+    document: dict[str, Any] = {"report": report}
+    if isinstance(result, CapeResult):
+        document["weights"] = result.weights.tolist()
+        document["intercept"] = result.intercept
+    elif isinstance(result, CapeMeanEstimate):
+        document["mean"] = result.mean.tolist()
+    else:
+        assert isinstance(result, CapeTrainingResult)
+        document["parameters"] = result.parameters.tolist()
+    return document
+
+
+def _record_failure(
+    store: CuratorStore,
+    job_id: str,
+    owner_spend: Mapping[str, Any],
+    exc: BaseException,
+    *,
+    ttl: float,
+    forget_request: bool,
+) -> None:
+    """Store a failed job's error and what each owner spent; forget its idempotency key when
+    nothing was charged (a retry under the same key runs afresh)."""
+    spend = {n: dataclasses.asdict(s) for n, s in owner_spend.items()}
+    failed = {"owner_spend": spend, "error_type": type(exc).__name__}
+    store.fail_document(job_id, str(exc), failed, ttl=ttl)
+    if forget_request:
+        store.forget_request(job_id)
 
 
 def request_digest(request: Any) -> str:
@@ -450,6 +597,8 @@ class CapeServicer(cape_pb2_grpc.CapeServiceServicer):
             request_id=request.request_id,
             request_digest=request_digest(request),
             schema=schema_from_proto(request.schema, "the consumer"),
+            min_owners=int(request.min_owners),
+            max_cost=_max_cost(request),
         )
 
     @rpc("consumer")
@@ -495,6 +644,21 @@ class CapeServicer(cape_pb2_grpc.CapeServiceServicer):
             parameters=msg.vector_to_proto(np.asarray(document["parameters"], dtype=np.float64)),
             report_json=json.dumps(document["report"], sort_keys=True),
         )
+
+
+def _max_cost(request: Any) -> int | None:
+    """A CAPE request's cap, micro-credits (None: unset).
+
+    Raises
+    ------
+    InvalidArgumentError
+        If it is negative.
+    """
+    if not request.HasField("max_cost"):
+        return None
+    if request.max_cost < 0:
+        raise InvalidArgumentError(f"max_cost must be >= 0 micro-credits, got {request.max_cost}")
+    return int(request.max_cost)
 
 
 async def _notify(condition: asyncio.Condition) -> None:

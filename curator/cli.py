@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -23,6 +23,10 @@ from dpmarket.runtime.cli import (
 from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.metrics import metrics_options, start_metrics
 from dpmarket.runtime.transport import BindError
+
+if TYPE_CHECKING:
+    from dpmarket.curator.policy import CuratorPolicy
+    from dpmarket.curator.sketches import SketchCatalog
 
 __all__ = ["charges_command", "serve_curator", "sessions_command"]
 
@@ -71,6 +75,64 @@ def _warn_about_allocation(catalog: Any, spec: str | None, owners: list[str]) ->
             ", ".join(missing),
             spec,
         )
+
+
+def _curator_policy(policy_path: str | None, allow_seeded_sessions: bool) -> CuratorPolicy:
+    """The curator's policy from ``--policy`` (defaults without), seeded sessions allowed when
+    ``--allow-seeded-sessions`` says so (:class:`click.ClickException` if it cannot be read)."""
+    from dpmarket.curator.policy import CuratorPolicy, load_curator_policy
+
+    try:
+        policy = load_curator_policy(policy_path) if policy_path else CuratorPolicy()
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if allow_seeded_sessions:
+        policy = policy.with_overrides(allow_seeded_sessions=True)
+    return policy
+
+
+def _open_catalog(
+    state: Path,
+    sketch_specs: tuple[str, ...],
+    policy: CuratorPolicy,
+    owner_names: list[str],
+    sketch_seed: int | None,
+    allocation_sketch_spec: str | None,
+) -> SketchCatalog:
+    """The curator's sketch catalogue from ``--sketch-spec`` files, its allocation spec (when
+    given) checked to be one of its RFF specs.
+
+    Raises
+    ------
+    click.ClickException
+        If a spec cannot be read, or the allocation spec is not an RFF spec of the catalogue
+        (the catalogue is closed).
+    """
+    from dpmarket.curator.sketches import SketchCatalog
+
+    try:
+        catalog = SketchCatalog.from_files(
+            state, sketch_specs, policy=policy, owners=owner_names, seed=sketch_seed
+        )
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    logger.info(
+        "sketch catalogue: %s",
+        ", ".join(s.name for s in catalog.specs()) or "no spec",
+    )
+    if allocation_sketch_spec is not None:
+        try:
+            kind = catalog.spec(allocation_sketch_spec).kind
+        except DPMarketError as exc:
+            catalog.close()
+            raise click.ClickException(f"--allocation-sketch-spec: {exc}") from exc
+        if kind != "rff":
+            catalog.close()
+            raise click.ClickException(
+                f"--allocation-sketch-spec: {allocation_sketch_spec!r} is a {kind} spec; the "
+                "allocation reads RFF sketches"
+            )
+    return catalog
 
 
 @click.command("serve-curator")
@@ -158,21 +220,14 @@ def serve_curator(
     """Serve the parsimonious curator for a fixed set of owners (mTLS), with its catalogue of
     the owners' private sketches."""
     from dpmarket.curator.owners import GrpcOwnerEndpoint, check_owners
-    from dpmarket.curator.policy import CuratorPolicy, load_curator_policy
     from dpmarket.curator.service import serve_curator as serve
-    from dpmarket.curator.sketches import SketchCatalog
     from dpmarket.curator.store import CuratorStore
 
     ensure_info_logging()
     security = security_from_options("curator", **tls)
     start_metrics(metrics_host, metrics_port, logger)
     targets = [_owner_target(text, security.insecure) for text in owners]
-    try:
-        policy = load_curator_policy(policy_path) if policy_path else CuratorPolicy()
-    except (OSError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    if allow_seeded_sessions:
-        policy = policy.with_overrides(allow_seeded_sessions=True)
+    policy = _curator_policy(policy_path, allow_seeded_sessions)
     name = security.identity.name if security.identity is not None else "insecure"
     state = Path(data_dir) if data_dir else Path("dpmarket-state") / f"curator-{name}"
     try:
@@ -181,31 +236,12 @@ def serve_curator(
         raise click.ClickException(f"{state}: {exc}") from exc
     owner_names = [identity.name for identity, _ in targets if identity is not None]
     try:
-        catalog = SketchCatalog.from_files(
-            state, sketch_specs, policy=policy, owners=owner_names, seed=sketch_seed
+        catalog = _open_catalog(
+            state, sketch_specs, policy, owner_names, sketch_seed, allocation_sketch_spec
         )
-    except (OSError, ValueError, RuntimeError) as exc:
+    except click.ClickException:
         store.close()
-        raise click.ClickException(str(exc)) from exc
-    logger.info(
-        "sketch catalogue: %s",
-        ", ".join(s.name for s in catalog.specs()) or "no spec",
-    )
-    if allocation_sketch_spec is not None:
-        try:
-            kind = catalog.spec(allocation_sketch_spec).kind
-        except DPMarketError as exc:
-            catalog.close()
-            store.close()
-            raise click.ClickException(f"--allocation-sketch-spec: {exc}") from exc
-        if kind != "rff":
-            catalog.close()
-            store.close()
-            raise click.ClickException(
-                f"--allocation-sketch-spec: {allocation_sketch_spec!r} is a {kind} spec; the "
-                "allocation reads RFF sketches"
-            )
-
+        raise
     allocation_columns = (
         None
         if allocation_sketch_spec is None

@@ -5,10 +5,10 @@ from __future__ import annotations
 import datetime
 import json
 from dataclasses import fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from google.protobuf import duration_pb2
+from google.protobuf import duration_pb2, timestamp_pb2
 from numpy.typing import NDArray
 
 from dpmarket.common.errors import InvalidArgumentError
@@ -27,9 +27,15 @@ from dpmarket.common.summarization.summary import (
     SessionRequest,
     SummaryResult,
 )
+from dpmarket.common.summarization.terms import OwnerAccess
 from dpmarket.runtime.arrays import array_from_proto, array_to_proto, labeled_points_from_proto
+from dpmarket.runtime.market import prices_from_proto, quote_to_proto, reward_from_proto
 from dpmarket.runtime.schemas import schema_from_proto
-from dpmarket.v1 import curator_pb2, owner_pb2, privacy_pb2
+
+if TYPE_CHECKING:
+    from dpmarket.common.summarization.terms import MethodOffer
+    from dpmarket.curator.store import StoredStatement
+from dpmarket.v1 import curator_pb2, market_pb2, owner_pb2, privacy_pb2
 
 
 def spend_from_proto(message: privacy_pb2.SessionSpend) -> SessionSpend:
@@ -56,6 +62,14 @@ def info_from_proto(message: owner_pb2.GetOwnerInfoResponse) -> OwnerInfo:
         num_features=int(message.num_features),
         has_labels=bool(message.has_labels),
         schema=schema_from_proto(message.schema, f"owner {message.owner_id}"),
+        prices=prices_from_proto(message.prices, message.owner_id),
+        access=OwnerAccess(
+            allow_exact_bids=message.access.allow_exact_bids,
+            allow_steered_selection=message.access.allow_steered_selection,
+            allow_non_private=message.access.allow_non_private,
+        )
+        if message.HasField("access")
+        else None,
     )
 
 
@@ -155,7 +169,8 @@ def create_request_from_proto(request: curator_pb2.CreateSessionRequest) -> Sess
     ------
     InvalidArgumentError
         For an unknown method, malformed arrays, out-of-range parameters, a negative
-        ``min_owners``, a repeated or empty excluded name, or a malformed schema.
+        ``min_owners``, a repeated or empty excluded name, a malformed schema, a negative
+        ``max_cost`` or a malformed reward.
     """
     method = _METHODS.get(request.method)
     if method is None:
@@ -174,6 +189,9 @@ def create_request_from_proto(request: curator_pb2.CreateSessionRequest) -> Sess
         selection = OwnerSelection(int(request.min_owners), tuple(request.exclude_owners))
     except ValueError as exc:
         raise InvalidArgumentError(str(exc)) from exc
+    max_cost = int(request.max_cost) if request.HasField("max_cost") else None
+    if max_cost is not None and max_cost < 0:
+        raise InvalidArgumentError(f"max_cost must be >= 0 micro-credits, got {max_cost}")
     return SessionRequest(
         config=config,
         validation=validation,
@@ -183,6 +201,8 @@ def create_request_from_proto(request: curator_pb2.CreateSessionRequest) -> Sess
         schema=schema_from_proto(request.schema, "the consumer"),
         feature_names=tuple(request.feature_names),
         unread=unread,
+        max_cost=max_cost,
+        reward=reward_from_proto(request.reward),
     )
 
 
@@ -263,6 +283,8 @@ def report_to_proto(r: SessionReport) -> curator_pb2.SessionReport:
             curator_pb2.LeftOutOwner(owner_id=owner, reason=reason)
             for owner, reason in r.left_out.items()
         ],
+        quote=None if r.quote is None else quote_to_proto(r.quote),
+        cost=r.cost,
     )
 
 
@@ -276,3 +298,26 @@ def result_to_proto(result: SummaryResult) -> curator_pb2.GetSummaryResponse:
     if result.labels is not None:
         response.labels.CopyFrom(array_to_proto(result.labels))
     return response
+
+
+def statement_to_proto(stored: StoredStatement) -> curator_pb2.ConsumerStatement:
+    """A stored statement -> ConsumerStatement."""
+    settled = timestamp_pb2.Timestamp()
+    settled.FromNanoseconds(int(stored.settled_at * 1e9))
+    return curator_pb2.ConsumerStatement(
+        session_id=stored.session,
+        settled_at=settled,
+        statement=market_pb2.SignedStatement(statement=stored.data, signature=stored.signature),
+        owners_recorded=stored.owners_recorded,
+    )
+
+
+def method_offer_to_proto(offer: MethodOffer) -> curator_pb2.MethodOffer:
+    """MethodOffer -> MethodOffer message."""
+    return curator_pb2.MethodOffer(
+        method=_METHOD_TO_PROTO[offer.method],
+        served=offer.served,
+        reason=offer.reason,
+        serving_owners=list(offer.serving),
+        refusing_owners=list(offer.refusing),
+    )

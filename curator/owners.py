@@ -1,6 +1,8 @@
 """gRPC client of an owner, seen by the curator as a
 :class:`dpmarket.common.summarization.endpoints.OwnerEndpoint` and, on the same channel, a
-:class:`dpmarket.common.cape.endpoints.CapeSiteEndpoint` (CAPE and secure aggregation).
+:class:`dpmarket.common.cape.endpoints.CapeSiteEndpoint` (CAPE and secure aggregation): one
+client per owner service (:class:`OwnerServiceClient`, :class:`SecureAggregationClient`,
+:class:`CapeSiteClient`) on one :class:`OwnerChannel`, joined in :class:`GrpcOwnerEndpoint`.
 
 The channel is mTLS with the owner's identity checked at the handshake: the curator talks only to
 the owner names it was configured with, whatever answers at an address.
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +27,8 @@ from dpmarket.common.cape.agreement import SizeAttestation
 from dpmarket.common.cape.endpoints import OpenedJob
 from dpmarket.common.cape.spec import AnyCapeSpec
 from dpmarket.common.errors import DPMarketError, FailedPreconditionError, UnavailableError
+from dpmarket.common.market.pricing import OwnerPrices
+from dpmarket.common.market.terms import MarketTerms
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.schema import Schema
 from dpmarket.common.secagg.endpoints import MaskedInput, SurvivorAttestation
@@ -37,6 +42,7 @@ from dpmarket.curator.summarization.state import PROGRESS_GRACE, stage_deadline
 from dpmarket.runtime import cape_messages as msg
 from dpmarket.runtime.arrays import array_to_proto
 from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.market import market_terms_to_proto
 from dpmarket.runtime.serving import CHANNEL_OPTIONS
 from dpmarket.runtime.status import error_from_rpc
 from dpmarket.runtime.terms import terms_to_proto
@@ -50,6 +56,7 @@ from dpmarket.runtime.transport import (
 from dpmarket.v1 import (
     cape_pb2,
     cape_pb2_grpc,
+    market_pb2,
     owner_pb2,
     owner_pb2_grpc,
     privacy_pb2,
@@ -183,12 +190,28 @@ class ReceiptBook(Protocol):
     def owner_receipt(self, owner: str) -> bytes | None:
         """The last receipt ``owner`` returned, serialized, or None."""
 
-    def record_owner_receipt(self, owner: str, receipt: bytes) -> None:
-        """Keep ``receipt`` as ``owner``'s last, durably."""
+    def record_owner_receipt(self, owner: str, receipt: bytes, *, only_later: bool = False) -> None:
+        """Keep ``receipt`` as ``owner``'s last, durably (with ``only_later``, only over one
+        of the same ledger at an earlier charge)."""
 
 
-class GrpcOwnerEndpoint:
-    """Talks to one owner service over a ``grpc.aio`` channel, with a deadline on every call.
+def held_receipt(receipts: ReceiptBook | None, owner: str) -> privacy_pb2.LedgerReceipt | None:
+    """``owner``'s last ledger receipt ``receipts`` keeps, to present to that owner before it
+    charges (a session's or job's open, a publication's spec): None if none is kept, or if the
+    one kept does not parse (logged; not one the owner returned)."""
+    held = None if receipts is None else receipts.owner_receipt(owner)
+    if held is None:
+        return None
+    try:
+        return privacy_pb2.LedgerReceipt.FromString(held)
+    except DecodeError:
+        logger.warning("the stored ledger receipt of owner %s does not parse", owner)
+        return None
+
+
+class OwnerChannel:
+    """The curator's ``grpc.aio`` channel to one owner, which its service clients share: the
+    owner's identity checked at the handshake, a deadline on every call, its ledger receipts.
 
     Parameters
     ----------
@@ -224,11 +247,6 @@ class GrpcOwnerEndpoint:
         #: The owner's declared rows (from GetOwnerInfo), which scale its long calls' deadlines.
         self.rows = 0
         self._channel = aio_channel(target, security, expected, options=OWNER_CHANNEL_OPTIONS)
-        self._stub = owner_pb2_grpc.OwnerServiceStub(self._channel)
-        #: Each open session's RunRounds stream, by session id (opened at its first step).
-        self._rounds: dict[str, RoundsStream] = {}
-        self._secagg = secure_aggregation_pb2_grpc.SecureAggregationServiceStub(self._channel)
-        self._cape = cape_pb2_grpc.CapeSiteServiceStub(self._channel)
 
     @property
     def name(self) -> str:
@@ -246,14 +264,7 @@ class GrpcOwnerEndpoint:
 
     def _held_receipt(self) -> privacy_pb2.LedgerReceipt | None:
         """The owner's last receipt this curator keeps, to present as a session or job opens."""
-        held = None if self.receipts is None else self.receipts.owner_receipt(self.name)
-        if held is None:
-            return None
-        try:
-            return privacy_pb2.LedgerReceipt.FromString(held)
-        except DecodeError:  # not one the owner returned: present none
-            logger.warning("the stored ledger receipt of owner %s does not parse", self.name)
-            return None
+        return held_receipt(self.receipts, self.name)
 
     def _keep_receipt(
         self, response: owner_pb2.CloseSessionResponse | cape_pb2.CloseCapeJobResponse
@@ -261,15 +272,6 @@ class GrpcOwnerEndpoint:
         """Keep the receipt a close returned (it replaces the one held)."""
         if self.receipts is not None and response.HasField("receipt"):
             self.receipts.record_owner_receipt(self.name, response.receipt.SerializeToString())
-
-    async def info(self) -> OwnerInfo:
-        """GetOwnerInfo."""
-        response = await self._call(
-            lambda: self._stub.GetOwnerInfo(owner_pb2.GetOwnerInfoRequest(), timeout=self.deadline)
-        )
-        info = convert.info_from_proto(response)
-        self.rows = info.num_points
-        return info
 
     def pass_deadline(self) -> float:
         """The gRPC deadline of a call that may pass over the owner's table: at least
@@ -280,6 +282,100 @@ class GrpcOwnerEndpoint:
         scaled = PROGRESS_GRACE * stage_deadline(self.deadline, self.rows, "open") + self.deadline
         return max(OPEN_DEADLINE_SECONDS, scaled)
 
+    async def close(self) -> None:
+        """Close the channel."""
+        await self._channel.close(None)
+
+    async def connect(self, timeout: float = CONNECT_TIMEOUT_SECONDS) -> None:
+        """Connect now (TCP and the mTLS handshake, the owner's identity checked) rather than
+        at the first call, within a connect deadline of ``timeout`` seconds.
+
+        Raises
+        ------
+        dpmarket.runtime.transport.ConnectError
+            (an ``UnavailableError``) If the channel is not connected in time; the message says
+            why (:func:`dpmarket.runtime.transport.check_connected_aio`): nothing listening, a
+            certificate of another CA, a server that proves another identity.
+        """
+        await check_connected_aio(
+            self._channel,
+            self.target,
+            self._security,
+            self.expected,
+            timeout=timeout,
+            peer=f"owner {self.name}",
+        )
+
+    async def wait_ready(self, timeout: float = READY_TIMEOUT_SECONDS) -> bool:
+        """Ask the channel to connect and wait up to ``timeout`` seconds until it is; return
+        whether it is connected (never raises: an owner that is not is unreachable for the
+        call that follows, which fails at once).
+
+        Notes
+        -----
+        A channel whose last connection failed fails calls at once until its next attempt
+        (:data:`MAX_RECONNECT_BACKOFF_MS` at most): without this wait, the first request after
+        an owner restarts could find it unreachable although it serves.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        state = self._channel.get_state(try_to_connect=True)
+        while state != grpc.ChannelConnectivity.READY:
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._channel.wait_for_state_change(state), left)
+            except TimeoutError:
+                return False
+            state = self._channel.get_state(try_to_connect=True)
+        return True
+
+    async def keep_connected(self, report: Callable[[bool], Awaitable[None]]) -> None:
+        """Keep the channel connected while the curator serves, reporting every change.
+
+        Asks the channel to connect whenever it is idle or its connection failed, so that an
+        owner that (re)starts is connected within :data:`MAX_RECONNECT_BACKOFF_MS` whether or
+        not a session asks for it; calls ``report(True)`` when it connects and
+        ``report(False)`` when it is not connected (first call: the state now). Runs until
+        cancelled, or the endpoint is closed.
+        """
+        known: bool | None = None
+        while True:
+            state = self._channel.get_state(try_to_connect=True)
+            if state == grpc.ChannelConnectivity.SHUTDOWN:  # the endpoint was closed
+                await report(False)
+                return
+            ready = state == grpc.ChannelConnectivity.READY
+            if ready != known:
+                await report(ready)
+                known = ready
+            await self._channel.wait_for_state_change(state)
+
+
+class OwnerServiceClient(OwnerChannel):
+    """The owner's ``OwnerService`` on an :class:`OwnerChannel`: its information and the
+    summarization session's steps (a :class:`dpmarket.common.summarization.endpoints.
+    OwnerEndpoint`), and the delivery of settled statements."""
+
+    @functools.cached_property
+    def _stub(self) -> owner_pb2_grpc.OwnerServiceAsyncStub:
+        return owner_pb2_grpc.OwnerServiceStub(self._channel)
+
+    @functools.cached_property
+    def _rounds(self) -> dict[str, RoundsStream]:
+        """Each open session's RunRounds stream, by session id (opened at its first step)."""
+        return {}
+
+    async def info(self) -> OwnerInfo:
+        """GetOwnerInfo."""
+        response = await self._call(
+            lambda: self._stub.GetOwnerInfo(owner_pb2.GetOwnerInfoRequest(), timeout=self.deadline)
+        )
+        info = convert.info_from_proto(response)
+        self.rows = info.num_points
+        return info
+
     async def progress(self, session_id: str) -> tuple[str, int, int, int]:
         """GetProgress: ``(stage, done, total, ticks)`` of the session's running step."""
         request = owner_pb2.GetProgressRequest(session_id=session_id)
@@ -289,6 +385,10 @@ class GrpcOwnerEndpoint:
     async def schema(self) -> Schema | None:
         """The owner's public schema (GetOwnerInfo's)."""
         return (await self.info()).schema
+
+    async def prices(self) -> OwnerPrices:
+        """The owner's published prices (GetOwnerInfo's): what a CAPE job is quoted from."""
+        return (await self.info()).prices
 
     async def open_session(
         self,
@@ -404,6 +504,17 @@ class GrpcOwnerEndpoint:
         self._keep_receipt(response)
         return convert.spend_from_proto(response.spent)
 
+    async def record_statement(self, data: bytes, signature: bytes) -> tuple[str, bool]:
+        """RecordStatement: deliver the owner's signed part of a statement; return the
+        statement's id and whether the owner recorded it now (False: recorded before)."""
+        request = owner_pb2.RecordStatementRequest(
+            statement=market_pb2.SignedStatement(statement=data, signature=signature)
+        )
+        response = await self._call(
+            lambda: self._stub.RecordStatement(request, timeout=self.deadline)
+        )
+        return str(response.statement_id), bool(response.recorded_now)
+
     async def hash_advertise(self, session_id: str) -> HashAdvert:
         """The hashes mode runs in process only in this release (no RPC carries it)."""
         raise FailedPreconditionError(_HASHES_IN_PROCESS)
@@ -429,75 +540,18 @@ class GrpcOwnerEndpoint:
     async def close(self) -> None:
         """Close the channel (and every session's RunRounds stream on it)."""
         self._rounds.clear()
-        await self._channel.close(None)
+        await super().close()
 
-    async def connect(self, timeout: float = CONNECT_TIMEOUT_SECONDS) -> None:
-        """Connect now (TCP and the mTLS handshake, the owner's identity checked) rather than
-        at the first call, within a connect deadline of ``timeout`` seconds.
 
-        Raises
-        ------
-        dpmarket.runtime.transport.ConnectError
-            (an ``UnavailableError``) If the channel is not connected in time; the message says
-            why (:func:`dpmarket.runtime.transport.check_connected_aio`): nothing listening, a
-            certificate of another CA, a server that proves another identity.
-        """
-        await check_connected_aio(
-            self._channel,
-            self.target,
-            self._security,
-            self.expected,
-            timeout=timeout,
-            peer=f"owner {self.name}",
-        )
+class SecureAggregationClient(OwnerChannel):
+    """The owner's ``SecureAggregationService`` on an :class:`OwnerChannel`: the owner as a
+    site of a secure-aggregation round (a :class:`dpmarket.common.secagg.endpoints.
+    SecureAggregationEndpoint`)."""
 
-    async def wait_ready(self, timeout: float = READY_TIMEOUT_SECONDS) -> bool:
-        """Ask the channel to connect and wait up to ``timeout`` seconds until it is; return
-        whether it is connected (never raises: an owner that is not is unreachable for the
-        call that follows, which fails at once).
+    @functools.cached_property
+    def _secagg(self) -> secure_aggregation_pb2_grpc.SecureAggregationServiceAsyncStub:
+        return secure_aggregation_pb2_grpc.SecureAggregationServiceStub(self._channel)
 
-        Notes
-        -----
-        A channel whose last connection failed fails calls at once until its next attempt
-        (:data:`MAX_RECONNECT_BACKOFF_MS` at most): without this wait, the first request after
-        an owner restarts could find it unreachable although it serves.
-        """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        state = self._channel.get_state(try_to_connect=True)
-        while state != grpc.ChannelConnectivity.READY:
-            left = deadline - loop.time()
-            if left <= 0:
-                return False
-            try:
-                await asyncio.wait_for(self._channel.wait_for_state_change(state), left)
-            except TimeoutError:
-                return False
-            state = self._channel.get_state(try_to_connect=True)
-        return True
-
-    async def keep_connected(self, report: Callable[[bool], Awaitable[None]]) -> None:
-        """Keep the channel connected while the curator serves, reporting every change.
-
-        Asks the channel to connect whenever it is idle or its connection failed, so that an
-        owner that (re)starts is connected within :data:`MAX_RECONNECT_BACKOFF_MS` whether or
-        not a session asks for it; calls ``report(True)`` when it connects and
-        ``report(False)`` when it is not connected (first call: the state now). Runs until
-        cancelled, or the endpoint is closed.
-        """
-        known: bool | None = None
-        while True:
-            state = self._channel.get_state(try_to_connect=True)
-            if state == grpc.ChannelConnectivity.SHUTDOWN:  # the endpoint was closed
-                await report(False)
-                return
-            ready = state == grpc.ChannelConnectivity.READY
-            if ready != known:
-                await report(ready)
-                known = ready
-            await self._channel.wait_for_state_change(state)
-
-    # ------------------------------------------------------------ secure aggregation (site)
     async def advertise_keys(
         self, job_id: str, params: RoundParams
     ) -> tuple[KeyAdvertisement, bytes]:
@@ -616,11 +670,30 @@ class GrpcOwnerEndpoint:
         response = await self._call(lambda: self._secagg.Unmask(request, timeout=self.deadline))
         return msg.unmask_from_proto(response)
 
-    # ----------------------------------------------------------------------- CAPE (site)
-    async def open_job(self, job_id: str, spec: AnyCapeSpec, seed: int, consumer: str) -> OpenedJob:
+
+class CapeSiteClient(SecureAggregationClient):
+    """The owner's ``CapeSiteService`` on an :class:`OwnerChannel`: the owner as a CAPE site,
+    whose zero-sum noise rounds run through its :class:`SecureAggregationClient` side."""
+
+    @functools.cached_property
+    def _cape(self) -> cape_pb2_grpc.CapeSiteServiceAsyncStub:
+        return cape_pb2_grpc.CapeSiteServiceStub(self._channel)
+
+    async def open_job(
+        self,
+        job_id: str,
+        spec: AnyCapeSpec,
+        seed: int,
+        consumer: str,
+        market: MarketTerms | None = None,
+    ) -> OpenedJob:
         """OpenCapeJob (the owner scans its table: allow the open-session deadline)."""
         request = cape_pb2.OpenCapeJobRequest(
-            job_id=job_id, consumer=consumer, seed=seed, ledger_receipt=self._held_receipt()
+            job_id=job_id,
+            consumer=consumer,
+            seed=seed,
+            ledger_receipt=self._held_receipt(),
+            market=None if market is None else market_terms_to_proto(market),
         )
         msg.job_to_proto(request, spec)
         response = await self._call(
@@ -702,6 +775,14 @@ class GrpcOwnerEndpoint:
         response = await self._call(lambda: self._cape.CloseCapeJob(request, timeout=self.deadline))
         self._keep_receipt(response)
         return convert.spend_from_proto(response.spent)
+
+
+class GrpcOwnerEndpoint(OwnerServiceClient, CapeSiteClient):
+    """Talks to one owner over one ``grpc.aio`` channel (:class:`OwnerChannel`, whose
+    parameters it takes), with a deadline on every call: the owner's three services, one client
+    each — :class:`OwnerServiceClient` (an ``OwnerEndpoint``), :class:`SecureAggregationClient`
+    and :class:`CapeSiteClient` (a ``CapeSiteEndpoint``, whose ``schema`` is the owner
+    service's)."""
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,12 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from grpc_health.v1 import health_pb2
 
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.market.statement import PrivateKey
 from dpmarket.curator import convert
 from dpmarket.curator.cape_service import CapeJobs, CapeServicer
 from dpmarket.curator.metrics import CuratorCollector
@@ -25,9 +29,10 @@ from dpmarket.curator.sessions import SessionManager
 from dpmarket.curator.sketch_service import SketchCatalogServicer, catalog_authorizer
 from dpmarket.curator.sketches import SketchCatalog
 from dpmarket.curator.store import CuratorStore
-from dpmarket.runtime.admission import VALUE_BYTES, ServiceLimits, largest_request
+from dpmarket.runtime.admission import VALUE_BYTES, ServiceLimits
 from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
 from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.market import quote_to_proto
 from dpmarket.runtime.metrics import register_all
 from dpmarket.runtime.serving import HealthStatus, serve_until_signalled, start_server, write_port
 from dpmarket.runtime.transport import TransportSecurity
@@ -58,7 +63,8 @@ def curator_limits(policy: CuratorPolicy) -> ServiceLimits:
     session id (:data:`~dpmarket.runtime.admission.SMALL_REQUEST_BYTES`).
     """
     values = int(policy.ranges.get("validation_values", DEFAULT_RANGES["validation_values"])[1])
-    return ServiceLimits({"CreateSession": CREATE_SESSION_OVERHEAD_BYTES + VALUE_BYTES * values})
+    largest = CREATE_SESSION_OVERHEAD_BYTES + VALUE_BYTES * values
+    return ServiceLimits({"CreateSession": largest, "QuoteSession": largest})
 
 
 def request_digest(request: curator_pb2.CreateSessionRequest) -> str:
@@ -70,11 +76,16 @@ def request_digest(request: curator_pb2.CreateSessionRequest) -> str:
 
 
 class CuratorServicer(curator_pb2_grpc.CuratorServiceServicer):
-    """Thin adapter over a :class:`SessionManager`."""
+    """Thin adapter over a :class:`SessionManager`; ``certificate`` is the curator's own (PEM,
+    whose key signs its statements: ListStatements hands it to the consumer; empty with
+    plaintext transport, where nothing is settled)."""
 
-    def __init__(self, manager: SessionManager, authorizer: Authorizer) -> None:
+    def __init__(
+        self, manager: SessionManager, authorizer: Authorizer, certificate: bytes = b""
+    ) -> None:
         self.manager = manager
         self.authorizer = authorizer
+        self.certificate = certificate
 
     @functools.cached_property
     def limits(self) -> ServiceLimits:
@@ -90,7 +101,17 @@ class CuratorServicer(curator_pb2_grpc.CuratorServiceServicer):
             request_id=request.request_id,
             request_digest=request_digest(request),
         )
-        return curator_pb2.CreateSessionResponse(session_id=session_id)
+        quoted = self.manager.quote_of(session_id, str(caller))
+        return curator_pb2.CreateSessionResponse(
+            session_id=session_id, quote=None if quoted is None else quote_to_proto(quoted)
+        )
+
+    @rpc("consumer")
+    async def QuoteSession(self, request, context, caller):
+        quoted = await self.manager.quote(
+            convert.create_request_from_proto(request.request), consumer=str(caller)
+        )
+        return curator_pb2.QuoteSessionResponse(quote=quote_to_proto(quoted))
 
     @rpc_stream("consumer")
     async def WatchSession(self, request, context, caller):
@@ -98,9 +119,48 @@ class CuratorServicer(curator_pb2_grpc.CuratorServiceServicer):
             yield convert.event_to_proto(event, report)
 
     @rpc("consumer")
+    async def ListStatements(self, request, context, caller):
+        if request.limit < 0:
+            raise InvalidArgumentError(f"limit must be >= 0 (0: every one), got {request.limit}")
+        stored = await asyncio.to_thread(
+            self.manager.statements,
+            str(caller),
+            session_id=request.session_id or None,
+            limit=int(request.limit) or None,
+        )
+        return curator_pb2.ListStatementsResponse(
+            statements=[convert.statement_to_proto(s) for s in stored],
+            curator_certificate=self.certificate,
+        )
+
+    @rpc("consumer")
+    async def ListMethods(self, request, context, caller):
+        offers = await self.manager.methods()
+        return curator_pb2.ListMethodsResponse(
+            methods=[convert.method_offer_to_proto(o) for o in offers]
+        )
+
+    @rpc("consumer")
     async def GetSummary(self, request, context, caller):
         result = self.manager.result(request.session_id, str(caller))
         return convert.result_to_proto(result)
+
+
+def signing_key(security: TransportSecurity) -> PrivateKey | None:
+    """The curator's certificate key, which signs its settlement statements (None with
+    plaintext transport: nothing is settled).
+
+    Raises
+    ------
+    TypeError
+        If the key is neither EC nor Ed25519.
+    """
+    if security.insecure or security.key_pem is None:
+        return None
+    key = serialization.load_pem_private_key(security.key_pem, password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey):
+        raise TypeError(f"statements are signed with an EC or Ed25519 key, got {type(key)}")
+    return key
 
 
 def curator_authorizer(policy: CuratorPolicy, security: TransportSecurity) -> Authorizer:
@@ -160,13 +220,12 @@ async def serve_curator(
         call_timeout=call_timeout,
         sketches=sketches,
         allocation_spec=allocation_spec,
+        signing_key=signing_key(security),
     )
     authorizer = curator_authorizer(policy, security)
-    cape = CapeJobs(
-        owners, policy=policy, store=store, rate=manager.rate, call_timeout=call_timeout
-    )
+    cape = _cape_jobs(owners, manager, call_timeout)
 
-    sessions = CuratorServicer(manager, authorizer)
+    sessions = CuratorServicer(manager, authorizer, security.cert_pem or b"")
     jobs = CapeServicer(cape, authorizer)
     catalog = None
     if sketches is not None:
@@ -175,6 +234,7 @@ async def serve_curator(
             sketches,
             catalog_authorizer(policy, owner_names, security, INSECURE_CONSUMER),
             allocation_spec,
+            receipts=store,
         )
 
     def register(server: grpc.aio.Server) -> None:
@@ -189,13 +249,7 @@ async def serve_curator(
     ]
     if sketches is not None:
         names.append(sketch_pb2.DESCRIPTOR.services_by_name["SketchCatalogService"].full_name)
-    server, port, health_status = await start_server(
-        register,
-        names,
-        address,
-        security,
-        max_request_bytes=largest_request([sessions, jobs, catalog]),
-    )
+    server, port, health_status = await start_server(register, names, address, security)
     register_all([CuratorCollector(manager, str(security.identity or "insecure"))])
     # Each owner's channel is kept connected, and its state reported by the health service
     # under OWNER_HEALTH_PREFIX + name (SERVING: connected): `dpmarket up` waits for it.
@@ -208,8 +262,8 @@ async def serve_curator(
         write_port(port_file, port)
     period = max(0.05, min(policy.fetched_result_ttl_seconds / 2, 30.0))
     reaper = asyncio.create_task(manager.expire_forever(period))
-    # Sessions a restart interrupted: ask their owners what they charged (and free them there).
-    reconcile = asyncio.create_task(_logged(manager.reconcile(), "asking owners for records"))
+    # Ask for what a restart interrupted, then retry unfinished settlement (:func:`_settlement`).
+    reconcile = asyncio.create_task(_settlement(manager))
     try:
         await serve_until_signalled(server)
     finally:
@@ -219,6 +273,28 @@ async def serve_curator(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await manager.close()
+
+
+def _cape_jobs(
+    owners: Sequence[GrpcOwnerEndpoint], manager: SessionManager, call_timeout: float | None
+) -> CapeJobs:
+    """The CAPE jobs, under the sessions' policy, store, request rate and signing key; their
+    statements are delivered (and retried) as the sessions' are."""
+    return CapeJobs(
+        owners,
+        policy=manager.policy,
+        store=manager.store,
+        rate=manager.rate,
+        call_timeout=call_timeout,
+        signing_key=manager.signing_key,
+        deliver=manager.deliver_statements,
+    )
+
+
+async def _settlement(manager: SessionManager) -> None:
+    """Reconcile what a restart interrupted, then retry unfinished settlement until cancelled."""
+    await _logged(manager.reconcile(), "asking owners for records")
+    await manager.settle_forever()
 
 
 async def _logged(work: Awaitable[object], what: str) -> None:

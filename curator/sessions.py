@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from dpmarket.common.errors import (
     AbortedError,
@@ -26,23 +28,36 @@ from dpmarket.common.errors import (
     NotFoundError,
     PermissionDeniedError,
     ResourceExhaustedError,
+    UnavailableError,
 )
 from dpmarket.common.ids import new_session_id, short_id
+from dpmarket.common.market.payouts import PayoutRelease
+from dpmarket.common.market.pricing import Quote
+from dpmarket.common.market.statement import PrivateKey
+from dpmarket.common.market.terms import release_from_json, release_to_json
 from dpmarket.common.sketches import PrivateSketch
 from dpmarket.common.summarization.endpoints import OwnerEndpoint
-from dpmarket.common.summarization.methods import AllocationFields, SummarizationConfig
+from dpmarket.common.summarization.methods import METHODS, AllocationFields, SummarizationConfig
 from dpmarket.common.summarization.summary import (
     OwnerSelection,
     ProgressEvent,
     SessionReport,
     SessionRequest,
-    Stage,
+    SessionStage,
     SummaryResult,
 )
+from dpmarket.common.summarization.terms import MethodOffer, access_refusal
 from dpmarket.curator.owners import wait_for_owners
 from dpmarket.curator.policy import CuratorPolicy, RequestRate
+from dpmarket.curator.settlement import (
+    RetrySchedule,
+    SessionMarket,
+    SignedSettlement,
+    payout_release,
+    settle_session,
+)
 from dpmarket.curator.sketches import SketchCatalog
-from dpmarket.curator.store import CuratorStore, StoredSession
+from dpmarket.curator.store import CuratorStore, StoredSession, StoredStatement
 from dpmarket.curator.summarization.session import SessionContext, SummarizationSession
 
 logger = logging.getLogger(__name__)
@@ -67,6 +82,8 @@ class _Managed:
     expires_at: float = math.inf
     #: The session's own last event (done or failed), published once the report is set.
     final: ProgressEvent | None = None
+    #: The quote the session was accepted under.
+    quote: Quote | None = None
 
     @property
     def finished(self) -> bool:
@@ -95,6 +112,10 @@ class SessionManager:
         uses the counts allocation, and its report says why.
     clock : callable
         Unix time, seconds (injected by tests).
+    signing_key : EC or Ed25519 private key, optional
+        The curator's certificate key: with it and a store, every quoted session is settled
+        (:mod:`dpmarket.curator.settlement`): its statement signed, stored and delivered to its
+        owners. Without it (plaintext transport, in-process runs) nothing is settled.
 
     Raises
     ------
@@ -112,6 +133,7 @@ class SessionManager:
         sketches: SketchCatalog | None = None,
         allocation_spec: str | None = None,
         clock: Callable[[], float] = time.time,
+        signing_key: PrivateKey | None = None,
     ) -> None:
         if allocation_spec is not None:
             if sketches is None:
@@ -128,10 +150,12 @@ class SessionManager:
         self.sketches = sketches
         self.call_timeout = call_timeout
         self.clock = clock
+        self.signing_key = signing_key
         self._sessions: dict[str, _Managed] = {}
         self._starting = 0
         self.rate = RequestRate(self.policy.per_consumer_per_minute, clock=clock)
         self._request_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._deliveries: set[asyncio.Task[int]] = set()
         if store is not None:
             for session_id in store.recover(ttl=self.policy.result_ttl_seconds):
                 logger.warning(
@@ -145,13 +169,13 @@ class SessionManager:
         """Sessions running now (created and not finished)."""
         return sum(1 for m in self._sessions.values() if not m.finished)
 
-    def stages(self) -> dict[Stage, int]:
+    def stages(self) -> dict[SessionStage, int]:
         """How many of the sessions this manager holds (running, or finished and not yet
         expired) are at each stage (``setup`` before the first progress event)."""
-        counts: dict[Stage, int] = {}
+        counts: dict[SessionStage, int] = {}
         for managed in list(self._sessions.values()):
             last = managed.final or (managed.events[-1] if managed.events else None)
-            stage: Stage = "setup" if last is None else last.stage
+            stage: SessionStage = "setup" if last is None else last.stage
             counts[stage] = counts.get(stage, 0) + 1
         return counts
 
@@ -223,6 +247,110 @@ class SessionManager:
                 return await self._create(request, consumer, request_id, request_digest)
         return await self._create(request, consumer, None, request_digest)
 
+    async def quote(self, request: SessionRequest, *, consumer: str = "consumer:local") -> Quote:
+        """Quote a request without running it: its checks and quote as :meth:`create` computes
+        them before it opens the session (:meth:`SummarizationSession.prepare` with
+        ``quote_only``). Asks the owners for their descriptions only; nothing is released,
+        charged or stored, and no session is created.
+
+        Raises
+        ------
+        PermissionDeniedError, InvalidArgumentError, ResourceExhaustedError
+            As :meth:`create` (the consumer's request rate counts quotes too).
+        FailedPreconditionError, UnavailableError
+            As :meth:`create` before it opens the session: the schemas differ, the quote
+            exceeds ``request.max_cost``
+            (:class:`~dpmarket.common.market.pricing.CostCapExceededError`), no owner answers.
+        """
+        managed = _Managed(session_id=new_session_id(), consumer=consumer, session=None)
+        session = self._checked_session(request, managed)
+        await wait_for_owners([slot.endpoint for slot in session.state.slots])
+        await session.prepare(check_terms=self.policy.check_terms, quote_only=True)
+        assert session.quote is not None
+        return session.quote
+
+    async def methods(self) -> list[MethodOffer]:
+        """Which summarization methods the deployment serves, before anything is asked: the
+        curator's policy's methods, and for each the owners whose published access
+        (:class:`~dpmarket.common.summarization.endpoints.OwnerAccess`, GetOwnerInfo) refuses
+        it (:func:`~dpmarket.common.summarization.terms.access_refusal`, the checks an owner
+        makes at OpenSession). Asks the owners for their descriptions only.
+
+        Raises
+        ------
+        UnavailableError
+            If no owner answers.
+        """
+        await wait_for_owners(self.owners)
+        infos = await asyncio.gather(*(o.info() for o in self.owners), return_exceptions=True)
+        answered = {o.name: i for o, i in zip(self.owners, infos, strict=True)
+                    if not isinstance(i, BaseException)}  # fmt: skip
+        if not answered:
+            raise UnavailableError("no owner answered (GetOwnerInfo): the methods are not known")
+        silent = [o.name for o in self.owners if o.name not in answered]
+        offers = []
+        for method in METHODS:
+            if method not in self.policy.methods:
+                served = ", ".join(self.policy.methods)
+                reason = f"this curator's policy does not serve it (it serves {served})"
+                offers.append(MethodOffer(method, False, reason))
+                continue
+            why: dict[str, list[str]] = {}
+            for name, info in answered.items():
+                refused = None if info.access is None else access_refusal(method, info.access)
+                if refused is not None:
+                    why.setdefault(refused, []).append(name)
+            refusing = tuple(sorted(n for names in why.values() for n in names))
+            serving = tuple(sorted(n for n in answered if n not in refusing))
+            reasons = [
+                f"refused by {', '.join(names)}: {text} in "
+                + ("its policy" if len(names) == 1 else "their policies")
+                for text, names in why.items()
+            ]
+            if refusing and serving:
+                reasons.append(
+                    f"a session can run with {', '.join(serving)} alone (--min-owners "
+                    f"{len(serving)} or fewer)"
+                )
+            if silent:
+                reasons.append(f"{', '.join(silent)} did not answer")
+            offers.append(MethodOffer(method, not refusing, "; ".join(reasons), serving, refusing))
+        return offers
+
+    def quote_of(self, session_id: str, consumer: str) -> Quote | None:
+        """The quote a session this manager holds was accepted under (None if unknown here).
+
+        Raises
+        ------
+        NotFoundError
+            If the session is another consumer's.
+        """
+        managed = self._get(session_id, consumer)
+        return None if managed is None else managed.quote
+
+    def _checked_session(self, request: SessionRequest, managed: _Managed) -> SummarizationSession:
+        """The session of ``request`` (its arrays checked), once the curator's policy accepts
+        the request (seeds, ranges, the consumer's rate); calls no owner.
+
+        Raises
+        ------
+        PermissionDeniedError, InvalidArgumentError, ResourceExhaustedError
+            As :meth:`create`.
+        """
+        owners = self._select(request.selection)
+        if request.seed is not None and not self.policy.allow_seeded_sessions:
+            raise PermissionDeniedError(
+                "this curator does not accept seeded sessions (start it with "
+                "--allow-seeded-sessions for reproducible runs)"
+            )
+        session = self._session(request, owners, managed)
+        # The session's constructor has checked the arrays (shape, NaN/inf); now the policy.
+        m, n = session.validation.shape
+        values = (m + session.state.seed_set.shape[0]) * n
+        self.policy.check_request(request.config, m, values, unread=request.unread)
+        self.rate.check(managed.consumer)
+        return session
+
     def _select(self, selection: OwnerSelection) -> list[OwnerEndpoint]:
         """The owners a session asks: the configured ones but those the consumer excludes.
 
@@ -274,12 +402,6 @@ class SessionManager:
     ) -> str:
         config = request.config
         store = self.store
-        owners = self._select(request.selection)
-        if request.seed is not None and not self.policy.allow_seeded_sessions:
-            raise PermissionDeniedError(
-                "this curator does not accept seeded sessions (start it with "
-                "--allow-seeded-sessions for reproducible runs)"
-            )
         session_id = new_session_id()
         managed = _Managed(
             session_id=session_id,
@@ -288,12 +410,8 @@ class SessionManager:
             request_id=request_id,
             request_digest=request_digest,
         )
-        session = self._session(request, owners, managed)
-        # The session's constructor has checked the arrays (shape, NaN/inf); now the policy.
-        m, n = session.validation.shape
-        values = (m + session.state.seed_set.shape[0]) * n
-        self.policy.check_request(config, m, values, unread=request.unread)
-        self.rate.check(consumer)
+        session = self._checked_session(request, managed)
+        owners = [slot.endpoint for slot in session.state.slots]
         if self.running + self._starting >= self.policy.max_running:
             raise ResourceExhaustedError(
                 f"this curator runs at most {self.policy.max_running} sessions at once; retry later"
@@ -313,6 +431,7 @@ class SessionManager:
                         request_digest=request_digest,
                         method=config.method,
                         config=config.to_json(),
+                        market=self._market(session, consumer),
                     )
                     # Where the session is open: a restarted curator asks these owners what
                     # they charged it.
@@ -325,6 +444,7 @@ class SessionManager:
         finally:
             self._starting -= 1
         managed.session = session
+        managed.quote = session.quote
         self._sessions[session_id] = managed
         managed.task = asyncio.create_task(self._run(managed))
         logger.info(
@@ -336,6 +456,26 @@ class SessionManager:
             session.validation.shape[0],
         )
         return session_id
+
+    @staticmethod
+    def _market(session: SummarizationSession, consumer: str) -> SessionMarket | None:
+        """What the session's settlement depends on (None: not quoted)."""
+        state = session.state
+        if state.quote is None or state.settlement is None:
+            return None
+        quoted = {line.owner for line in state.quote.lines}
+        prices = {
+            state.owner_name(i): state.info(i).prices
+            for i, slot in enumerate(state.slots)
+            if slot.info is not None and state.owner_name(i) in quoted
+        }
+        return SessionMarket(
+            owner_session=state.owner_session_id,
+            consumer=consumer,
+            quote=state.quote,
+            prices=prices,
+            settlement=state.settlement,
+        )
 
     def _session(
         self, request: SessionRequest, owners: list[OwnerEndpoint], managed: _Managed
@@ -379,7 +519,21 @@ class SessionManager:
         try:
             result = await session.run()
             if self.store is not None:
-                self.store.finish(managed.session_id, result, ttl=ttl)
+                release = self._payouts(managed.session_id, session, result)
+                settlement = self._settle(managed.session_id, _delivered(result), release)
+                cost = None if settlement is None else settlement.statement.total
+                report = dataclasses.replace(
+                    result.report, cost=cost, ledger=session.ledger_report()
+                )
+                result = dataclasses.replace(result, report=report)
+                # The statement is stored in the transaction that completes the session.
+                self.store.finish(
+                    managed.session_id,
+                    result,
+                    ttl=ttl,
+                    settlement=settlement,
+                    payout=None if release is None else release_to_json(release),
+                )
         except DPMarketError as exc:
             self._failed(managed, session, str(exc))
             logger.warning("session %s failed: %s", short_id(managed.session_id), exc)
@@ -395,9 +549,17 @@ class SessionManager:
                 result.report.owner_points_accessed,
             )
         managed.expires_at = self.clock() + ttl
+        if self.store is not None:
+            if managed.error is not None:  # a failed session settles what it released
+                self._settle_failed(managed.session_id)
+            # Each owner's part is delivered off the consumer's path (a restart delivers again
+            # what was not recorded: the statement is durable already).
+            task = asyncio.create_task(self.deliver_statements(managed.session_id))
+            self._deliveries.add(task)
+            task.add_done_callback(self._deliveries.discard)
         final = managed.final
         if final is None:  # pragma: no cover - the session always emits its last event
-            stage: Stage = "failed" if managed.error is not None else "done"
+            stage: SessionStage = "failed" if managed.error is not None else "done"
             final = ProgressEvent(stage, session.rounds_done, 1, session.points_accessed, "")
         managed.events.append(final)
         managed.session = None  # free the validation set, features and owner handles
@@ -415,6 +577,197 @@ class SessionManager:
             except Exception:  # the charges are stored; a restart marks the session failed
                 logger.exception("session %s: recording the failure", short_id(managed.session_id))
         session.fail(error)
+
+    # -------------------------------------------------------------------------- settlement
+    def _payouts(
+        self, session_id: str, session: SummarizationSession, result: SummaryResult
+    ) -> PayoutRelease | None:
+        """The payout release the session's terms fix, its validation charge recorded first
+        (:func:`~dpmarket.curator.settlement.payout_release`); None without one, without a key
+        (nothing is settled), or when the validation set's budget refuses it (logged: the
+        statement then states no value)."""
+        if self.store is None or self.signing_key is None:
+            return None
+        market = self.store.market(session_id)
+        if market is None:
+            return None
+        state = session.state
+        made = payout_release(
+            market,
+            result.points,
+            result.owner_ids,
+            state.validation,
+            state.config.gamma,
+            state.noise,
+        )
+        if made is None:
+            return None
+        release, charges = made
+        try:
+            state.ledgers["validation"].charge(charges)  # durable before the values leave
+        except DPMarketError as exc:
+            logger.warning("session %s: no payout release: %s", short_id(session_id), exc)
+            return None
+        return release
+
+    def _settle(
+        self,
+        session_id: str,
+        delivered: dict[str, int],
+        release: PayoutRelease | None = None,
+    ) -> SignedSettlement | None:
+        """The session's signed statement from its stored market and its owners' stored
+        records, or None (not quoted, no key, or an owner's record not known yet: settled
+        later, by :meth:`settle_pending`). Never raises: a settlement that fails is logged and
+        the session stays unsettled."""
+        if self.store is None or self.signing_key is None:
+            return None
+        try:
+            market = self.store.market(session_id)
+            if market is None:
+                return None
+            spends = self.store.owner_spend(session_id)
+            return settle_session(market, spends, delivered, self.signing_key, release)
+        except Exception:
+            logger.exception("session %s: settling it failed", short_id(session_id))
+            return None
+
+    def _settle_failed(self, session_id: str) -> None:
+        settlement = self._settle(session_id, {})
+        if settlement is not None and self.store is not None:
+            self.store.record_settlement(session_id, settlement)
+
+    def settle_pending(self) -> int:
+        """Settle every finished session that has no statement yet and whose owners' records
+        are all known (after a restart: the sessions it interrupted, once their owners
+        answered); return how many were settled."""
+        if self.store is None or self.signing_key is None:
+            return 0
+        settled = 0
+        for session_id in self.store.unsettled():
+            delivered = self.store.delivered_points(session_id)
+            if delivered is None:
+                logger.warning(
+                    "session %s: its summary expired before it was settled", short_id(session_id)
+                )
+                continue
+            release = None
+            payout = self.store.payout(session_id)
+            market = self.store.market(session_id)
+            if payout is not None and market is not None:
+                release = release_from_json(payout, market.settlement)
+            settlement = self._settle(session_id, delivered, release)
+            if settlement is not None and self.store.record_settlement(session_id, settlement):
+                self.store.refresh_owner_spend(session_id)
+                settled += 1
+        return settled
+
+    async def deliver_statements(self, session_id: str | None = None) -> int:
+        """Deliver every owner's part of a settled statement it has not recorded yet (only
+        ``session_id``'s, if given); return how many were recorded. An owner that refuses
+        (its records differ) or cannot be reached keeps its part pending (the background
+        retry, :meth:`retry_settlement`, delivers it again); a part recorded before is recorded
+        once (the owner says so)."""
+        if self.store is None:
+            return 0
+        pending = [
+            row for row in self.store.undelivered() if session_id is None or row[0] == session_id
+        ]
+        return sum(await self._deliver(pending))
+
+    async def _deliver(self, rows: Sequence[tuple[str, str, bytes, bytes]]) -> list[bool]:
+        """Deliver each ``(session, owner, part, signature)``; whether each owner recorded it
+        (marked delivered in the store)."""
+        by_name = {o.name: o for o in self.owners}
+
+        async def deliver(session: str, owner: str, data: bytes, signature: bytes) -> bool:
+            endpoint = by_name.get(owner)
+            record = getattr(endpoint, "record_statement", None)
+            if record is None:
+                return False
+            try:
+                coro = record(data, signature)
+                timeout = self.call_timeout
+                await (coro if timeout is None else asyncio.wait_for(coro, timeout))
+            except (DPMarketError, TimeoutError) as exc:
+                logger.warning(
+                    "session %s: owner %s did not record its statement: %s",
+                    short_id(session),
+                    owner,
+                    exc,
+                )
+                return False
+            assert self.store is not None
+            self.store.mark_delivered(session, owner)
+            return True
+
+        return list(await asyncio.gather(*(deliver(*row) for row in rows)))
+
+    async def retry_settlement(self, schedule: RetrySchedule, now: float | None = None) -> int:
+        """One pass of the background settlement: what a session's end left undone, retried
+        while the curator runs, each piece on its own exponential backoff (``schedule``).
+
+        Asks every owner whose record of a finished session is unknown (it could not be reached
+        when the session closed, or a restart interrupted the session) for its ledger's record
+        (``CloseSession``, which a restarted owner answers from its ledger), settles the
+        sessions whose records are then all known (:meth:`settle_pending`), and delivers every
+        owner's part not recorded yet. Each step is idempotent (a record is an update, a session
+        has one statement, an owner records a part once), and everything it needs is in the
+        store, so a curator killed during a pass loses nothing and pays nothing twice; the next
+        pass, or the restart's :meth:`reconcile`, takes up what is left.
+
+        Parameters
+        ----------
+        schedule : RetrySchedule
+            When each piece is due again (kept across passes; forgotten at a restart).
+        now : float, optional
+            ``time.monotonic()`` by default.
+
+        Returns
+        -------
+        int
+            Records got and parts recorded in this pass.
+        """
+        if self.store is None:
+            return 0
+        now = time.monotonic() if now is None else now
+        unrecorded = self.store.unrecorded_owner_sessions()
+        asked = [r for r in unrecorded if schedule.due(("record", r[0], r[1]), now)]
+        got = await self._ask_records(asked)
+        for (sid, owner, _), ok in zip(asked, got, strict=True):
+            schedule.outcome(("record", sid, owner), ok, now)
+        if any(got):
+            self.settle_pending()
+        undelivered = self.store.undelivered()
+        due = [r for r in undelivered if schedule.due(("deliver", r[0], r[1]), now)]
+        done = await self._deliver(due)
+        for (sid, owner, _, _), ok in zip(due, done, strict=True):
+            schedule.outcome(("deliver", sid, owner), ok, now)
+        schedule.keep(
+            {("record", r[0], r[1]) for r in unrecorded}
+            | {("deliver", r[0], r[1]) for r in undelivered}
+        )
+        return sum(got) + sum(done)
+
+    async def settle_forever(self, schedule: RetrySchedule | None = None) -> None:
+        """Run :meth:`retry_settlement` every ``schedule.base`` seconds until cancelled (a pass
+        that fails is logged; the next one runs)."""
+        schedule = RetrySchedule() if schedule is None else schedule
+        while True:
+            await asyncio.sleep(schedule.base)
+            try:
+                await self.retry_settlement(schedule)
+            except Exception:
+                logger.exception("retrying the settlement of finished sessions")
+
+    def statements(
+        self, consumer: str, *, session_id: str | None = None, limit: int | None = None
+    ) -> list[StoredStatement]:
+        """The consumer's settlement statements, newest first (:meth:`CuratorStore.statements`);
+        empty without a store."""
+        if self.store is None:
+            return []
+        return self.store.statements(consumer, session_id=session_id, limit=limit)
 
     # ----------------------------------------------------------------------------- lookups
     def _get(self, session_id: str, consumer: str) -> _Managed | None:
@@ -447,7 +800,7 @@ class SessionManager:
             stored = self._stored(session_id, consumer)
             if stored.report is None:
                 raise NotFoundError(f"session {short_id(session_id)} has expired")
-            stage: Stage = "done" if stored.status == "done" else "failed"
+            stage: SessionStage = "done" if stored.status == "done" else "failed"
             size = stored.report.summary_size
             event = ProgressEvent(
                 stage,
@@ -521,21 +874,43 @@ class SessionManager:
         return max(len(gone), stored)
 
     async def reconcile(self) -> int:
-        """Ask the owners what they recorded for the sessions a restart interrupted, and
-        record it (the stored reports then carry it); return how many records were got.
+        """Ask the owners what they recorded for the sessions a restart interrupted (and the
+        finished sessions whose owner could not be reached when they closed), and record it
+        (the stored reports then carry it); return how many records were got.
 
         A restarted curator calls this once it serves: each owner at which such a session was open
         closes it (freeing it at once) and answers with its ledger's record, also for a session it
-        already closed for being idle. An owner that cannot be reached keeps the mark
-        :data:`~dpmarket.common.privacy.ledger.UNKNOWN_RESTARTED`; the session's report says so.
+        already closed for being idle. An owner that cannot be reached keeps its mark (e.g.
+        :data:`~dpmarket.common.privacy.ledger.UNKNOWN_RESTARTED`; the session's report says so)
+        and is asked again by the background retry (:meth:`retry_settlement`).
         """
         if self.store is None:
             return 0
-        store = self.store
-        pending = store.unrecorded_owner_sessions()
+        pending = self.store.unrecorded_owner_sessions()
         by_name = {o.name: o for o in self.owners}
         wanted = [by_name[o] for o in dict.fromkeys(o for _, o, _ in pending) if o in by_name]
         await wait_for_owners(wanted)
+        got = await self._ask_records(pending)
+        # Sessions the restart interrupted are settled from the owners' records, and every
+        # statement not yet recorded by its owners is delivered again.
+        self.settle_pending()
+        await self.deliver_statements()
+        if pending:
+            logger.info(
+                "owners' records of %d interrupted session(s): %d of %d got",
+                len({sid for sid, _, _ in pending}),
+                sum(got),
+                len(pending),
+            )
+        return sum(got)
+
+    async def _ask_records(self, rows: Sequence[tuple[str, str, str]]) -> list[bool]:
+        """Ask the owner of each ``(session, owner, owner_session)`` for its ledger's record
+        of the session (``CloseSession``, which also frees it there) and store it; whether each
+        was got. The reports of the sessions concerned are refreshed."""
+        assert self.store is not None
+        store = self.store
+        by_name = {o.name: o for o in self.owners}
         timeout = self.call_timeout
 
         async def ask(session_id: str, owner: str, owner_session: str) -> bool:
@@ -556,17 +931,10 @@ class SessionManager:
             store.record_owner_spend(session_id, owner, spend)
             return True
 
-        got = await asyncio.gather(*(ask(*row) for row in pending))
-        for session_id in dict.fromkeys(sid for sid, _, _ in pending):
+        got = list(await asyncio.gather(*(ask(*row) for row in rows)))
+        for session_id in dict.fromkeys(r[0] for r, ok in zip(rows, got, strict=True) if ok):
             store.refresh_owner_spend(session_id)
-        if pending:
-            logger.info(
-                "owners' records of %d interrupted session(s): %d of %d got",
-                len({sid for sid, _, _ in pending}),
-                sum(got),
-                len(pending),
-            )
-        return sum(got)
+        return got
 
     async def expire_forever(self, period: float) -> None:
         """Run :meth:`expire` every ``period`` seconds until cancelled."""
@@ -576,14 +944,23 @@ class SessionManager:
 
     async def close(self) -> None:
         """Cancel running sessions (their owners' sessions are closed) and wait for them."""
-        tasks = [
+        tasks: list[asyncio.Task[Any]] = [
             m.task for m in self._sessions.values() if m.task is not None and not m.task.done()
         ]
+        tasks += [task for task in self._deliveries if not task.done()]
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _delivered(result: SummaryResult) -> dict[str, int]:
+    """Points of each owner in a summary."""
+    counts: dict[str, int] = {}
+    for owner in result.owner_ids:
+        counts[owner] = counts.get(owner, 0) + 1
+    return counts
 
 
 async def _notify(condition: asyncio.Condition) -> None:

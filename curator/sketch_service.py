@@ -12,8 +12,11 @@ import asyncio
 import functools
 import logging
 from collections.abc import Collection
+from typing import TYPE_CHECKING
 
 from dpmarket.common.sketches.marginals import MarginalsMap
+from dpmarket.common.sketches.marginals_fit import MAX_FIT_BYTES
+from dpmarket.curator.owners import held_receipt
 from dpmarket.curator.policy import CuratorPolicy
 from dpmarket.curator.sketches import SketchCatalog
 from dpmarket.runtime import sketch_messages as msg
@@ -27,6 +30,9 @@ from dpmarket.runtime.authz import Authorizer, rpc
 from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import sketch_pb2, sketch_pb2_grpc
+
+if TYPE_CHECKING:
+    from dpmarket.curator.owners import ReceiptBook
 
 logger = logging.getLogger(__name__)
 
@@ -51,17 +57,21 @@ def catalog_limits(catalog: SketchCatalog) -> ServiceLimits:
     ``PublishSketch`` carries one sketch of a spec: its mechanism (the spec's feature map and
     domain again: at most twice the spec's encoding), its noisy sum (the map's dimension ``m``
     values) and, for a marginals sketch, its noisy marginals (``m`` one-way cells and at most
-    ``measurements x max_cells`` two-way ones); the largest over the specs, beside the ids. The
-    other RPCs carry names only. Calls at once: one per configured owner (each publishes on its
-    own schedule, all may at once) beside the default.
+    ``measurements x max_cells`` two-way ones) and the fit its owner may attach (at most
+    :data:`~dpmarket.common.sketches.marginals_fit.MAX_FIT_BYTES`, framing included); the
+    largest over the specs, beside the ids. The other RPCs carry names only. Calls at once: one
+    per configured owner (each publishes on its own schedule, all may at once) beside the
+    default.
     """
     largest = 0
     for spec in catalog.specs():
         fmap = spec.feature_map
         values = fmap.dimension
+        fit = 0
         if isinstance(fmap, MarginalsMap):
             values += fmap.dimension + fmap.measurements * fmap.max_cells
-        largest = max(largest, 2 * len(msg.spec_bytes(spec)) + VALUE_BYTES * values)
+            fit = MAX_FIT_BYTES
+        largest = max(largest, 2 * len(msg.spec_bytes(spec)) + VALUE_BYTES * values + fit)
     owners = 0 if catalog.owners is None else len(catalog.owners)
     return ServiceLimits(
         {"PublishSketch": SMALL_REQUEST_BYTES + largest},
@@ -73,14 +83,20 @@ class SketchCatalogServicer(sketch_pb2_grpc.SketchCatalogServiceServicer):
     """Thin adapter over a :class:`SketchCatalog`; reads and writes run in worker threads.
 
     ``allocation_spec`` (the spec the curator's summarization allocation reads, or None) is
-    announced with the list of specs."""
+    announced with the list of specs. ``receipts`` (the curator's store) keeps the ledger
+    receipt an owner sends with a publication as that owner's last receipt."""
 
     def __init__(
-        self, catalog: SketchCatalog, authorizer: Authorizer, allocation_spec: str | None = None
+        self,
+        catalog: SketchCatalog,
+        authorizer: Authorizer,
+        allocation_spec: str | None = None,
+        receipts: ReceiptBook | None = None,
     ) -> None:
         self.catalog = catalog
         self.authorizer = authorizer
         self.allocation_spec = allocation_spec
+        self.receipts = receipts
 
     @functools.cached_property
     def limits(self) -> ServiceLimits:
@@ -104,10 +120,26 @@ class SketchCatalogServicer(sketch_pb2_grpc.SketchCatalogServiceServicer):
                 self.catalog.status, caller.name, request.name
             )
             response.published, response.publications_left = published, left
+            # The caller's held receipt, which it checks before charging a publication (as at
+            # a session's open): a ledger restored from an older copy is found before it spends.
+            held = await asyncio.to_thread(held_receipt, self.receipts, caller.name)
+            if held is not None:
+                response.receipt.CopyFrom(held)
         return response
 
     @rpc("owner")
     async def PublishSketch(self, request, context, caller):
+        if self.receipts is not None and request.HasField("receipt"):
+            # The owner's receipt after the publication's charge: its last receipt, presented
+            # at its next session or job like a session's, unless the one held names the same
+            # ledger at a later charge (a restored ledger must not overwrite it). Kept before
+            # the catalogue's answer: the owner charged it whatever the catalogue does.
+            receipt = request.receipt.SerializeToString()
+            await asyncio.to_thread(
+                functools.partial(self.receipts.record_owner_receipt, only_later=True),
+                caller.name,
+                receipt,
+            )
         sketch = await asyncio.to_thread(msg.sketch_from_proto, request.sketch)
         entry, again = await asyncio.to_thread(
             self.catalog.publish, caller.name, request.spec, sketch

@@ -6,7 +6,7 @@ servicer (:mod:`dpmarket.curator.sketch_service`) is a thin adapter over it, and
 
 Specs come from declaration files (TOML, parsed with :mod:`tomllib`; the layout is documented in
 :meth:`dpmarket.common.sketches.spec.SketchDeclaration.from_mapping` and
-``deploy/sketches/flights.toml``) that ``dpmarket serve-curator --sketch-spec FILE`` reads. The
+``deploy/sketches/flights.toml``) that ``dpmarket curator serve --sketch-spec FILE`` reads. The
 first time a declaration is loaded the catalogue checks it against the curator's policy, draws its
 random parameters (RFF frequencies, RACE projections and offsets) from a CSPRNG-seeded generator, or
 from a seed only when one is given explicitly (``--sketch-seed``), and stores the specs, parameters
@@ -49,6 +49,7 @@ from dpmarket.runtime.sketch_messages import (
     spec_bytes,
     spec_from_bytes,
 )
+from dpmarket.v1 import privacy_pb2
 
 __all__ = ["LocalCatalogEndpoint", "SketchCatalog", "load_declaration"]
 
@@ -409,6 +410,8 @@ class LocalCatalogEndpoint:
         published, left = self.catalog.status(self.owner, name)
         return SpecStatus(self.catalog.spec(name), published, left)
 
-    def publish(self, spec: str, sketch: AnySketch) -> tuple[PublishedSketch, bool]:
-        """See :meth:`SketchCatalog.publish`."""
+    def publish(
+        self, spec: str, sketch: AnySketch, receipt: privacy_pb2.LedgerReceipt | None = None
+    ) -> tuple[PublishedSketch, bool]:
+        """See :meth:`SketchCatalog.publish` (in process: no curator keeps ``receipt``)."""
         return self.catalog.publish(self.owner, spec, sketch)

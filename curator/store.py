@@ -18,6 +18,10 @@ why:
   job), kept durably and presented when the next session or job with that owner opens, so that
   an owner whose ledger was restored from an older copy finds out (:mod:`dpmarket.owner.receipts`).
 
+Each table has its repository (:class:`SessionRecords`, :class:`ChargeRecords`,
+:class:`OwnerSpendRecords`, :class:`SettlementRecords`, :class:`OwnerReceipts`) on one
+:class:`StoreConnection`; :class:`CuratorStore` joins them with what spans several tables.
+
 On start, :meth:`CuratorStore.recover` marks every session still ``running`` as failed ("the
 curator restarted") and rebuilds its report from its charges and its owners' records (those not
 yet known marked so; the restarted curator then asks the owners,
@@ -31,6 +35,7 @@ import dataclasses
 import io
 import json
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -40,13 +45,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from dpmarket.common.privacy.accounting import PrivacyEvent
 from dpmarket.common.privacy.ledger import UNKNOWN_RESTARTED, Charge, SessionSpend
 from dpmarket.common.summarization.methods import config_from_json
 from dpmarket.common.summarization.session_ledger import SessionLedger
 from dpmarket.common.summarization.summary import SessionReport, SummaryResult
+from dpmarket.curator.settlement import SessionMarket, SignedSettlement
 from dpmarket.runtime.database import open_database, open_read_only, snapshot, transaction
+from dpmarket.v1 import privacy_pb2
 
 APPLICATION = "dpmarket-curator"
 DATABASE_FILE = "curator.sqlite3"
@@ -138,9 +146,61 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (session, owner)
     );
     """,
+    # 5 -> 6: the market (dpmarket.curator.settlement). What a session's settlement depends on,
+    # kept with the session when it opens; each settled session's signed statement (kept when
+    # its result expires: a record of what is owed), and each owner's signed part with when the
+    # owner recorded it (NULL: not yet delivered).
+    """
+    ALTER TABLE sessions ADD COLUMN market_json TEXT;
+    ALTER TABLE sessions ADD COLUMN payout_json TEXT;
+    CREATE TABLE statements (
+        session TEXT PRIMARY KEY REFERENCES sessions (id),
+        consumer TEXT NOT NULL,
+        statement BLOB NOT NULL,
+        signature BLOB NOT NULL,
+        total INTEGER NOT NULL,
+        settled_at REAL NOT NULL
+    );
+    CREATE INDEX statements_by_consumer ON statements (consumer, settled_at);
+    CREATE TABLE statement_deliveries (
+        session TEXT NOT NULL REFERENCES statements (session),
+        owner TEXT NOT NULL,
+        statement BLOB NOT NULL,
+        signature BLOB NOT NULL,
+        delivered_at REAL,
+        PRIMARY KEY (session, owner)
+    );
+    """,
 )
 
 Status = Literal["running", "done", "failed"]
+
+
+@dataclass(frozen=True)
+class StoredStatement:
+    """A settled session's statement as stored.
+
+    Attributes
+    ----------
+    session : str
+        The consumer's session id.
+    settled_at : float
+        Unix time, seconds.
+    data, signature : bytes
+        The statement's canonical bytes and the curator's signature.
+    total : int
+        What the consumer owes, micro-credits.
+    owners_recorded : int
+        How many owners have recorded their part.
+    """
+
+    session: str
+    settled_at: float
+    data: bytes
+    signature: bytes
+    total: int
+    owners_recorded: int
+
 
 #: What a restarted curator writes into the sessions it found running.
 RESTART_ERROR = "the curator restarted while the session was running"
@@ -216,8 +276,9 @@ def _result_from_blob(blob: bytes, report: SessionReport) -> SummaryResult:
         )
 
 
-class CuratorStore:
-    """The curator's SQLite database.
+class StoreConnection:
+    """The curator's SQLite database (``curator.sqlite3``), on which its tables' repositories
+    share one connection.
 
     Parameters
     ----------
@@ -250,7 +311,12 @@ class CuratorStore:
         with self._lock:
             self._conn.close()
 
-    # ------------------------------------------------------------------------------ writes
+
+class SessionRecords(StoreConnection):
+    """The ``sessions`` table: who created each session or job, under which idempotency key,
+    its status, its report and its result (a summary, or a JSON document for another
+    protocol's job) until it expires."""
+
     def create(
         self,
         session_id: str,
@@ -260,8 +326,9 @@ class CuratorStore:
         request_digest: str,
         method: str,
         config: dict[str, Any],
+        market: SessionMarket | None = None,
     ) -> None:
-        """Record a new running session.
+        """Record a new running session (with what its settlement depends on, if quoted).
 
         Raises
         ------
@@ -271,7 +338,8 @@ class CuratorStore:
         with self._lock, transaction(self._conn) as conn:
             conn.execute(
                 "INSERT INTO sessions (id, consumer, request_id, request_digest, method, "
-                "config_json, status, created_at) VALUES (?, ?, ?, ?, ?, ?, 'running', ?)",
+                "config_json, status, created_at, market_json) "
+                "VALUES (?, ?, ?, ?, ?, ?, 'running', ?, ?)",
                 (
                     session_id,
                     consumer,
@@ -280,111 +348,7 @@ class CuratorStore:
                     method,
                     json.dumps(config, sort_keys=True),
                     self._clock(),
-                ),
-            )
-
-    def record_charges(self, session_id: str, charges: Sequence[Charge]) -> None:
-        """Write charges durably (committed before this returns: charge, then release)."""
-        now = self._clock()
-        rows = [
-            (session_id, now, c.party, c.label, json.dumps(dataclasses.asdict(c.event)))
-            for c in charges
-        ]
-        with self._lock, transaction(self._conn) as conn:
-            conn.executemany(
-                "INSERT INTO charges (session, at, party, label, event_json) "
-                "VALUES (?, ?, ?, ?, ?)",
-                rows,
-            )
-
-    def owners_opened(self, session_id: str, owner_session: str, owners: Sequence[str]) -> None:
-        """Record that the session is open at ``owners`` under ``owner_session`` (what they
-        will charge it is not known yet)."""
-        now = self._clock()
-        with self._lock, transaction(self._conn) as conn:
-            conn.executemany(
-                "INSERT OR IGNORE INTO owner_spend (session, owner, owner_session, at) "
-                "VALUES (?, ?, ?, ?)",
-                [(session_id, owner, owner_session, now) for owner in owners],
-            )
-
-    def record_owner_spend(self, session_id: str, owner: str, spend: SessionSpend) -> None:
-        """Write what ``owner``'s ledger recorded for the session (or why it is unknown),
-        durably, as soon as the curator knows it; a row the session did not open first is
-        ignored (nothing to record it against)."""
-        with self._lock, transaction(self._conn) as conn:
-            conn.execute(
-                "UPDATE owner_spend SET epsilon = ?, delta = ?, points = ?, non_private = ?, "
-                "unknown = ?, at = ? WHERE session = ? AND owner = ?",
-                (
-                    spend.epsilon,
-                    spend.delta,
-                    spend.points,
-                    int(spend.non_private),
-                    spend.unknown,
-                    self._clock(),
-                    session_id,
-                    owner,
-                ),
-            )
-
-    def owner_spend(self, session_id: str) -> dict[str, SessionSpend | None]:
-        """What each owner the session was opened at recorded for it, by owner: its spend
-        (``unknown`` set when the curator has no record), or None while not known yet."""
-        with self._lock, snapshot(self._conn) as conn:
-            rows = conn.execute(
-                "SELECT owner, epsilon, delta, points, non_private, unknown FROM owner_spend "
-                "WHERE session = ? ORDER BY owner",
-                (session_id,),
-            ).fetchall()
-        out: dict[str, SessionSpend | None] = {}
-        for owner, epsilon, delta, points, non_private, unknown in rows:
-            if unknown is None:
-                out[owner] = None
-            elif unknown:
-                out[owner] = SessionSpend.unknown_because(unknown)
-            else:
-                out[owner] = SessionSpend(epsilon, delta, int(points), bool(non_private))
-        return out
-
-    def unrecorded_owner_sessions(self) -> list[tuple[str, str, str]]:
-        """``(session, owner, owner_session)`` of every owner whose record of a session a
-        restart interrupted (:meth:`recover`): what a restarted curator asks the owners for."""
-        with self._lock, snapshot(self._conn) as conn:
-            rows = conn.execute(
-                "SELECT session, owner, owner_session FROM owner_spend WHERE unknown = ? "
-                "ORDER BY session, owner",
-                (UNKNOWN_RESTARTED,),
-            ).fetchall()
-        return [(str(a), str(b), str(c)) for a, b, c in rows]
-
-    def refresh_owner_spend(self, session_id: str) -> None:
-        """Rewrite a finished session's stored report with the owners' records as they stand
-        (after a restarted curator got them); an expired report stays expired."""
-        stored = self.get(session_id)
-        if stored is None or stored.report is None:
-            return
-        spend = {o: s for o, s in self.owner_spend(session_id).items() if s is not None}
-        report = dataclasses.replace(stored.report, owner_spend=spend)
-        with self._lock, transaction(self._conn) as conn:
-            conn.execute(
-                "UPDATE sessions SET report_json = ? WHERE id = ? AND report_json IS NOT NULL",
-                (report_to_json(report), session_id),
-            )
-
-    def finish(self, session_id: str, result: SummaryResult, *, ttl: float) -> None:
-        """Mark a session done and store its summary until ``ttl`` seconds from now."""
-        now = self._clock()
-        with self._lock, transaction(self._conn) as conn:
-            conn.execute(
-                "UPDATE sessions SET status = 'done', finished_at = ?, expires_at = ?, "
-                "report_json = ?, result = ? WHERE id = ?",
-                (
-                    now,
-                    now + ttl,
-                    report_to_json(result.report),
-                    _result_to_blob(result),
-                    session_id,
+                    None if market is None else json.dumps(market.to_json(), sort_keys=True),
                 ),
             )
 
@@ -460,36 +424,6 @@ class CuratorStore:
                 (now, now + ttl, now + ttl, session_id),
             )
 
-    def recover(self, *, ttl: float) -> list[str]:
-        """Mark every running session failed (the curator restarted); keep its charges.
-
-        Its report (rebuilt from its charges and its owners' records: those not known yet are marked
-        :data:`~dpmarket.common.privacy.ledger.UNKNOWN_RESTARTED`, which the restarted curator asks
-        the owners for) expires ``ttl`` seconds from now, like any finished session's; the charges
-        stay.
-
-        Returns
-        -------
-        list of str
-            The ids of the sessions marked failed.
-        """
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT id, method FROM sessions WHERE status = 'running'"
-            ).fetchall()
-        recovered = []
-        for session_id, method in rows:
-            # Owners whose record the session had not got yet: marked, to ask them for it.
-            with self._lock, transaction(self._conn) as conn:
-                conn.execute(
-                    "UPDATE owner_spend SET unknown = ? WHERE session = ? AND unknown IS NULL",
-                    (UNKNOWN_RESTARTED, session_id),
-                )
-            report = self._report_from_charges(session_id, method, RESTART_ERROR)
-            self.fail(session_id, RESTART_ERROR, report, ttl=ttl)
-            recovered.append(session_id)
-        return recovered
-
     def expire(self) -> int:
         """Drop the summaries (and reports) of sessions past their expiry; keep rows and charges.
 
@@ -507,26 +441,6 @@ class CuratorStore:
                 (now,),
             )
             return int(cursor.rowcount)
-
-    def record_owner_receipt(self, owner: str, receipt: bytes) -> None:
-        """Keep ``receipt`` (a serialized LedgerReceipt) as the last one ``owner`` returned,
-        durably (committed before this returns), replacing the one held before."""
-        with self._lock, transaction(self._conn) as conn:
-            conn.execute(
-                "INSERT INTO owner_receipts (owner, receipt, received_at) VALUES (?, ?, ?) "
-                "ON CONFLICT (owner) DO UPDATE SET receipt = excluded.receipt, "
-                "received_at = excluded.received_at",
-                (owner, receipt, self._clock()),
-            )
-
-    # ------------------------------------------------------------------------------- reads
-    def owner_receipt(self, owner: str) -> bytes | None:
-        """The last ledger receipt ``owner`` returned (serialized LedgerReceipt), or None."""
-        with self._lock, snapshot(self._conn) as conn:
-            row = conn.execute(
-                "SELECT receipt FROM owner_receipts WHERE owner = ?", (owner,)
-            ).fetchone()
-        return None if row is None else bytes(row[0])
 
     def get(self, session_id: str) -> StoredSession | None:
         """A session row, or None."""
@@ -568,6 +482,42 @@ class CuratorStore:
             ).fetchone()
         return int(row[0])
 
+    @staticmethod
+    def _row(row: tuple[Any, ...]) -> StoredSession:
+        return StoredSession(
+            id=row[0],
+            consumer=row[1],
+            request_id=row[2],
+            request_digest=row[3],
+            status=row[4],
+            error=row[5],
+            created_at=row[6],
+            finished_at=row[7],
+            fetched_at=row[8],
+            expires_at=row[9],
+            report=None if row[10] is None else report_from_json(row[10]),
+            has_result=bool(row[11]),
+        )
+
+
+class ChargeRecords(StoreConnection):
+    """The ``charges`` table: every charge of every session's ledger, written before the
+    release it pays for; never deleted."""
+
+    def record_charges(self, session_id: str, charges: Sequence[Charge]) -> None:
+        """Write charges durably (committed before this returns: charge, then release)."""
+        now = self._clock()
+        rows = [
+            (session_id, now, c.party, c.label, json.dumps(dataclasses.asdict(c.event)))
+            for c in charges
+        ]
+        with self._lock, transaction(self._conn) as conn:
+            conn.executemany(
+                "INSERT INTO charges (session, at, party, label, event_json) "
+                "VALUES (?, ?, ?, ?, ?)",
+                rows,
+            )
+
     def charges(self, session_id: str) -> list[Charge]:
         """Every charge of a session, in the order written."""
         with self._lock, snapshot(self._conn) as conn:
@@ -578,6 +528,365 @@ class CuratorStore:
         return [
             Charge(party, label, PrivacyEvent(**json.loads(event))) for party, label, event in rows
         ]
+
+
+class OwnerSpendRecords(StoreConnection):
+    """The ``owner_spend`` table: at which owners each session was opened (under which
+    owner-side id) and what each owner's ledger recorded for it, or why it is not known."""
+
+    def owners_opened(self, session_id: str, owner_session: str, owners: Sequence[str]) -> None:
+        """Record that the session is open at ``owners`` under ``owner_session`` (what they
+        will charge it is not known yet)."""
+        now = self._clock()
+        with self._lock, transaction(self._conn) as conn:
+            conn.executemany(
+                "INSERT OR IGNORE INTO owner_spend (session, owner, owner_session, at) "
+                "VALUES (?, ?, ?, ?)",
+                [(session_id, owner, owner_session, now) for owner in owners],
+            )
+
+    def record_owner_spend(self, session_id: str, owner: str, spend: SessionSpend) -> None:
+        """Write what ``owner``'s ledger recorded for the session (or why it is unknown),
+        durably, as soon as the curator knows it; a row the session did not open first is
+        ignored (nothing to record it against)."""
+        with self._lock, transaction(self._conn) as conn:
+            conn.execute(
+                "UPDATE owner_spend SET epsilon = ?, delta = ?, points = ?, non_private = ?, "
+                "unknown = ?, at = ? WHERE session = ? AND owner = ?",
+                (
+                    spend.epsilon,
+                    spend.delta,
+                    spend.points,
+                    int(spend.non_private),
+                    spend.unknown,
+                    self._clock(),
+                    session_id,
+                    owner,
+                ),
+            )
+
+    def owner_spend(self, session_id: str) -> dict[str, SessionSpend | None]:
+        """What each owner the session was opened at recorded for it, by owner: its spend
+        (``unknown`` set when the curator has no record), or None while not known yet."""
+        with self._lock, snapshot(self._conn) as conn:
+            rows = conn.execute(
+                "SELECT owner, epsilon, delta, points, non_private, unknown FROM owner_spend "
+                "WHERE session = ? ORDER BY owner",
+                (session_id,),
+            ).fetchall()
+        out: dict[str, SessionSpend | None] = {}
+        for owner, epsilon, delta, points, non_private, unknown in rows:
+            if unknown is None:
+                out[owner] = None
+            elif unknown:
+                out[owner] = SessionSpend.unknown_because(unknown)
+            else:
+                out[owner] = SessionSpend(epsilon, delta, int(points), bool(non_private))
+        return out
+
+    def unrecorded_owner_sessions(self) -> list[tuple[str, str, str]]:
+        """``(session, owner, owner_session)`` of every owner whose record of a finished session
+        is unknown (a restart interrupted the session, :meth:`recover`, or the owner could not
+        be reached when it closed): what the curator asks the owners for, at a restart and in
+        the background, until it has every record its settlement needs."""
+        with self._lock, snapshot(self._conn) as conn:
+            rows = conn.execute(
+                "SELECT o.session, o.owner, o.owner_session FROM owner_spend o "
+                "JOIN sessions s ON s.id = o.session "
+                "WHERE o.unknown IS NOT NULL AND o.unknown != '' AND s.status != 'running' "
+                "ORDER BY o.session, o.owner"
+            ).fetchall()
+        return [(str(a), str(b), str(c)) for a, b, c in rows]
+
+
+class SettlementRecords(StoreConnection):
+    """The ``statements`` and ``statement_deliveries`` tables (each session's signed statement,
+    and each owner's part until its owner recorded it), with what a settlement reads of the
+    ``sessions`` table: its market terms and its payout release."""
+
+    @staticmethod
+    def _insert_settlement(
+        conn: sqlite3.Connection, session_id: str, settlement: SignedSettlement, now: float
+    ) -> None:
+        statement = settlement.statement
+        conn.execute(
+            "INSERT INTO statements (session, consumer, statement, signature, total, settled_at) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                session_id,
+                statement.header.consumer,
+                settlement.data,
+                settlement.signature,
+                statement.total,
+                now,
+            ),
+        )
+        conn.executemany(
+            "INSERT INTO statement_deliveries (session, owner, statement, signature) "
+            "VALUES (?, ?, ?, ?)",
+            [(session_id, o, data, sig) for o, (data, sig) in sorted(settlement.owners.items())],
+        )
+
+    def record_settlement(self, session_id: str, settlement: SignedSettlement) -> bool:
+        """Store a session's settlement (one per session, durably).
+
+        Returns
+        -------
+        bool
+            False if the session was settled already (nothing changed).
+        """
+        with self._lock, transaction(self._conn) as conn:
+            row = conn.execute(
+                "SELECT 1 FROM statements WHERE session = ?", (session_id,)
+            ).fetchone()
+            if row is not None:
+                return False
+            self._insert_settlement(conn, session_id, settlement, self._clock())
+        return True
+
+    def market(self, session_id: str) -> SessionMarket | None:
+        """What the session's settlement depends on (None: it was not quoted)."""
+        with self._lock, snapshot(self._conn) as conn:
+            row = conn.execute(
+                "SELECT market_json FROM sessions WHERE id = ?", (session_id,)
+            ).fetchone()
+        if row is None or row[0] is None:
+            return None
+        return SessionMarket.from_json(json.loads(row[0]))
+
+    def payout(self, session_id: str) -> dict[str, Any] | None:
+        """A done session's stored payout release (None: none)."""
+        with self._lock, snapshot(self._conn) as conn:
+            row = conn.execute(
+                "SELECT payout_json FROM sessions WHERE id = ?", (session_id,)
+            ).fetchone()
+        if row is None or row[0] is None:
+            return None
+        payout: dict[str, Any] = json.loads(row[0])
+        return payout
+
+    def unsettled(self) -> list[str]:
+        """Finished (done or failed) quoted sessions without a statement, oldest first."""
+        with self._lock, snapshot(self._conn) as conn:
+            rows = conn.execute(
+                "SELECT id FROM sessions WHERE market_json IS NOT NULL AND status != 'running' "
+                "AND id NOT IN (SELECT session FROM statements) ORDER BY created_at"
+            ).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def undelivered(self) -> list[tuple[str, str, bytes, bytes]]:
+        """``(session, owner, statement, signature)`` of every owner's part not yet recorded by
+        its owner, oldest statement first."""
+        with self._lock, snapshot(self._conn) as conn:
+            rows = conn.execute(
+                "SELECT d.session, d.owner, d.statement, d.signature FROM statement_deliveries d "
+                "JOIN statements s ON s.session = d.session WHERE d.delivered_at IS NULL "
+                "ORDER BY s.settled_at, d.owner"
+            ).fetchall()
+        return [(str(a), str(b), bytes(c), bytes(d)) for a, b, c, d in rows]
+
+    def mark_delivered(self, session_id: str, owner: str) -> None:
+        """Record that ``owner`` recorded its part of the session's statement."""
+        with self._lock, transaction(self._conn) as conn:
+            conn.execute(
+                "UPDATE statement_deliveries SET delivered_at = COALESCE(delivered_at, ?) "
+                "WHERE session = ? AND owner = ?",
+                (self._clock(), session_id, owner),
+            )
+
+    def statements(
+        self, consumer: str, *, session_id: str | None = None, limit: int | None = None
+    ) -> list[StoredStatement]:
+        """The consumer's statements, newest first (only ``session_id``'s, if given)."""
+        where, params = "WHERE s.consumer = ?", [consumer]
+        if session_id is not None:
+            where += " AND s.session = ?"
+            params.append(session_id)
+        sql = (
+            "SELECT s.session, s.settled_at, s.statement, s.signature, s.total, "
+            "(SELECT COUNT(*) FROM statement_deliveries d WHERE d.session = s.session "
+            "AND d.delivered_at IS NOT NULL) FROM statements s "
+            f"{where} ORDER BY s.settled_at DESC, s.session"
+        )
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        with self._lock, snapshot(self._conn) as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return [
+            StoredStatement(str(a), float(b), bytes(c), bytes(d), int(e), int(f))
+            for a, b, c, d, e, f in rows
+        ]
+
+    def statement_total(self, session_id: str) -> int | None:
+        """The settled cost of a session, micro-credits (None: not settled)."""
+        with self._lock, snapshot(self._conn) as conn:
+            row = conn.execute(
+                "SELECT total FROM statements WHERE session = ?", (session_id,)
+            ).fetchone()
+        return None if row is None else int(row[0])
+
+
+class OwnerReceipts(StoreConnection):
+    """The ``owner_receipts`` table: the last ledger receipt each owner returned (a
+    :class:`dpmarket.curator.owners.ReceiptBook`)."""
+
+    def record_owner_receipt(self, owner: str, receipt: bytes, *, only_later: bool = False) -> None:
+        """Keep ``receipt`` (a serialized LedgerReceipt) as the last one ``owner`` returned,
+        durably (committed before this returns), replacing the one held before.
+
+        With ``only_later`` (a receipt the owner sent unasked, with a publication, before it
+        was shown the one held here), it replaces the held receipt only when that one names the
+        same ledger at an earlier charge: a ledger restored from an older copy could otherwise
+        overwrite the receipt that reveals the rollback with one of its own. A receipt of
+        another ledger is kept only from a session's open or close, which the owner answers
+        after checking the held receipt.
+        """
+        with self._lock, transaction(self._conn) as conn:
+            if only_later:
+                row = conn.execute(
+                    "SELECT receipt FROM owner_receipts WHERE owner = ?", (owner,)
+                ).fetchone()
+                if row is not None and not _later_receipt(bytes(row[0]), receipt):
+                    return
+            conn.execute(
+                "INSERT INTO owner_receipts (owner, receipt, received_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (owner) DO UPDATE SET receipt = excluded.receipt, "
+                "received_at = excluded.received_at",
+                (owner, receipt, self._clock()),
+            )
+
+    def owner_receipt(self, owner: str) -> bytes | None:
+        """The last ledger receipt ``owner`` returned (serialized LedgerReceipt), or None."""
+        with self._lock, snapshot(self._conn) as conn:
+            row = conn.execute(
+                "SELECT receipt FROM owner_receipts WHERE owner = ?", (owner,)
+            ).fetchone()
+        return None if row is None else bytes(row[0])
+
+
+def _later_receipt(held: bytes, new: bytes) -> bool:
+    """Whether serialized receipt ``new`` names the ledger ``held`` names at a later charge
+    (both read without their signatures, which only the owner can check: a false claim can
+    only keep this curator's receipt newer, which the owner then refuses as a rollback)."""
+    state = privacy_pb2.LedgerState
+    try:
+        before = state.FromString(privacy_pb2.LedgerReceipt.FromString(held).state)
+        after = state.FromString(privacy_pb2.LedgerReceipt.FromString(new).state)
+    except DecodeError:
+        return False
+    return bool(before.ledger_id) and (
+        after.ledger_id == before.ledger_id and after.sequence > before.sequence
+    )
+
+
+class CuratorStore(
+    SessionRecords, ChargeRecords, OwnerSpendRecords, SettlementRecords, OwnerReceipts
+):
+    """The curator's durable state: its tables' repositories on one connection
+    (:class:`StoreConnection`, whose parameters it takes), and what spans several tables —
+    a session's finish with its settlement in one transaction, a restart's recovery, a
+    report refreshed from the owners' records, the points a settlement pays for."""
+
+    def refresh_owner_spend(self, session_id: str) -> None:
+        """Rewrite a finished session's stored report with the owners' records as they stand
+        (after a restarted curator got them) and its settled cost; an expired report stays
+        expired."""
+        stored = self.get(session_id)
+        if stored is None or stored.report is None:
+            return
+        spend = {o: s for o, s in self.owner_spend(session_id).items() if s is not None}
+        cost = self.statement_total(session_id)
+        report = dataclasses.replace(
+            stored.report,
+            owner_spend=spend,
+            owner_points_accessed=max(stored.report.owner_points_accessed, _points_released(spend)),
+            cost=cost,
+        )
+        with self._lock, transaction(self._conn) as conn:
+            conn.execute(
+                "UPDATE sessions SET report_json = ? WHERE id = ? AND report_json IS NOT NULL",
+                (report_to_json(report), session_id),
+            )
+
+    def finish(
+        self,
+        session_id: str,
+        result: SummaryResult,
+        *,
+        ttl: float,
+        settlement: SignedSettlement | None = None,
+        payout: dict[str, Any] | None = None,
+    ) -> None:
+        """Mark a session done and store its summary until ``ttl`` seconds from now, and its
+        settlement (statement and owners' parts) and payout release (what a later settlement
+        needs of it: :func:`~dpmarket.common.market.terms.release_to_json`) in the same
+        transaction."""
+        now = self._clock()
+        with self._lock, transaction(self._conn) as conn:
+            if settlement is not None:
+                self._insert_settlement(conn, session_id, settlement, now)
+            if payout is not None:
+                conn.execute(
+                    "UPDATE sessions SET payout_json = ? WHERE id = ?",
+                    (json.dumps(payout, sort_keys=True), session_id),
+                )
+            conn.execute(
+                "UPDATE sessions SET status = 'done', finished_at = ?, expires_at = ?, "
+                "report_json = ?, result = ? WHERE id = ?",
+                (
+                    now,
+                    now + ttl,
+                    report_to_json(result.report),
+                    _result_to_blob(result),
+                    session_id,
+                ),
+            )
+
+    def delivered_points(self, session_id: str) -> dict[str, int] | None:
+        """Points of each owner in a done session's summary (from its stored result or
+        report); {} for a failed session; None when no longer known (expired)."""
+        stored = self.get(session_id)
+        if stored is None:
+            return None
+        if stored.status == "failed":
+            return {}
+        result = self.result(session_id)
+        if result is None:
+            return None
+        counts: dict[str, int] = {}
+        for owner in result.owner_ids:
+            counts[owner] = counts.get(owner, 0) + 1
+        return counts
+
+    def recover(self, *, ttl: float) -> list[str]:
+        """Mark every running session failed (the curator restarted); keep its charges.
+
+        Its report (rebuilt from its charges and its owners' records: those not known yet are marked
+        :data:`~dpmarket.common.privacy.ledger.UNKNOWN_RESTARTED`, which the restarted curator asks
+        the owners for) expires ``ttl`` seconds from now, like any finished session's; the charges
+        stay.
+
+        Returns
+        -------
+        list of str
+            The ids of the sessions marked failed.
+        """
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT id, method FROM sessions WHERE status = 'running'"
+            ).fetchall()
+        recovered = []
+        for session_id, method in rows:
+            # Owners whose record the session had not got yet: marked, to ask them for it.
+            with self._lock, transaction(self._conn) as conn:
+                conn.execute(
+                    "UPDATE owner_spend SET unknown = ? WHERE session = ? AND unknown IS NULL",
+                    (UNKNOWN_RESTARTED, session_id),
+                )
+            report = self._report_from_charges(session_id, method, RESTART_ERROR)
+            self.fail(session_id, RESTART_ERROR, report, ttl=ttl)
+            recovered.append(session_id)
+        return recovered
 
     def _report_from_charges(self, session_id: str, method: str, error: str) -> SessionReport:
         from dpmarket.common.privacy.ledger import PrivacyLedger
@@ -603,11 +912,12 @@ class CuratorStore:
                 )
                 reports[party] = book.report()
         ledger = SessionLedger(reports.get("validation"), reports.get("owners"))
+        spend = {o: s for o, s in self.owner_spend(session_id).items() if s is not None}
         return SessionReport(
             method=method,  # type: ignore[arg-type]
             summary_size=0,
             rounds=0,
-            owner_points_accessed=0,
+            owner_points_accessed=_points_released(spend),
             validation_points_accessed=0,
             all_owners_bound=0,
             paper_bound=0.0,
@@ -615,26 +925,7 @@ class CuratorStore:
             ledger=ledger,
             wall_time_seconds=0.0,
             error=error,
-            owner_spend={
-                o: spend for o, spend in self.owner_spend(session_id).items() if spend is not None
-            },
-        )
-
-    @staticmethod
-    def _row(row: tuple[Any, ...]) -> StoredSession:
-        return StoredSession(
-            id=row[0],
-            consumer=row[1],
-            request_id=row[2],
-            request_digest=row[3],
-            status=row[4],
-            error=row[5],
-            created_at=row[6],
-            finished_at=row[7],
-            fetched_at=row[8],
-            expires_at=row[9],
-            report=None if row[10] is None else report_from_json(row[10]),
-            has_result=bool(row[11]),
+            owner_spend=spend,
         )
 
 
@@ -784,3 +1075,10 @@ class CuratorRecords:
 def _like(prefix: str) -> str:
     """``prefix`` with LIKE's wildcards escaped."""
     return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def _points_released(spend: dict[str, SessionSpend]) -> int:
+    """Raw points the owners' records say they released to a session (a record the curator does
+    not have counts 0): a report rebuilt after a restart counts the points from these, as the
+    session itself counted them while it ran."""
+    return sum(s.points for s in spend.values() if not s.unknown)

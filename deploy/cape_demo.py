@@ -42,6 +42,7 @@ from dpmarket.common.cape.mean import mean_baseline
 from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from dpmarket.common.privacy.noise import SeededNoise
 from dpmarket.common.privacy.rng import make_rng
+from dpmarket.consumer.cape_report import CapeReport
 from dpmarket.curator.cape import owner_seeds
 from dpmarket.deploy.launcher import POLICIES, LocalCluster, budget_table, owner_budgets
 from dpmarket.experiments.cape_data import (
@@ -146,12 +147,12 @@ def _mean_rows(
 ) -> list[dict[str, Any]]:
     sites = [values[p] for p in parts]
     exact = values.mean(axis=0)
-    stds = cape.report["baseline_noise_std"]
+    stds = cape.report.baseline_noise_std
     rows = [
         {
             "method": "CAPE (owners over gRPC)",
             "l2_error": float(np.linalg.norm(cape.mean - exact)),
-            "noise_std": cape.report["aggregator_noise_std"],
+            "noise_std": cape.report.aggregator_noise_std,
         }
     ]
     for k, method in enumerate(("pooled", "conv", "local")):
@@ -219,14 +220,14 @@ def _table(title: str, rows: list[dict[str, Any]], columns: dict[str, str]) -> R
     return table
 
 
-def _guarantee(report: dict[str, Any], epsilon: float) -> str:
-    theorem1 = report["delta_theorem1"]
+def _guarantee(report: CapeReport, epsilon: float) -> str:
+    theorem1 = report.delta_theorem1
     return (
-        f"every owner ({epsilon:.6g}, {report['delta_exact']:.3g})-DP against the curator and "
-        f"{report['colluders']} colluding owner(s) by the exact privacy profile"
+        f"every owner ({epsilon:.6g}, {report.delta_exact:.3g})-DP against the curator and "
+        f"{report.colluders} colluding owner(s) by the exact privacy profile"
         + (f", Theorem 1's bound gives delta {theorem1:.3g}" if theorem1 is not None else "")
         + "; seconds "
-        + ", ".join(f"{k} {v:.3f}" for k, v in report["seconds"].items())
+        + ", ".join(f"{k} {v:.3f}" for k, v in report.seconds.items())
     )
 
 
@@ -334,23 +335,23 @@ def run_cape_demo(
             {"cross_entropy": "cross-entropy", "accuracy": "accuracy %"},
         )
     )
-    console.print(_guarantee(network.report, network.report["epsilon"]))
+    console.print(_guarantee(network.report, network.report.epsilon))
     console.print(budget_table(spam_budgets))
 
     report = {
         "diamonds": {
             "rows": len(frame),
-            "mean": {"estimate": cape_mean.by_column, "report": cape_mean.report},
+            "mean": {"estimate": cape_mean.by_column, "report": cape_mean.report.to_json()},
             "mean_comparison": mean_rows,
-            "linreg": {"report": fit.report},
+            "linreg": {"report": fit.report.to_json()},
             "linreg_comparison": linreg_rows,
             "owner_budgets": diamonds_budgets,
         },
         "spam": {
             "rows": len(spam),
-            "logreg": {"report": logreg.report},
+            "logreg": {"report": logreg.report.to_json()},
             "logreg_comparison": logreg_rows,
-            "train": {"report": network.report},
+            "train": {"report": network.report.to_json()},
             "train_comparison": train_rows,
             "owner_budgets": spam_budgets,
         },

@@ -112,6 +112,10 @@ _OWNER = Group(
             "dpmarket.owner.cli:ledger",
             "What the owner's data has been charged, and what is left.",
         ),
+        "earnings": Command(
+            "dpmarket.owner.cli:earnings_command",
+            "What the owner has earned: the statements it checked (offline).",
+        ),
     },
 )
 
@@ -164,6 +168,10 @@ _CONSUMER = Group(
         ),
         "sketches": Command(
             "dpmarket.consumer.cli:list_command", "The sketches the owners have published."
+        ),
+        "statements": Command(
+            "dpmarket.consumer.cli:statements_command",
+            "What each session cost, owner by owner (signed statements).",
         ),
         "cape": _CAPE,
     },

@@ -55,7 +55,8 @@ def demo(
     in_process: bool,
     wide: bool,
 ) -> None:
-    """Launch curator, owners and consumer as processes and compare private, greedy, uniform."""
+    """Launch curator, owners and consumer as processes; compare every private method with a
+    uniform sample and the non-private greedy references."""
     from dpmarket.deploy.launcher import run_demo
 
     try:

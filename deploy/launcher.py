@@ -1,8 +1,8 @@
 """Local multi-process launcher: owners and a curator as separate OS processes on loopback.
 
 :class:`LocalCluster` issues the deployment's certificates (a CA, the curator, every owner and a
-consumer), then starts one ``dpmarket serve-owner`` process per owner data file and one
-``dpmarket serve-curator`` process, all over mTLS, each with its own state directory (ledger,
+consumer), then starts one ``dpmarket owner serve`` process per owner data file and one
+``dpmarket curator serve`` process, all over mTLS, each with its own state directory (ledger,
 sessions) and policy, each binding port 0 and reporting its real port through a file;
 :func:`run_demo` drives it as a consumer (``make demo``).
 """
@@ -40,17 +40,18 @@ from dpmarket.common.summarization.methods import (
 )
 from dpmarket.common.summarization.session_ledger import SketchAllocationReport
 from dpmarket.common.summarization.summary import SummaryResult
+from dpmarket.deploy.local import DRAFT_NOTES, draft_owner_policy
 from dpmarket.deploy.pki import init_ca, issue_all, owner_pins
 from dpmarket.experiments.runner import exact_greedy_summary, owner_sketch_seed
-from dpmarket.owner.data import feature_columns
-from dpmarket.owner.policy import OwnerPolicy, load_owner_policy
+from dpmarket.owner.policy import load_owner_policy
 from dpmarket.runtime.cli import progress_printer
 from dpmarket.runtime.identity import CA_CERT, Identity, identity_files
+from dpmarket.runtime.tables import feature_columns
 from dpmarket.runtime.transport import TransportSecurity
 
 #: Seconds to wait for a service to report its port.
 START_TIMEOUT_SECONDS = 60.0
-#: Seconds an owner's ``dpmarket sketch publish`` may take.
+#: Seconds an owner's ``dpmarket owner publish`` may take.
 PUBLISH_TIMEOUT_SECONDS = 300.0
 
 
@@ -66,7 +67,7 @@ class LocalCluster:
     Parameters
     ----------
     owner_files : sequence of path
-        One data file per owner (any format ``dpmarket serve-owner --data`` reads), or empty
+        One data file per owner (any format ``dpmarket owner serve --data`` reads), or empty
         when the owners hold tables only.
     owner_ids : sequence of str
         Owner names, one per file (their certificates' names).
@@ -77,10 +78,13 @@ class LocalCluster:
         (each owner's ledger) and ``curator/`` (sessions and charges). Default: a temporary
         directory removed on exit.
     owner_policy, curator_policy : path, optional
-        Policy files of every owner and of the curator (default: built-in defaults). With
-        certificates, each owner gets ``owner_policy`` with a ``[peers]`` section added: the
-        public-key pins of every owner of the cluster and of ``peer_owners``
-        (:attr:`owner_policy_file`), as ``dpmarket init`` writes them.
+        Policy files of every owner and of the curator. The owners' default is the policy
+        ``dpmarket init`` drafts (:func:`dpmarket.deploy.local.draft_owner_policy`: the
+        built-in defaults, and the candidates methods served, since the cluster's operator
+        runs its curator); the curator's, the built-in defaults. With certificates, each owner
+        gets its policy with a ``[peers]`` section added: the public-key pins of every owner of
+        the cluster and of ``peer_owners`` (:attr:`owner_policy_file`), as ``dpmarket init``
+        writes them.
     allow_seeded_sessions : bool
         Passed to the curator and the owners (reproducible runs).
     owner_timeout : float
@@ -89,16 +93,16 @@ class LocalCluster:
         Names of the consumer certificates to issue (the first is :meth:`consumer_security`'s
         default).
     owner_tables : sequence of path, optional
-        One table per owner (``dpmarket serve-owner --table``) for CAPE jobs.
+        One table per owner (``dpmarket owner serve --table``) for CAPE jobs.
     owner_binary_columns : sequence of str
-        Columns every owner declares 0/1 (``serve-owner --binary-column``): the targets CAPE
+        Columns every owner declares 0/1 (``owner serve --binary-column``): the targets CAPE
         logistic regressions and trainings may use.
     peer_owners : sequence of str
         Owners the cluster does not run (a test plays them in-process) that are issued
         certificates and pinned in every owner's ``[peers]``, as an owner the operators agreed
         on would be.
     owners_per_process : int
-        1 (default): one ``dpmarket serve-owner`` process per owner, as in a deployment. More:
+        1 (default): one ``dpmarket owner serve`` process per owner, as in a deployment. More:
         owners are served in groups of that many per process (:mod:`dpmarket.deploy.owner_group`),
         each still with its own gRPC server, port, certificate, policy and ledger: for many owners
         on one machine (an owner process takes ~240 MB). :meth:`kill_owner` is then refused.
@@ -106,12 +110,12 @@ class LocalCluster:
         Plaintext gRPC with no certificates (``--insecure`` on every service): only to measure
         what mTLS costs (``make bench``).
     sketch_specs : sequence of path, optional
-        Sketch declarations for the curator's catalogue (``serve-curator --sketch-spec``).
+        Sketch declarations for the curator's catalogue (``curator serve --sketch-spec``).
     sketch_seed : int, optional
-        Seed of the catalogue's new specs (``serve-curator --sketch-seed``).
+        Seed of the catalogue's new specs (``curator serve --sketch-seed``).
     allocation_sketch_spec : str, optional
         The RFF spec whose sketches the candidates method's allocation reads
-        (``serve-curator --allocation-sketch-spec``).
+        (``curator serve --allocation-sketch-spec``).
     init_ledgers : bool
         True (default): create the ledger of every owner whose data directory holds none, bound
         to its certificate, as a new deployment's set-up does (``dpmarket owner ledger init``);
@@ -221,22 +225,25 @@ class LocalCluster:
     @property
     def owner_policy_file(self) -> str | None:
         """The policy file every owner command of the cluster gets (``--policy``): with
-        certificates, ``owner_policy`` (or the defaults) with the ``[peers]`` pins of every owner
-        of the cluster and of ``peer_owners``, written into the state directory; plaintext
-        clusters pass ``owner_policy`` as it is (no CAPE without certificates)."""
-        if self.insecure:
+        certificates, ``owner_policy`` (or the drafted policy) with the ``[peers]`` pins of every
+        owner of the cluster and of ``peer_owners``, written into the state directory; plaintext
+        clusters pass ``owner_policy`` as it is (no CAPE without certificates), or the drafted
+        policy written there."""
+        if self.insecure and self.owner_policy is not None:
             return self.owner_policy
         return str(self.state_dir / "owner-policy.toml")
 
     def _write_owner_policy(self) -> None:
-        """Write :attr:`owner_policy_file`: the owners pin each other's keys, as ``dpmarket
-        init`` makes them."""
-        base = OwnerPolicy() if self.owner_policy is None else load_owner_policy(self.owner_policy)
-        pins = owner_pins(self.pki_dir, [*self.owner_ids, *self.peer_owners])
-        policy = dataclasses.replace(base, peers=tuple(pins.items()))
+        """Write :attr:`owner_policy_file`: the owners pin each other's keys (with
+        certificates), as ``dpmarket init`` makes them."""
+        drafted = self.owner_policy is None
+        base = draft_owner_policy() if drafted else load_owner_policy(str(self.owner_policy))
+        if not self.insecure:
+            pins = owner_pins(self.pki_dir, [*self.owner_ids, *self.peer_owners])
+            base = dataclasses.replace(base, peers=tuple(pins.items()))
         path = Path(str(self.owner_policy_file))
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(policy.to_toml(), encoding="utf-8")
+        path.write_text(base.to_toml(DRAFT_NOTES if drafted else None), encoding="utf-8")
 
     def owner_security(self, owner_id: str) -> TransportSecurity:
         """mTLS credentials of an owner of the cluster (plaintext if insecure)."""
@@ -301,7 +308,7 @@ class LocalCluster:
         raise UnavailableError(f"{name} did not start within {START_TIMEOUT_SECONDS:.0f} s")
 
     def _owner_args(self, i: int, owner_id: str) -> list[str]:
-        """``serve-owner`` arguments of owner ``i`` (``--port-file`` apart)."""
+        """``owner serve`` arguments of owner ``i`` (``--port-file`` apart)."""
         args = ["--port", "0"]
         if self.owner_files:
             args += ["--data", self.owner_files[i]]
@@ -321,6 +328,7 @@ class LocalCluster:
         """Issue the certificates, start every owner, then the curator pointed at them."""
         if not self.insecure:
             self.issue_certificates()
+        if not (self.insecure and self.owner_policy is not None):
             self._write_owner_policy()
         if self.init_ledgers:
             self.create_ledgers()
@@ -392,7 +400,7 @@ class LocalCluster:
     def publish_sketches(
         self, tables: Mapping[str, str | os.PathLike[str]], out_dir: Path, *, seed: int | None
     ) -> dict[str, dict[str, Any]]:
-        """Run ``dpmarket sketch publish`` for every owner at once, one OS process each, as each
+        """Run ``dpmarket owner publish`` for every owner at once, one OS process each, as each
         owner's operator would: the owner's table, data directory (ledger) and policy, its
         certificate, against the running curator's catalogue.
 
@@ -448,7 +456,7 @@ class LocalCluster:
                 code = -1
             if code != 0:
                 raise UnavailableError(
-                    f"dpmarket sketch publish for {owner} failed (exit {code}); see "
+                    f"dpmarket owner publish for {owner} failed (exit {code}); see "
                     f"{self.log_dir / f'publish-{owner}.log'}"
                 )
             results[owner] = json.loads(out.read_text(encoding="utf-8"))
@@ -478,6 +486,27 @@ class LocalCluster:
         process = self.owner_processes[index]
         process.kill()
         process.wait()
+
+    def restart_owner(self, index: int) -> None:
+        """Start again, on the same port and data directory, an owner :meth:`kill_owner`
+        killed (a machine back after a crash; the curator reaches it at the same address).
+
+        Raises
+        ------
+        ValueError
+            If owners share processes, or the owner is still running.
+        """
+        if self.owners_per_process > 1:
+            raise ValueError("owners share processes: restart the whole group instead")
+        if self.owner_processes[index].poll() is None:
+            raise ValueError(f"owner {self.owner_ids[index]} is still running")
+        owner_id = self.owner_ids[index]
+        port = self.owner_targets[index].rsplit(":", 1)[1]
+        args = self._owner_args(index, owner_id)
+        args[args.index("--port") + 1] = port
+        process, port_file = self._spawn(owner_id, ["owner", "serve", *args])
+        self.owner_processes[index] = process
+        self._wait_port(owner_id, process, port_file)
 
     def stop(self) -> None:
         """Stop every process: SIGTERM (graceful), then SIGKILL after 10 s."""
@@ -592,7 +621,7 @@ def sketch_declaration_toml(
     delta: float = 1e-6,
     description: str = "",
 ) -> str:
-    """A catalogue declaration (``serve-curator --sketch-spec``) for a scenario's summarization
+    """A catalogue declaration (``curator serve --sketch-spec``) for a scenario's summarization
     features: one RFF map over the columns ``f0, f1, ...`` of the owners' tables.
 
     Parameters

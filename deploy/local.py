@@ -53,10 +53,10 @@ import numpy as np
 from dpmarket.common.errors import DPMarketError, InvalidArgumentError, UnavailableError
 from dpmarket.common.schema import draft_schema
 from dpmarket.deploy.pki import init_ca, issue_all, owner_pins
-from dpmarket.owner.data import load_table
 from dpmarket.owner.ledger_admin import init_ledger
 from dpmarket.owner.policy import POLICY_FILE, OwnerPolicy
 from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.tables import load_table
 from dpmarket.runtime.transport import TransportSecurity
 
 __all__ = [
@@ -64,10 +64,12 @@ __all__ = [
     "ALLOCATION_FILE",
     "CA_DIR",
     "DEPLOYMENT_FILE",
+    "DRAFT_NOTES",
     "AllocationSketch",
     "Deployment",
     "Started",
     "down",
+    "draft_owner_policy",
     "init_deployment",
     "publish_allocation_sketches",
     "service_pki_dir",
@@ -91,6 +93,21 @@ _CURATOR_COMMANDS = ("curator serve", "serve-curator")
 _OWNER_COMMANDS = ("owner serve", "serve-owner")
 #: The CA's folder in a deployment (``ca.crt``, ``ca.key``): read by ``dpmarket pki issue`` only.
 CA_DIR = "ca"
+#: What a drafted owner policy says above the keys it sets away from the production defaults
+#: (:meth:`dpmarket.owner.policy.OwnerPolicy.to_toml`'s ``notes``).
+DRAFT_NOTES = {
+    "allow_steered_selection": (
+        "true: this deployment is one operator's (`dpmarket init` built the curator, every owner\n"
+        "and their certificates in one folder), and its default method, candidates, needs it.\n"
+        "What it reveals: this owner sends the rows its local greedy finds most relevant to a\n"
+        "validation embedding and h1 parameters the curator chooses. Each row is charged as a\n"
+        "raw point; its being chosen is not: a curator steering the greedy receives, e.g., the\n"
+        "row with a column's largest value and learns that it beats every other row on that\n"
+        "column, for at most min(session.points, floor(session.points_fraction * rows)) rows a\n"
+        "session. Set false when someone else runs the curator: this owner then serves the\n"
+        "uniform method only and refuses candidates sessions when they open, charging nothing."
+    ),
+}
 
 
 def service_pki_dir(identity: Identity) -> Path:
@@ -255,6 +272,29 @@ def _read_owner_tables(owners: Mapping[str, Path]) -> tuple[list[str], np.ndarra
     return names, np.concatenate(blocks), [b.shape[0] for b in blocks]
 
 
+def draft_owner_policy(peers: Sequence[tuple[str, str]] = ()) -> OwnerPolicy:
+    """The policy drafted for an owner of a deployment one operator builds for itself.
+
+    ``dpmarket init`` writes it into every owner's data directory (with :data:`DRAFT_NOTES`),
+    and :class:`dpmarket.deploy.launcher.LocalCluster` runs its owners under it when given no
+    policy. The production defaults (:class:`~dpmarket.owner.policy.OwnerPolicy`), except
+    ``access.allow_steered_selection = true``: the one operator runs the curator too, and the
+    tutorial's default method (candidates) picks its rows along the curator's embedding, which
+    an owner serves only with that key (:func:`dpmarket.owner.terms.check_steered_selection`).
+    Exact bids and non-private sessions stay refused.
+
+    Parameters
+    ----------
+    peers : sequence of (str, str)
+        The owners accepted as CAPE peers, each with the pin of its public key.
+
+    Returns
+    -------
+    OwnerPolicy
+    """
+    return OwnerPolicy(curators=(CURATOR,), allow_steered_selection=True, peers=tuple(peers))
+
+
 def init_deployment(
     directory: str | os.PathLike[str],
     owners: Mapping[str, str | os.PathLike[str]],
@@ -352,8 +392,8 @@ def init_deployment(
         state = root / "owners" / owner
         state.mkdir(parents=True, exist_ok=True)
         peers = tuple((o, pin) for o, pin in pins.items() if o != owner)
-        policy = OwnerPolicy(curators=(CURATOR,), peers=peers)
-        (state / POLICY_FILE).write_text(policy.to_toml(), "utf-8")
+        policy = draft_owner_policy(peers)
+        (state / POLICY_FILE).write_text(policy.to_toml(DRAFT_NOTES), "utf-8")
         # The owner's ledger, created now and bound to its certificate: no owner command
         # creates one, so a ledger lost later is refused rather than started again.
         identity = Identity("owner", owner)

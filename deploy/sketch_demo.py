@@ -310,10 +310,10 @@ def _in_process(
 ) -> tuple[list[SketchSpec], dict[str, list[PublishedSketch]], dict[str, Any], dict[str, Any]]:
     """Publication with every party in this process: the same code as over gRPC, minus gRPC."""
     from dpmarket.curator.sketches import SketchCatalog
-    from dpmarket.owner.data import Table
     from dpmarket.owner.ledger import OwnerLedger
     from dpmarket.owner.policy import load_owner_policy
     from dpmarket.owner.sketches import SketchPublisher, publish_to
+    from dpmarket.runtime.tables import Table
 
     state = out_dir / "state"
     policy = load_owner_policy(POLICIES / "demo-owner.toml")
@@ -477,11 +477,11 @@ def run_sketch_demo(
 
 def _republish(cluster: LocalCluster, tables: dict[str, Path], seed: int) -> dict[str, Any]:
     """The first owner publishes again (in this process, over mTLS): nothing is charged."""
-    from dpmarket.owner.data import load_table
     from dpmarket.owner.ledger import OwnerLedger
     from dpmarket.owner.sketch_client import CatalogClient
     from dpmarket.owner.sketches import SketchPublisher, publish_to
     from dpmarket.runtime.identity import Identity, identity_files
+    from dpmarket.runtime.tables import load_table
     from dpmarket.runtime.transport import TransportSecurity
 
     owner = next(iter(tables))

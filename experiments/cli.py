@@ -1,7 +1,7 @@
 """The reproductions' and the evaluation's commands: ``simulate`` (every party in this process),
 ``scenario`` (a bundled real-data scenario to files), ``evaluate`` (summary quality against
-epsilon), ``cape figures`` and ``sketch-experiments`` (the CAPE and M2M papers' results) and
-``cape coverage`` (CAPE's intervals against the truth); their commands live with their
+epsilon), ``lab cape-figures`` and ``lab sketch-figures`` (the CAPE and M2M papers' results) and
+``lab cape-coverage`` (CAPE's intervals against the truth); their commands live with their
 experiments, so ``python -m`` runs them alone."""
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from dpmarket.experiments.cape_experiments import cape_figures
 from dpmarket.experiments.evaluate import EVAL_METHODS
 from dpmarket.experiments.scenarios import SCENARIO_NAMES
 from dpmarket.experiments.sketch_experiments import sketch_experiments
-from dpmarket.owner.data import PointSet
 from dpmarket.runtime.cli import SectionedCommand, check_outputs, console, progress_printer
+from dpmarket.runtime.tables import PointSet
 
 __all__ = [
     "cape_coverage",
@@ -89,7 +89,7 @@ __all__ = [
     default=None,
     type=click.Path(exists=True, dir_okay=False),
     help="candidates, sketch allocation, for any data: a catalogue declaration (TOML, the file "
-    "serve-curator --sketch-spec reads); every owner's sketch under its RFF spec is released "
+    "curator serve --sketch-spec reads); every owner's sketch under its RFF spec is released "
     "in this process as the owner service releases it (the spec's columns of the owner's "
     "table: f0, f1, ... for .npy/.npz files). No ledger is charged.",
 )
@@ -98,15 +98,15 @@ __all__ = [
     default=None,
     metavar="NAME",
     help="With --sketch-spec: the declaration's RFF spec the allocation reads (default "
-    "<declaration>/rff), as serve-curator --allocation-sketch-spec.",
+    "<declaration>/rff), as curator serve --allocation-sketch-spec.",
 )
 @click.option(
     "--sketch-seed",
     default=None,
     type=click.IntRange(min=0),
-    help="With --sketch-spec: draw the spec's parameters from this seed (as serve-curator "
+    help="With --sketch-spec: draw the spec's parameters from this seed (as curator serve "
     "--sketch-seed) and owner k's sketch noise from seed * 1000 + k (as the local launcher's "
-    "sketch publish --seed). Default: a CSPRNG and OpenDP's samplers.",
+    "owner publish --seed). Default: a CSPRNG and OpenDP's samplers.",
 )
 @protocol_options
 @summary_output_options
@@ -214,7 +214,7 @@ def _declared_sketches(
 ) -> dict[str, PrivateSketch]:
     """``simulate --sketch-spec``: every owner's sketch under the declaration's RFF spec."""
     from dpmarket.experiments.runner import declared_sketch_spec, release_spec_sketches
-    from dpmarket.owner.data import Table, feature_columns, load_table
+    from dpmarket.runtime.tables import Table, feature_columns, load_table
 
     try:
         spec = declared_sketch_spec(declaration, spec_name=spec_name, seed=seed)

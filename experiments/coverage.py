@@ -1,6 +1,6 @@
 """Coverage of ``explore``'s 95 % intervals: per query kind and sketch kind, over tables and seeds.
 
-``dpmarket sketch-experiments coverage`` builds each table of :mod:`dpmarket.experiments.tables`,
+``dpmarket lab sketch-figures coverage`` builds each table of :mod:`dpmarket.experiments.tables`,
 splits it into its owners, has every owner publish every sketch of the catalogue ``init`` drafts
 (HIST, RFF, RACE at epsilon 1, Laplace) plus a marginals sketch (epsilon 1, delta 1e-6), and
 answers, for each owner alone and for the union of all, a battery of queries through the
@@ -23,10 +23,13 @@ models take minutes per table).
 Each value is compared with the exact answer on the raw records (:func:`~dpmarket.consumer.
 explore.exact_answer`). A value counts as *flagged* when a flag is on its interval (the interval
 does not mean what its basis says: :mod:`dpmarket.common.uncertainty`); a flag on the value only
-(a model's guess inside bounds that hold whatever the joint) leaves its interval counted, since
-it still claims to cover. Reported per split (tuning tables, held-out tables), sketch kind and
-query kind: the values, the flagged fraction (by code), the coverage of the unflagged intervals
-and of all intervals, and the median width of the intervals as a share of what the value can be.
+(a model's guess inside bounds that hold whatever the joint; ``uninformative``: the interval
+spans more than half of what the value can be) leaves its interval counted, since it still
+claims to cover; the ``uninformative`` share is reported beside the flagged fraction (such an
+interval covers but says little). Reported per split (tuning tables, held-out tables), sketch
+kind and query kind: the values, the flagged fraction (by code), the coverage of the unflagged
+intervals and of all intervals, and the median width of the intervals as a share of what the
+value can be.
 Written to ``coverage.json`` (settings, the summary and one row per table) and printed.
 """
 
@@ -121,6 +124,7 @@ def _rows(
 ) -> list[dict[str, Any]]:
     low, high = answer.interval()
     flagged = answer.codes("interval")
+    noted = answer.codes("value")
     out = []
     for j, label in enumerate(answer.labels):
         lo, hi, t = float(low[j]), float(high[j]), float(truth.values[j])
@@ -140,6 +144,7 @@ def _rows(
                 "high": hi if finite else None,
                 "covered": bool(finite and lo - 1e-9 <= t <= hi + 1e-9),
                 "flag": flagged[j],
+                "value_flag": noted[j],
                 "basis": answer.basis[j],
                 "width": (hi - lo) / float(span[j]) if finite and math.isfinite(span[j]) else None,
             }
@@ -275,6 +280,17 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "values": n,
             "flagged": 1.0 - len(unflagged) / n,
             "flags": dict(Counter(r["flag"] for r in members if r["flag"])),
+            # Flags on the value (the interval still counts): how many answers are weak.
+            "value_flags": dict(
+                Counter(
+                    code
+                    for r in members
+                    for code in str(r.get("value_flag", "")).split(", ")
+                    if code
+                )
+            ),
+            "uninformative": sum("uninformative" in str(r.get("value_flag", "")) for r in members)
+            / n,
             "coverage_unflagged": (
                 sum(r["covered"] for r in unflagged) / len(unflagged) if unflagged else None
             ),
@@ -381,9 +397,14 @@ def print_coverage(doc: Mapping[str, Any], console: Console) -> None:
                 cov = s["coverage_unflagged"]
                 cov_text = "—" if cov is None else f"{100 * cov:.0f}%"
                 mark = "" if cov is None or cov >= GOAL_COVERAGE else "*"
-                cells.append(f"{cov_text}{mark} f{100 * s['flagged']:.0f}% n{s['values']}")
+                wide = s.get("uninformative", 0.0)
+                cells.append(
+                    f"{cov_text}{mark} f{100 * s['flagged']:.0f}% u{100 * wide:.0f}% n{s['values']}"
+                )
             table.add_row(kind, *cells)
         console.print(table)
     console.print(
-        "cell: coverage of the unflagged intervals (* below 90 %), f: flagged fraction, n: values"
+        "cell: coverage of the unflagged intervals (* below 90 %), f: flagged fraction (a flag "
+        "on the interval), u: uninformative (a flag on the value: the interval spans more than "
+        "half of what the value can be, and still counts), n: values"
     )

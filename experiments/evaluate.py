@@ -1,6 +1,6 @@
 """Evaluation harness: summary quality against privacy, over scenarios, sizes and seeds.
 
-``dpmarket evaluate`` (``make evaluate``) runs every summarization method in one process
+``dpmarket lab evaluate`` (``make evaluate``) runs every summarization method in one process
 (:func:`dpmarket.experiments.runner.simulate`, the same protocol code as the services) on the
 bundled scenarios, for several summary sizes ``p``, privacy targets ``epsilon`` and session seeds,
 and measures each summary as the consumer would (:func:`dpmarket.consumer.report.evaluate_summary`).

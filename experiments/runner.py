@@ -1,4 +1,4 @@
-"""Run protocols in one process (``dpmarket simulate``, tests, experiments), on the same code.
+"""Run protocols in one process (``dpmarket lab simulate``, tests, experiments), on the same code.
 
 The curator's :class:`dpmarket.curator.summarization.session.SummarizationSession` drives in-process
 owners through :class:`dpmarket.owner.local.LocalOwnerEndpoint`; the networked run drives gRPC
@@ -37,12 +37,12 @@ from dpmarket.curator.summarization.session import (
     SummarizationSession,
 )
 from dpmarket.owner.cape import CapeSite
-from dpmarket.owner.data import PointSet, Table
 from dpmarket.owner.hash_keys import HashKeyParty
 from dpmarket.owner.local import LocalCapeSiteEndpoint, LocalOwnerEndpoint
 from dpmarket.owner.protocol import Owner
 from dpmarket.owner.secagg import SiteIdentity
 from dpmarket.owner.service import site_rounds
+from dpmarket.runtime.tables import PointSet, Table
 
 
 def simulate(
@@ -135,7 +135,7 @@ def publish_sketches(
     """Every owner's private sketch, released in this process (in-process research runs).
 
     The owner service publishes a sketch once, charged to its own ledger, to the curator's
-    catalogue; in-process runs (``dpmarket simulate``, ``evaluate``, ``demo --in-process``,
+    catalogue; in-process runs (``dpmarket lab simulate``, ``evaluate``, ``demo --in-process``,
     tests) release them here with :meth:`SketchMechanism.release` and charge no ledger, as those
     runs charge nothing else either. The sketch's epsilon still appears in the session's report
     (the ledger's ``owner_sketches``).
@@ -170,8 +170,8 @@ def publish_sketches(
 
 
 #: Owner ``k``'s sketch noise in a seeded run with sketch noise seed ``s`` is drawn from
-#: ``numpy.random.default_rng(s * SKETCH_SEED_STRIDE + k)``: the seed ``dpmarket sketch publish
-#: --seed`` gets from the local launcher, and the one ``dpmarket simulate --sketch-spec`` uses.
+#: ``numpy.random.default_rng(s * SKETCH_SEED_STRIDE + k)``: the seed ``dpmarket owner publish
+#: --seed`` gets from the local launcher, and the one ``dpmarket lab simulate --sketch-spec`` uses.
 SKETCH_SEED_STRIDE = 1000
 
 
@@ -186,7 +186,7 @@ def declared_sketch_spec(
 ) -> SketchSpec:
     """The RFF spec a catalogue declaration file gives, drawn as the curator's catalogue draws it.
 
-    ``dpmarket serve-curator --sketch-spec FILE --sketch-seed S`` loads the declaration and draws
+    ``dpmarket curator serve --sketch-spec FILE --sketch-seed S`` loads the declaration and draws
     its parameters from :func:`dpmarket.common.privacy.rng.make_rng` ``(S)``; this draws the same
     parameters from the same seed, so that sketches released in process under the result are the
     ones the owners would publish to that catalogue.
@@ -232,7 +232,7 @@ def release_spec_sketches(
         E.g. :func:`declared_sketch_spec`.
     seed : int or None
         Owner ``k``'s noise is seeded with :func:`owner_sketch_seed` ``(seed, k)``, as the local
-        launcher seeds ``dpmarket sketch publish --seed``; None: OpenDP's samplers.
+        launcher seeds ``dpmarket owner publish --seed``; None: OpenDP's samplers.
     epsilon : float, optional
         Each sketch's epsilon (default: the spec's), within the spec's range.
 

@@ -31,8 +31,8 @@ from numpy.typing import NDArray
 
 from dpmarket.common.sketches import Domain, Mechanism, SketchMechanism, draw_rff
 from dpmarket.common.validation import check_matrix, check_positive_int
-from dpmarket.owner.data import PointSet, save_point_set
 from dpmarket.runtime.files import atomic_write
+from dpmarket.runtime.tables import PointSet, save_point_set
 
 __all__ = [
     "DIGITS_OWNER_GROUPS",
@@ -696,10 +696,11 @@ def write_scenario(scenario: Scenario, directory: str | Path) -> dict[str, Path]
     ``validation.npy`` (features only), ``seed_set.npy`` (when the seed set is not empty),
     ``test.parquet`` (features and ``label``), and ``scenario.json`` with the name, description,
     ``gamma``, ``default_p``, ``n_features`` and, per set, its file name and number of points (and
-    each owner's name). Every data file reads back with :func:`dpmarket.owner.data.load_point_set`.
+    each owner's name). Every data file reads back with
+    :func:`dpmarket.runtime.tables.load_point_set`.
     A scenario with owner tables also writes ``owner-<i>-table.parquet`` per owner (its named
-    columns, for ``serve-owner --table`` and ``sketch publish --table``; read with
-    :func:`dpmarket.owner.data.load_table`).
+    columns, for ``owner serve --table`` and ``owner publish --table``; read with
+    :func:`dpmarket.runtime.tables.load_table`).
 
     Parameters
     ----------

@@ -1,6 +1,6 @@
 """Reproductions of the M2M paper: Table 1, the lambda rule, Figures 3 and 4 (PNG + JSON).
 
-``dpmarket sketch-experiments table1|lambda|figure3|figure4|all`` (or ``python -m
+``dpmarket lab sketch-figures table1|lambda|figure3|figure4|all`` (or ``python -m
 dpmarket.experiments.sketch_experiments ...``; ``make sketch-figures`` runs ``all``) writes into an
 output directory, and prints the paper's number beside ours where the paper gives one:
 

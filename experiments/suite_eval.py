@@ -1,8 +1,8 @@
 """The default method measured on the scenario suite, and its constants chosen on it.
 
-``dpmarket evaluate --suite`` runs the default summarization method (the candidates method with the
-session's default settings, the owners' sketches published in process at epsilon 1) on every
-scenario of :mod:`dpmarket.experiments.suite`, at epsilon = 1 per party and delta = 1e-6, and
+``dpmarket lab evaluate --suite`` runs the default summarization method (the candidates method
+with the session's default settings, the owners' sketches published in process at epsilon 1) on
+every scenario of :mod:`dpmarket.experiments.suite`, at epsilon = 1 per party and delta = 1e-6, and
 reports per scenario and as median / worst:
 
 * its MMD² to D_v over exact greedy's (non-private greedy with the exact kernel on the pooled
@@ -14,7 +14,7 @@ reports per scenario and as median / worst:
 * downstream accuracy (a linear SVM trained on the summary, tested on the consumer's held-out
   labeled data) of each, where labels exist (every suite scenario has them).
 
-``dpmarket evaluate --suite --loso`` chooses the tuned constants by leave-one-scenario-out: for
+``dpmarket lab evaluate --suite --loso`` chooses the tuned constants by leave-one-scenario-out: for
 each scenario, the setting of :data:`SUITE_GRID` with the best geometric-mean ratio to exact
 greedy over the *other* scenarios is run on it, and the table shows those held-out results. The
 setting chosen on the whole suite is the session's default (:class:`CandidatesConfig`).
@@ -30,7 +30,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,9 +59,9 @@ from dpmarket.experiments.suite import (
     suite_scenario,
 )
 from dpmarket.experiments.suite_split import require_design
-from dpmarket.owner.data import PointSet
 from dpmarket.owner.local import LocalOwnerEndpoint
 from dpmarket.owner.protocol import Owner
+from dpmarket.runtime.tables import PointSet
 
 __all__ = [
     "DEFAULT_SETTING",
@@ -279,12 +279,51 @@ class SuiteRunner:
     def run(self, setting: SuiteSetting, name: str, seed: int) -> dict[str, Any]:
         """One session of ``setting`` on scenario ``name`` with session seed ``seed``."""
         scenario = self.scenario(name, setting.sketch_scale)
-        config = setting.config(scenario)
+        return self.session(
+            ("run", "run"),
+            scenario,
+            setting.config(scenario),
+            seed,
+            lambda: self.sketches(name, setting.sketch_scale, seed),
+            f"sketch_scale={setting.sketch_scale!r}",
+        )
+
+    def session(
+        self,
+        kind: tuple[str, str],
+        scenario: Scenario,
+        config: SummarizationConfig,
+        seed: int,
+        sketches: Callable[[], Any],
+        describe: str,
+    ) -> dict[str, Any]:
+        """One in-process session of ``config`` on ``scenario`` with session seed ``seed``,
+        measured and cached: the one home of every suite run's record.
+
+        Parameters
+        ----------
+        kind : (str, str)
+            The cache key's kind and the record file's prefix
+            (``<cache>/runs/<prefix>-<key>.json``).
+        scenario, config, seed
+            The session.
+        sketches : callable
+            The owners' published sketches (None: the counts allocation), called only when the
+            run is not cached.
+        describe : str
+            What else the key must hold (the sketches' scale and epsilon, the path).
+
+        Returns
+        -------
+        dict
+            MMD² to D_v and accuracy (:func:`_measure`), points read, the allocation, its shares
+            and the sketch allocation's share, which the hedge kept, and the seconds it took.
+        """
         key = _digest(
-            "run",
+            kind[0],
             scenario_digest(scenario, scenario.default_p),
             _config_key(config),
-            f"sketch_scale={setting.sketch_scale!r}",
+            describe,
             str(seed),
         )
 
@@ -298,7 +337,7 @@ class SuiteRunner:
                 scenario.seed_set,
                 config,
                 seed=seed,
-                owner_sketches=self.sketches(name, setting.sketch_scale, seed),
+                owner_sketches=sketches(),
             )
             info = result.report.ledger.candidates
             return {
@@ -313,7 +352,7 @@ class SuiteRunner:
                 "seconds": time.perf_counter() - start,
             }
 
-        return _cached(self.cache_dir / "runs" / f"run-{key}.json", compute)
+        return _cached(self.cache_dir / "runs" / f"{kind[1]}-{key}.json", compute)
 
     def digits(self, setting: SuiteSetting) -> dict[str, Any]:
         """The setting on the bundled digits scenario (p = 50, seeds 0-9, its own sketch
@@ -620,7 +659,7 @@ def run_suite(
     names: Sequence[str] | None = None,
     console: Console | None = None,
 ) -> dict[str, Any]:
-    """``dpmarket evaluate --suite [--loso]``: measure, print and write ``suite.json``.
+    """``dpmarket lab evaluate --suite [--loso]``: measure, print and write ``suite.json``.
 
     Parameters
     ----------

@@ -53,7 +53,6 @@ from dpmarket.experiments.suite_eval import (
     SuiteRunner,
     SuiteSetting,
     _cached,
-    _config_key,
     _digest,
     _geomean,
     _labels,
@@ -185,39 +184,14 @@ class PathsRunner:
             return self.runner.run(ps.setting, name, seed)
         scale = ps.setting.sketch_scale
         scenario = self.runner.scenario(name, scale)
-        config = ps.config(scenario)
-        key = _digest(
-            "path-run",
-            scenario_digest(scenario, scenario.default_p),
-            _config_key(config),
+        record = self.runner.session(
+            ("path-run", "path"),
+            scenario,
+            ps.config(scenario),
+            seed,
+            lambda: self.sketches(name, scale, ps.epsilon, seed) if ps.path == "sketch" else None,
             f"path={ps.path} sketch_scale={scale!r} sketch_epsilon={ps.epsilon!r}",
-            str(seed),
         )
-
-        def compute() -> dict[str, Any]:
-            from dpmarket.experiments.runner import simulate
-
-            start = time.perf_counter()
-            sketches = self.sketches(name, scale, ps.epsilon, seed) if ps.path == "sketch" else None
-            result = simulate(
-                scenario.owners,
-                scenario.validation,
-                scenario.seed_set,
-                config,
-                seed=seed,
-                owner_sketches=sketches,
-            )
-            info = result.report.ledger.candidates
-            return {
-                **_measure(scenario, result.points, result.labels, seed),
-                "points_read": int(result.report.owner_points_accessed),
-                "allocation": None if info is None else info.allocation,
-                "hedge_kept": None if info is None or info.hedge is None else info.hedge.kept,
-                "shares": {} if info is None else info.shares,
-                "seconds": time.perf_counter() - start,
-            }
-
-        record = _cached(self.runner.cache_dir / "runs" / f"path-{key}.json", compute)
         if record["allocation"] != ps.path:
             raise RuntimeError(
                 f"{name}: the {ps.path} path ran the {record['allocation']} allocation"
@@ -360,7 +334,7 @@ def run_half(
     names: Sequence[str] | None = None,
     console: Console | None = None,
 ) -> dict[str, Any]:
-    """``dpmarket evaluate --suite --half HALF``: the default's tables on one half of the suite.
+    """``dpmarket lab evaluate --suite --half HALF``: the default's tables on one half of the suite.
 
     Runs :func:`dpmarket.experiments.suite_eval.run_suite` on the half's scenarios (the default
     at epsilon 1 on the sketch path against exact greedy, uniform sampling and uniform reads;

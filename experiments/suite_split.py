@@ -13,7 +13,7 @@ each family, in the order of ``FAMILIES``, the sorted names are permuted by
 ``numpy.random.default_rng(seed)`` and the first half go to the design half (rounded up for
 the 1st, 3rd and 5th family, down for the others), so that both halves hold every pattern.
 
-Whatever chooses a constant of the method (``dpmarket evaluate --suite --loso``,
+Whatever chooses a constant of the method (``dpmarket lab evaluate --suite --loso``,
 :func:`dpmarket.experiments.suite_eval.leave_one_scenario_out`) calls :func:`require_design`
 first, which refuses a held-out scenario.
 """
@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 Half = Literal["design", "held-out"]
-#: The two halves, as ``dpmarket evaluate --suite --half`` names them.
+#: The two halves, as ``dpmarket lab evaluate --suite --half`` names them.
 HALVES: tuple[Half, ...] = ("design", "held-out")
 #: Where the split is recorded (shipped with the package).
 SPLIT_FILE = Path(__file__).with_name("suite_split.toml")

@@ -25,7 +25,7 @@ import pandas as pd
 from numpy.typing import NDArray
 
 from dpmarket.experiments.scenarios import Scenario
-from dpmarket.owner.data import PointSet
+from dpmarket.runtime.tables import PointSet
 
 __all__ = [
     "FAMILIES",

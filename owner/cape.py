@@ -26,9 +26,9 @@ aborts the job at this owner: it then releases nothing for it, and nothing was c
 Nothing an owner answers depends on its values except the charged releases. Its records are clamped
 to the request's public bounds (:mod:`dpmarket.common.cape.spec`; how many were clamped goes to this
 owner's log only); a logistic regression or a training takes only a target the owner declared 0/1
-when it started (:attr:`dpmarket.owner.data.Table.binary`, checked then, on its own console). Every
-refusal is then decided on public inputs alone — the request, the owner's columns, row count and
-declared 0/1 columns, its policy and budget — and the computations on the rows run under
+when it started (:attr:`dpmarket.runtime.tables.Table.binary`, checked then, on its own console).
+Every refusal is then decided on public inputs alone — the request, the owner's columns, row count
+and declared 0/1 columns, its policy and budget — and the computations on the rows run under
 :func:`dpmarket.common.errors.on_private_data`, so that a failure there (a bug) reaches the curator
 as a fixed INTERNAL status, never as text.
 """
@@ -57,10 +57,9 @@ from dpmarket.common.cape.capefm import (
     CapeFMPlan,
     secure_aggregation_input,
     site_coefficients,
-    site_noise_share,
     site_release,
 )
-from dpmarket.common.cape.dpgd import CapeTrainingPlan, site_gradient, training_noise_share
+from dpmarket.common.cape.dpgd import CapeTrainingPlan, site_gradient
 from dpmarket.common.cape.mean import CapeMeanPlan, site_mean
 from dpmarket.common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from dpmarket.common.errors import (
@@ -73,15 +72,17 @@ from dpmarket.common.errors import (
     on_private_data,
 )
 from dpmarket.common.ids import short_id
+from dpmarket.common.market.terms import MarketTerms, check_quote
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from dpmarket.common.privacy.rng import production_rng
 from dpmarket.common.secagg.protocol import RoundParams
-from dpmarket.owner.data import Table
+from dpmarket.owner.earnings import Earnings
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.partitioned import PartitionedTable, mean_statistic
 from dpmarket.owner.policy import DEFAULT_MIN_COLLUDERS
 from dpmarket.owner.secagg import SiteIdentity
+from dpmarket.runtime.tables import Table
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +207,7 @@ class CapeSite:
             raise InvalidArgumentError(
                 f"column {target!r} is not a 0/1 column of owner {self.name}: a "
                 f"{'training' if spec.task == 'train' else 'logistic regression'} needs a target "
-                f"its owners declare 0/1 when they start (serve-owner --binary-column); this "
+                f"its owners declare 0/1 when they start (owner serve --binary-column); this "
                 f"owner declares {list(table.binary)}"
             )
         return target
@@ -241,16 +242,29 @@ class CapeSite:
             return spec.scaled(x, y)
 
     def open(
-        self, job_id: str, spec: AnyCapeSpec, seed: int, *, curator: str, consumer: str
+        self,
+        job_id: str,
+        spec: AnyCapeSpec,
+        seed: int,
+        *,
+        curator: str,
+        consumer: str,
+        market: MarketTerms | None = None,
     ) -> int:
         """Check a new job against the table and the policy; return this owner's row count.
+
+        With a ledger, the job's quote is checked too: ``market`` (this owner's line) must pay
+        at least the owner's own prices at the job's epsilon (``spec.cost``) and its minimum
+        (:func:`~dpmarket.common.market.terms.check_quote`); once the job is open, the terms are
+        recorded durably for its statement (:meth:`dpmarket.owner.earnings.Earnings.accept`).
 
         Raises
         ------
         FailedPreconditionError
             If this owner holds no table, the spec's ``S_C`` (when the consumer set it) is below
             this owner's floor (the message names the floor), or its ledger refuses the terms
-            (for gradient descent, the whole training's total).
+            (for gradient descent, the whole training's total); or (``QuoteRefusedError``) the
+            owner has prices and ``market`` is None or quotes less than they give.
         InvalidArgumentError
             If a column is missing, or a logistic regression's or a training's target is not a
             column this owner declared 0/1 (values outside the bounds are clamped, never
@@ -289,6 +303,7 @@ class CapeSite:
                 delta=delta,
                 points=0,
             )
+            check_quote(self.ledger.policy.prices, market, epsilon, owner=self.name)
         self.expire_idle()
         if self.allow_seeded_sessions:
             rng = np.random.default_rng(seed)
@@ -304,6 +319,11 @@ class CapeSite:
                     f"this owner runs at most {self.max_jobs} jobs at once; retry later"
                 )
             self._jobs[job_id] = job
+        if self.ledger is not None and market is not None:  # what its statement is checked against
+            prices = self.ledger.policy.prices
+            Earnings(self.ledger, self.name).accept(
+                curator=curator, session=job_id, consumer=consumer, market=market, prices=prices
+            )
         return rows
 
     def _check_plan_inputs(
@@ -499,8 +519,7 @@ class CapeSite:
         plan = job.plan
         if plan is None or (job.released and not job.training):
             raise FailedPreconditionError("the job is not planned, or released already")
-        length = plan.round_length if isinstance(plan, CapeTrainingPlan) else plan.size
-        if tuple(params.sites) != job.sites or params.vector_length != length:
+        if tuple(params.sites) != job.sites or params.vector_length != plan.round_length:
             raise FailedPreconditionError(
                 "the round's sites or vector length differ from the job's plan"
             )
@@ -539,10 +558,7 @@ class CapeSite:
                     f"this site drew its noise for round {params.round_id.hex()[:8]}… already: a "
                     "round takes one draw"
                 )
-            if isinstance(plan, CapeTrainingPlan):
-                e_hat = training_noise_share(plan, job.index, job.noise)
-            else:
-                e_hat = site_noise_share(plan, job.index, job.noise)
+            e_hat = plan.noise_share(job.index, job.noise)
             job.draws[params.round_id] = e_hat
             return secure_aggregation_input(plan, job.index, e_hat.ravel())
 

@@ -29,6 +29,7 @@ from dpmarket.runtime.admission import (
     ServiceLimits,
 )
 from dpmarket.runtime.authz import Authorizer, rpc
+from dpmarket.runtime.market import market_terms_from_proto
 from dpmarket.v1 import cape_pb2, cape_pb2_grpc, secure_aggregation_pb2, secure_aggregation_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -37,7 +38,8 @@ logger = logging.getLogger(__name__)
 MAX_SITES = 1024
 #: Bytes one site may add to a message: its name, two public keys, a signature and its PEM
 #: certificate (an advertisement: 1.3 KiB measured, P-256, a 63-character name), a graph nonce, a
-#: ciphertext of its shares and two pair tags (2.4 KiB in all; tests/runtime/test_admission.py).
+#: message of its shares (200 bytes: the advertisement tag and the ciphertext) and two pair tags
+#: (2.4 KiB in all; tests/runtime/test_admission.py).
 SITE_BYTES = 4 << 10
 #: Hidden units of a CAPE training the owner's messages are sized for: the curator's default
 #: policy's bound (``train_hidden_units``).
@@ -226,6 +228,7 @@ class CapeSiteServicer(cape_pb2_grpc.CapeSiteServiceServicer):
             int(request.seed),
             curator=str(caller),
             consumer=consumer,
+            market=market_terms_from_proto(request.market) if request.HasField("market") else None,
         )
         logger.info(
             "CAPE job %s opened by %s for %s: %s on %d columns, epsilon=%g, delta=%g",

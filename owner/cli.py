@@ -30,8 +30,9 @@ from rich.table import Table
 from rich.text import Text
 
 from dpmarket.common.errors import DPMarketError
+from dpmarket.common.market.money import EPSILON_UNITS, credits_text
 from dpmarket.common.schema import Schema
-from dpmarket.owner.data import PointSet
+from dpmarket.owner.earnings import Earning
 from dpmarket.owner.engine import Engine
 from dpmarket.owner.ledger import (
     LEDGER_FILE,
@@ -42,7 +43,7 @@ from dpmarket.owner.ledger import (
 from dpmarket.owner.ledger_chain import LedgerOwner
 from dpmarket.owner.limits import DEFAULT_IN_MEMORY_VALUES, WorkLimits
 from dpmarket.owner.policy import POLICY_FILE, OwnerPolicy, data_dir_policy
-from dpmarket.owner.statement import ledger_statement
+from dpmarket.owner.statement import iso_time, ledger_statement
 from dpmarket.runtime.cli import (
     check_outputs,
     config_option,
@@ -58,12 +59,13 @@ from dpmarket.runtime.cli import (
 )
 from dpmarket.runtime.metrics import metrics_options, start_metrics
 from dpmarket.runtime.schemas import load_schema
+from dpmarket.runtime.tables import PointSet
 from dpmarket.runtime.transport import BindError, TransportSecurity
 
-if TYPE_CHECKING:  # dpmarket.owner.sources reads partitioned tables: scipy, not for `owner ledger`
+if TYPE_CHECKING:  # dpmarket.owner.data reads partitioned tables: scipy, not for `owner ledger`
     from dpmarket.owner.cape import CapeSite
+    from dpmarket.owner.data import OwnerData
     from dpmarket.owner.protocol import Owner
-    from dpmarket.owner.sources import OwnerData
 
 __all__ = [
     "ledger",
@@ -287,8 +289,9 @@ def ledger(
     Uses the policy last recorded in the ledger (no policy file needed). Non-private releases
     are listed with epsilon inf and are not summed into epsilon or delta. The subcommands
     create the ledger (init), copy it while the owner serves (backup), put a copy back
-    (restore), check it whole (verify), clear a rollback the owner found (resolve) and bind it
-    to a new CA (rebind): see docs/howto-ledger.md.
+    (restore), check it whole (verify), clear a rollback the owner found (resolve), bind it
+    to a new CA (rebind) and upgrade one of an earlier release (upgrade): see
+    docs/howto-ledger.md.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -354,8 +357,11 @@ def ledger_init(data_dir: Path, policy_path: str | None, owner_id: str | None, *
         name = owner_id
     from dpmarket.owner.ledger_admin import init_ledger
 
+    found_before = sorted(p.name for p in data_dir.iterdir()) if data_dir.is_dir() else []
     try:
         identity = init_ledger(data_dir, name, security, policy=policy_path)
+        with OwnerLedger(data_dir, None) as book:
+            policy = book.policy
     except (OSError, ValueError, RuntimeError, sqlite3.DatabaseError) as exc:
         raise click.ClickException(str(exc)) from exc
     console.print(
@@ -366,6 +372,25 @@ def ledger_init(data_dir: Path, policy_path: str | None, owner_id: str | None, *
         markup=False,
         highlight=False,
     )
+    console.print(
+        f"It starts with owner {identity.owner}'s whole budget: epsilon {policy.epsilon_total:g}, "
+        f"delta {policy.delta_total:g}, {policy.points_total} points over "
+        f"{policy.window_description}, nothing spent. If this owner has served before, this "
+        "resets what its earlier ledger charged: stop here and restore that ledger's latest "
+        f"backup instead (dpmarket owner ledger restore --data-dir {data_dir} --from BACKUP "
+        "--replace-other-ledger). A curator holding a receipt of the earlier ledger makes this "
+        "owner refuse to serve until you restore it or accept the loss on record (dpmarket "
+        "owner ledger resolve --accept-replaced-ledger).",
+        markup=False,
+        highlight=False,
+    )
+    if found_before:
+        console.print(
+            f"warning: {data_dir} already held {', '.join(found_before)}: this owner may have "
+            "served before (an earlier ledger moved aside, a policy, published sketches)",
+            markup=False,
+            highlight=False,
+        )
 
 
 @ledger.command("backup")
@@ -420,14 +445,29 @@ def ledger_restore(data_dir: Path, backup_path: Path, replace_other_ledger: bool
     are moved aside, never deleted. Charges made after the backup was taken are not in it: a
     curator's receipt of them makes the owner refuse to serve until resolved (see resolve).
     """
-    from dpmarket.owner.ledger_admin import restore_ledger
+    from dpmarket.owner.ledger_admin import replaced_ledger, restore_ledger
 
     try:
+        before = replaced_ledger(data_dir)
         found, moved = restore_ledger(data_dir, backup_path, replace_other=replace_other_ledger)
     except (OSError, ValueError, RuntimeError, sqlite3.DatabaseError) as exc:
         raise click.ClickException(str(exc)) from exc
     for path in moved:
         console.print(f"moved aside: {path}", markup=False, highlight=False)
+    if (
+        before is not None
+        and before.identity is not None
+        and found.identity is not None
+        and before.identity.ledger_id != found.identity.ledger_id
+    ):
+        console.print(
+            f"replaced ledger {before.identity.ledger_id} ({before.charges} charges, lifetime "
+            f"epsilon {float(before.totals[0]):.6g}, {before.totals[2]} points): recorded in "
+            "the restored ledger as replaced on your request; what it charged is not counted "
+            "there, and its receipts no longer stop the owner",
+            markup=False,
+            highlight=False,
+        )
     console.print(
         f"{ledger_path(data_dir)} restored from {backup_path}: {found.charges} charges up to "
         f"charge {found.sequence}",
@@ -547,17 +587,40 @@ def ledger_rebind(data_dir: Path, **tls: Any) -> None:
 @ledger.command("resolve")
 @config_option
 @_LEDGER_DIR
-def ledger_resolve(data_dir: Path) -> None:
+@click.option(
+    "--accept-replaced-ledger",
+    is_flag=True,
+    help="Also resolve receipts of another ledger of this owner (one this ledger replaced): "
+    "record it as replaced; what it charged is lost to the budget, on record.",
+)
+@click.option(
+    "--dismiss-unverified-receipts",
+    is_flag=True,
+    help="Also resolve receipts naming this owner that no key of the ledger verifies and whose "
+    "totals do not open under the ledger's key (forged by a curator): nothing is charged, on "
+    "record. Restore the latest backup that verifies instead if the ledger's keys were edited.",
+)
+def ledger_resolve(
+    data_dir: Path, accept_replaced_ledger: bool, dismiss_unverified_receipts: bool
+) -> None:
     """Clear a rollback the owner found: charge what the lost charges spent, then serve again.
 
     When a curator presents a receipt the owner signed for charges its ledger no longer holds
     (restored from an older copy), the owner refuses every session. Restore a newer backup if
     there is one; otherwise this charges, as one entry now, what the receipt's totals hold
-    beyond the ledger's charges up to it, and the owner serves again.
+    beyond the ledger's charges up to it, and the owner serves again. A receipt of another
+    ledger of this owner (the ledger was created anew, or upgraded from an earlier format)
+    cannot be charged back: restore that ledger, or pass --accept-replaced-ledger. A receipt
+    naming this owner that no key of its ledger verifies is charged back the same way when its
+    totals open under the ledger's own key (the ledger's keys were edited); otherwise it is
+    forged: pass --dismiss-unverified-receipts.
     """
     try:
         with OwnerLedger(data_dir, None) as book:
-            resolved = book.resolve_rollbacks()
+            resolved = book.resolve_rollbacks(
+                accept_replaced_ledger=accept_replaced_ledger,
+                dismiss_unverified=dismiss_unverified_receipts,
+            )
     except (OSError, ValueError, RuntimeError, sqlite3.DatabaseError) as exc:
         raise click.ClickException(str(exc)) from exc
     if not resolved:
@@ -570,12 +633,58 @@ def ledger_resolve(data_dir: Path) -> None:
             if r.charge is not None
             else "nothing was missing"
         )
+        if r.replaced_ledger is not None:
+            charged = (
+                f"a receipt of ledger {r.replaced_ledger}, recorded as replaced by this one: "
+                "what it charged is not counted"
+            )
+        if r.dismissed:
+            charged = "an unverified receipt (forged), dismissed on record: nothing charged"
         console.print(
             f"rollback {r.rollback} (receipt up to charge {r.receipt_sequence} presented by "
             f"{r.curator}, ledger at charge {r.ledger_sequence}): {charged}",
             markup=False,
             highlight=False,
         )
+
+
+@ledger.command("upgrade")
+@config_option
+@_LEDGER_DIR
+def ledger_upgrade(data_dir: Path) -> None:
+    """Upgrade a ledger of an earlier dpmarket release to this one's format. Stop the owner first.
+
+    The owner never upgrades its ledger on its own: a ledger file taken back to an earlier
+    format (its chain and identity dropped, charges deleted) would otherwise be taken in with a
+    new id and its budget reset. Run this once, after upgrading dpmarket, for a ledger that
+    ran the earlier release until now; never for one that already ran this release (restore
+    its backup). The upgrade is recorded in the ledger.
+    """
+    from dpmarket.owner.ledger_admin import upgrade_ledger
+
+    try:
+        done = upgrade_ledger(data_dir)
+    except (OSError, ValueError, RuntimeError, sqlite3.DatabaseError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    where = ledger_path(data_dir)
+    if done.before == done.after:
+        console.print(f"{where} is at schema {done.after} already: nothing to upgrade")
+        return
+    console.print(
+        f"{where} upgraded from schema {done.before} to {done.after}: ledger {done.ledger_id}, "
+        f"{done.charges} charges"
+        + (
+            " (a new ledger id, its charges chained as found; bound to the first owner that "
+            "serves it). A curator's receipt of this owner's earlier ledger makes the owner "
+            "refuse to serve until you restore that ledger or accept the loss (dpmarket owner "
+            "ledger resolve --accept-replaced-ledger)"
+            if done.new_identity
+            else ""
+        )
+        + "; recorded in the ledger",
+        markup=False,
+        highlight=False,
+    )
 
 
 def _policy_note(data_dir: Path, recorded: OwnerPolicy) -> str:
@@ -696,7 +805,7 @@ def read_owner_data(
     ``data_path`` and the table of ``table_path``. A table above ``in_memory_values`` values is
     served partition by partition on the engine ``engine()`` starts. Any problem fails the
     command on the owner's own console, naming the file and the column."""
-    from dpmarket.owner.sources import OwnerData, load_owner_data
+    from dpmarket.owner.data import OwnerData, load_owner_data
 
     try:
         if schema_path is not None:
@@ -906,6 +1015,75 @@ class OpenedOwner:
             self.engine.close()
 
 
+def _check_data_options(
+    data_path: str | None,
+    schema_path: str | None,
+    table_path: str | None,
+    binary_columns: tuple[str, ...],
+) -> None:
+    """Refuse a combination of ``owner serve``'s data options that names no data or contradicts
+    itself (:class:`click.UsageError`, saying which option to give)."""
+    if schema_path is not None:
+        if data_path is None or table_path is not None:
+            raise click.UsageError(
+                "with --schema, give --data: the owner's one table, served for every capability "
+                "(no --table)"
+            )
+    elif data_path is None and table_path is None:
+        raise click.UsageError("give --data (points to summarize), --table (for CAPE), or both")
+    elif binary_columns and table_path is None:
+        raise click.UsageError("--binary-column declares columns of --table: give --table")
+
+
+def _log_cape_peers(owner_id: str, peers: list[str], policy_source: str) -> None:
+    """Log the CAPE peers an owner's policy pins, or warn that it pins none (every job refused)."""
+    if peers:
+        logger.info("owner %s: CAPE peers (pinned keys): %s", owner_id, ", ".join(peers))
+    else:
+        logger.warning(
+            "owner %s: its policy pins no CAPE peers ([peers] of %s): every CAPE job will "
+            "be refused until its operator lists them (dpmarket pki show CERT prints a "
+            "peer's public-key pin)",
+            owner_id,
+            policy_source,
+        )
+
+
+def _log_opened(
+    owner_id: str,
+    found: OwnerData,
+    schema_path: str | None,
+    schema: Schema | None,
+    ledger: OwnerLedger,
+    policy_source: str,
+) -> None:
+    """Log what an opened owner serves (points, table, schema) and what its ledger has left."""
+    data, table = found.points, found.table
+    left = ledger.remaining()
+    points = (
+        "no points" if data is None else f"{data.n_points} points of {data.n_features} features"
+    )
+    if found.engine is not None:
+        points += f" (partitioned, on {found.engine.workers} Dask worker(s))"
+    rows = "no table" if table is None else f"a table of {table.n_rows} rows"
+    if table is not None and table.binary:
+        rows += f" (declared 0/1: {', '.join(table.binary)})"
+    if schema is not None:
+        rows += f"; schema {schema_path} (fingerprint {schema.fingerprint[:16]})"
+    logger.info(
+        "owner %s: %s, %s; ledger %s; policy %s; left %s: epsilon %g, delta %g, %d points",
+        owner_id,
+        points,
+        rows,
+        ledger.path,
+        policy_source,
+        left.window,
+        left.epsilon,
+        left.delta,
+        left.points,
+    )
+
+
 def open_owner(
     data_path: str | None,
     schema_path: str | None,
@@ -936,16 +1114,7 @@ def open_owner(
     from dpmarket.owner.protocol import Owner
     from dpmarket.owner.service import site_identity
 
-    if schema_path is not None:
-        if data_path is None or table_path is not None:
-            raise click.UsageError(
-                "with --schema, give --data: the owner's one table, served for every capability "
-                "(no --table)"
-            )
-    elif data_path is None and table_path is None:
-        raise click.UsageError("give --data (points to summarize), --table (for CAPE), or both")
-    elif binary_columns and table_path is None:
-        raise click.UsageError("--binary-column declares columns of --table: give --table")
+    _check_data_options(data_path, schema_path, table_path, binary_columns)
     security = security_from_options("owner", **tls)
     name = security.identity.name if security.identity is not None else None
     if name is not None and owner_id is not None and owner_id != name:
@@ -1002,40 +1171,8 @@ def open_owner(
         min_colluders=policy.cape_min_colluders,
     )
     if identity is not None and table is not None:
-        peers = sorted(identity.roster - {owner_id})
-        if peers:
-            logger.info("owner %s: CAPE peers (pinned keys): %s", owner_id, ", ".join(peers))
-        else:
-            logger.warning(
-                "owner %s: its policy pins no CAPE peers ([peers] of %s): every CAPE job will "
-                "be refused until its operator lists them (dpmarket pki show CERT prints a "
-                "peer's public-key pin)",
-                owner_id,
-                policy_source,
-            )
-    left = ledger.remaining()
-    points = (
-        "no points" if data is None else f"{data.n_points} points of {data.n_features} features"
-    )
-    if found.engine is not None:
-        points += f" (partitioned, on {found.engine.workers} Dask worker(s))"
-    rows = "no table" if table is None else f"a table of {table.n_rows} rows"
-    if table is not None and table.binary:
-        rows += f" (declared 0/1: {', '.join(table.binary)})"
-    if schema is not None:
-        rows += f"; schema {schema_path} (fingerprint {schema.fingerprint[:16]})"
-    logger.info(
-        "owner %s: %s, %s; ledger %s; policy %s; left %s: epsilon %g, delta %g, %d points",
-        owner.owner_id,
-        points,
-        rows,
-        ledger.path,
-        policy_source,
-        left.window,
-        left.epsilon,
-        left.delta,
-        left.points,
-    )
+        _log_cape_peers(owner_id, sorted(identity.roster - {owner_id}), policy_source)
+    _log_opened(owner.owner_id, found, schema_path, schema, ledger, policy_source)
     return OpenedOwner(owner, cape, ledger, policy, security, found.engine)
 
 
@@ -1174,15 +1311,22 @@ def publish_command(
     if as_json:
         print_json(document)
         return
-    table_out = Table(
-        title=f"{name}: sketches in the catalogue of {curator_name}", title_justify="left"
+    Console().print(
+        _publication_table(f"{name}: sketches in the catalogue of {curator_name}", rows)
     )
+    console.print(
+        f"ledger {ledger_path(Path(data_dir))}: left over {left.window}: epsilon "
+        f"{left.epsilon:.6g}, delta {left.delta:.3g}"
+    )
+
+
+def _publication_table(title: str, rows: list[dict[str, Any]]) -> Table:
+    """``owner publish``'s table: one row per spec published (its ``--json`` rows)."""
+    table = Table(title=title, title_justify="left")
     for column in ("spec", "epsilon", "delta", "charged now", "noisy count", "catalogue"):
-        table_out.add_column(
-            column, justify="left" if column == "spec" else "right", overflow="fold"
-        )
+        table.add_column(column, justify="left" if column == "spec" else "right", overflow="fold")
     for r in rows:
-        table_out.add_row(
+        table.add_row(
             r["spec"],
             f"{r['epsilon']:g}",
             f"{r['delta']:g}",
@@ -1190,11 +1334,7 @@ def publish_command(
             f"{r['noisy_count']:.1f}",
             "held already" if r["already_in_catalogue"] else "published",
         )
-    Console().print(table_out)
-    console.print(
-        f"ledger {ledger_path(Path(data_dir))}: left over {left.window}: epsilon "
-        f"{left.epsilon:.6g}, delta {left.delta:.3g}"
-    )
+    return table
 
 
 def _interactive() -> bool:
@@ -1295,3 +1435,78 @@ def published_command(data_dir: str, as_json: bool) -> None:
     for spec, key, epsilon, curators in rows:
         table.add_row(spec, key[:16], f"{epsilon:g}", ", ".join(curators) or "nobody yet")
     Console().print(table)
+
+
+def earnings_table(earnings: list[Earning], *, wide: bool = False) -> Table:
+    """The owner's earnings, one row per statement: when, the session, the consumer, points
+    read and delivered, epsilon, charge, reward and total (credits); 80 columns unless
+    ``wide`` (whole ids, the curator and the price components)."""
+    credits = credits_text
+    table = Table(title="earnings (credits)", title_justify="left")
+    headers = ["recorded", "session", "consumer", "read", "deliv.", "epsilon"]
+    if wide:
+        headers += ["curator", "per read", "per deliv.", "per eps.", "top-up"]
+    headers += ["reward", "total"]
+    for header in headers:
+        right = header not in ("recorded", "session", "consumer", "curator")
+        table.add_column(header, justify="right" if right else "left", overflow="fold")
+    for e in earnings:
+        line = e.statement.line
+        eps = (line.epsilon_session + line.epsilon_payout) / EPSILON_UNITS
+        row = [
+            iso_time(e.recorded_at) if wide else iso_time(e.recorded_at)[:10],
+            e.session if wide else short_session(e.session),
+            e.consumer if wide else e.consumer.removeprefix("consumer:"),
+            str(line.points_read),
+            str(line.points_delivered),
+            f"{eps:g}",
+        ]
+        if wide:
+            row += [e.curator]
+            row += [
+                credits(x)
+                for x in (
+                    line.read_charge,
+                    line.delivered_charge,
+                    line.epsilon_charge,
+                    line.minimum_topup,
+                )
+            ]
+        row += [credits(e.reward), credits(e.total)]
+        table.add_row(*row)
+    blank = [""] * (len(headers) - 2)
+    table.add_row("[bold]all", *blank, f"[bold]{credits(sum(e.total for e in earnings))}")
+    return table
+
+
+@click.command("earnings", context_settings={"help_option_names": ["-h", "--help"]})
+@config_option
+@_LEDGER_DIR
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--wide", is_flag=True, help="Every column and whole ids (default: 80 columns).")
+def earnings_command(data_dir: Path, as_json: bool, wide: bool) -> None:
+    """Show what the owner has earned: every settlement statement it checked against its own
+    ledger (points released, epsilon charged) and recorded, with the total.
+
+    Reads the owner's database only (no policy file, no network)."""
+    from dpmarket.owner.earnings import Earnings
+
+    try:
+        with OwnerLedger(data_dir, None) as book:
+            earnings = Earnings(book, book.identity.owner or "").all()
+    except LedgerMissingError as exc:
+        raise click.ClickException(f"{data_dir} holds no owner ledger: {exc}") from exc
+    except (OSError, ValueError, RuntimeError, sqlite3.DatabaseError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        document = {
+            "ledger": str(ledger_path(data_dir)),
+            "total": sum(e.total for e in earnings),
+            "earnings": [e.to_json() for e in earnings],
+        }
+        click.echo(json.dumps(document, indent=2, allow_nan=False))
+        return
+    if not earnings:
+        Console().print(f"no earnings recorded in {ledger_path(data_dir)}", highlight=False)
+        return
+    Console().print(earnings_table(earnings, wide=wide))

@@ -13,6 +13,7 @@ from dpmarket.common.summarization.endpoints import OwnerBid, OwnerInfo, Release
 from dpmarket.common.summarization.rff import RFFParams
 from dpmarket.runtime.arrays import array_from_proto, array_to_proto
 from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.market import prices_to_proto
 from dpmarket.runtime.schemas import schema_to_proto
 from dpmarket.v1 import array_pb2, cape_pb2, owner_pb2, privacy_pb2
 
@@ -55,6 +56,14 @@ def info_to_proto(info: OwnerInfo) -> owner_pb2.GetOwnerInfoResponse:
         num_features=info.num_features,
         has_labels=info.has_labels,
         schema=None if info.schema is None else schema_to_proto(info.schema),
+        prices=prices_to_proto(info.prices),
+        access=None
+        if info.access is None
+        else owner_pb2.OwnerAccess(
+            allow_exact_bids=info.access.allow_exact_bids,
+            allow_steered_selection=info.access.allow_steered_selection,
+            allow_non_private=info.access.allow_non_private,
+        ),
     )
 
 

@@ -43,7 +43,6 @@ from typing import Any, Literal
 
 import fsspec
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import zict
@@ -393,6 +392,8 @@ def _parquet_partitions(
 
 
 def _csv_header(fs: Any, path: str, where: str) -> list[str]:
+    import pandas as pd  # on first use: a program importing the client does not pay for it
+
     with fs.open(path, "rb") as fh:
         line = fh.readline()
     if not line.strip():
@@ -584,6 +585,8 @@ def _read_partition_files(
     partition: Partition, columns: Sequence[str], all_columns: Sequence[str]
 ) -> NDArray[np.float64]:
     """:func:`read_partition` from the files."""
+    import pandas as pd  # on first use: a program importing the client does not pay for it
+
     wanted = list(columns)
     if partition.kind == "parquet":
         fs, path = fsspec.core.url_to_fs(partition.url)

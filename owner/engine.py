@@ -6,7 +6,7 @@ owner merges them (sums as sums, selections by their merge rule, :mod:`dpmarket.
 * :class:`SerialEngine` runs every partition in the calling thread (tests, small tables);
 * :class:`DaskEngine` runs them on ``dask.distributed``: a :class:`distributed.LocalCluster` of
   worker processes on this machine by default, or the owner's own scheduler by address
-  (``serve-owner --dask-scheduler tcp://HOST:8786``). The workers read the partitions themselves
+  (``owner serve --dask-scheduler tcp://HOST:8786``). The workers read the partitions themselves
   (every worker must see the files at the same paths or URLs); only the partitions' small
   results come back.
 
@@ -208,7 +208,7 @@ def start_engine(
     Parameters
     ----------
     scheduler : str, optional
-        ``tcp://HOST:PORT`` of a running scheduler (``serve-owner --dask-scheduler``); default: a
+        ``tcp://HOST:PORT`` of a running scheduler (``owner serve --dask-scheduler``); default: a
         new :class:`distributed.LocalCluster` on this machine.
     workers : int, optional
         Worker processes of the local cluster, one thread each (default: the CPUs this process

@@ -47,6 +47,7 @@ signed (:meth:`OwnerLedger.check_receipt`) refuses every charge until its operat
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -55,18 +56,21 @@ import threading
 import time
 import tomllib
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
 from numbers import Integral, Real
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
+
+from google.protobuf.message import DecodeError
 
 from dpmarket.common.errors import (
     BudgetRefusedError,
     FailedPreconditionError,
     InvalidArgumentError,
+    NotFoundError,
     UnavailableError,
 )
 from dpmarket.owner.ledger_chain import (
@@ -77,6 +81,12 @@ from dpmarket.owner.ledger_chain import (
     hash_at,
     head,
     read_identity,
+)
+from dpmarket.owner.ledger_guard import (
+    TAMPERED_MESSAGE,
+    ChainGuard,
+    LedgerCheckError,
+    LedgerTamperedError,
 )
 from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.receipts import (
@@ -90,6 +100,7 @@ from dpmarket.owner.receipts import (
 from dpmarket.runtime.database import (
     DatabaseMissingError,
     Migration,
+    SchemaUpgradeRequiredError,
     open_database,
     snapshot,
     transaction,
@@ -98,21 +109,30 @@ from dpmarket.v1 import privacy_pb2
 
 __all__ = [
     "APPLICATION",
+    "CHAIN_SCHEMA",
     "DAY",
+    "GUARD_TRIGGERS",
     "LEDGER_FILE",
     "MAX_NAME_LENGTH",
     "MIGRATIONS",
     "RELATIVE_SLACK",
     "ROLLBACK_MESSAGE",
+    "TAMPERED_MESSAGE",
+    "LedgerCheckError",
     "LedgerEntry",
     "LedgerMissingError",
     "LedgerRollbackError",
+    "LedgerTamperedError",
+    "LedgerUpgradeRequiredError",
     "OwnerBudgetError",
     "OwnerLedger",
     "Remaining",
     "Resolution",
     "Totals",
+    "Upgrade",
     "ledger_path",
+    "record_superseded",
+    "upgrade_message",
 ]
 
 logger = logging.getLogger(__name__)
@@ -199,8 +219,77 @@ MIGRATIONS: tuple[Migration, ...] = (
     # chain of the charges (existing charges chained in order), and the receipts the ledger was
     # found behind (owner.ledger_chain.add_chain).
     add_chain,
+    # 4 -> 5: the market (dpmarket.owner.earnings): the market terms this owner accepted when a
+    # session opened (its line of the quote, its prices then, the settlement the terms fixed),
+    # and its earnings, one signed statement per (curator, session), recorded once it matched
+    # the ledger's own record of the session.
+    """
+    CREATE TABLE session_market (
+        curator TEXT NOT NULL,
+        session TEXT NOT NULL,
+        consumer TEXT NOT NULL,
+        terms_json TEXT NOT NULL,
+        accepted_at REAL NOT NULL,
+        PRIMARY KEY (curator, session)
+    );
+    CREATE TABLE earnings (
+        id TEXT PRIMARY KEY,
+        curator TEXT NOT NULL,
+        session TEXT NOT NULL,
+        consumer TEXT NOT NULL,
+        recorded_at REAL NOT NULL,
+        charge INTEGER NOT NULL CHECK (charge >= 0),
+        reward INTEGER NOT NULL CHECK (reward >= 0),
+        total INTEGER NOT NULL CHECK (total >= 0),
+        statement BLOB NOT NULL,
+        signature BLOB NOT NULL,
+        UNIQUE (curator, session)
+    );
+    CREATE TRIGGER earnings_no_update BEFORE UPDATE ON earnings BEGIN
+        SELECT RAISE(ABORT, 'earnings are append-only');
+    END;
+    CREATE TRIGGER earnings_no_delete BEFORE DELETE ON earnings BEGIN
+        SELECT RAISE(ABORT, 'earnings are append-only');
+    END;
+    """,
+    # 5 -> 6: the keys a receipt is checked with are append-only like the charges (deleting
+    # them hid a rollback behind a rotated key), and a receipt that names this
+    # owner but verifies under none of them is recorded as unverified (ledger_rollbacks.verified
+    # = 0) rather than ignored. Every trigger of GUARD_TRIGGERS must be present (verify).
+    """
+    CREATE TRIGGER ledger_keys_no_update BEFORE UPDATE ON ledger_keys BEGIN
+        SELECT RAISE(ABORT, 'a ledger keeps every key it served with');
+    END;
+    CREATE TRIGGER ledger_keys_no_delete BEFORE DELETE ON ledger_keys BEGIN
+        SELECT RAISE(ABORT, 'a ledger keeps every key it served with');
+    END;
+    ALTER TABLE ledger_rollbacks ADD COLUMN verified INTEGER NOT NULL DEFAULT 1;
+    """,
 )
 
+#: The triggers that keep the ledger's records append-only: a ledger without one of them was
+#: edited outside the owner (dropping a trigger is the first step of deleting what it guards),
+#: and fails ``verify`` and the owner's check at start.
+GUARD_TRIGGERS = (
+    "charges_add_to_totals",
+    "charges_no_update",
+    "charges_no_delete",
+    "ledger_identity_fixed",
+    "ledger_identity_bound_once",
+    "ledger_identity_no_delete",
+    "charge_chain_no_update",
+    "charge_chain_no_delete",
+    "ledger_keys_no_update",
+    "ledger_keys_no_delete",
+    "earnings_no_update",
+    "earnings_no_delete",
+)
+
+#: The first schema with the ledger's identity and hash chain (migration 3 -> 4). A ledger
+#: below it is migrated only by an explicit upgrade (:meth:`OwnerLedger.upgrade`), never on
+#: open: a file taken back below it would otherwise come back with a new id and its budget
+#: reset. Later migrations (which keep the identity and chain) run when the owner opens it.
+CHAIN_SCHEMA = 4
 #: Relative slack of the epsilon and delta comparisons (absorbs the rounding of decimal values).
 RELATIVE_SLACK = 1e-12
 #: Seconds in a day: the running totals' unit of time (UTC days since the epoch).
@@ -231,6 +320,8 @@ TABLES = (
     "ledger_keys",
     "charge_chain",
     "ledger_rollbacks",
+    "session_market",
+    "earnings",
 )
 
 
@@ -244,9 +335,11 @@ def _side_files(path: Path) -> list[Path]:
     return [path.with_name(path.name + suffix) for suffix in ("-wal", "-shm", "-journal")]
 
 
-class LedgerMissingError(FileNotFoundError):
+class LedgerMissingError(NotFoundError, FileNotFoundError):
     """The data directory holds no ledger the owner may use: the file is missing, empty or not
-    an owner ledger. The message says what happened and what to do; nothing was written.
+    an owner ledger. The message says what happened and what to do; nothing was written. Both a
+    :class:`~dpmarket.common.errors.NotFoundError` (what :mod:`dpmarket.client` raises) and a
+    ``FileNotFoundError``.
 
     Attributes
     ----------
@@ -289,6 +382,66 @@ class LedgerRollbackError(FailedPreconditionError):
     :data:`ROLLBACK_MESSAGE` (fixed, no budget figure)."""
 
 
+class LedgerUpgradeRequiredError(RuntimeError):
+    """The ledger is at an earlier release's schema: the owner does not migrate it on its own
+    (a file taken back to an earlier format would be bound again with a new id and a budget
+    reset). Nothing was written; the message says what to do."""
+
+
+def upgrade_message(path: Path, version: int, known: int) -> str:
+    """What to do about the ledger ``path`` at an earlier schema ``version`` (``known``: this
+    build's): upgrade it explicitly if it never ran this release, restore it otherwise."""
+    data_dir = path.parent
+    return (
+        f"{path} is an owner ledger of an earlier release (schema {version}; this build uses "
+        f"{known}): the owner does not upgrade it on its own. If this owner ran that earlier "
+        f"release until now, upgrade it once, explicitly: dpmarket owner ledger upgrade "
+        f"--data-dir {data_dir}. If it already ran this release, the file was taken back to an "
+        f"older format and may have lost charges: do not upgrade it, restore its latest backup: "
+        f"dpmarket owner ledger restore --data-dir {data_dir} --from BACKUP (docs/howto-ledger.md)"
+    )
+
+
+@dataclass(frozen=True)
+class Upgrade:
+    """What :meth:`OwnerLedger.upgrade` did.
+
+    Attributes
+    ----------
+    before, after : int
+        The schema versions (equal: nothing to do).
+    ledger_id : str
+        The ledger's id after the upgrade (drawn by it when the chain was added).
+    charges : int
+        Charges the ledger holds.
+    new_identity : bool
+        Whether the upgrade gave the ledger its identity (and chain): from schema 3 or earlier.
+    """
+
+    before: int
+    after: int
+    ledger_id: str
+    charges: int
+    new_identity: bool
+
+
+#: ``meta`` key prefix of a ledger id this ledger replaced on its operator's explicit request
+#: (``restore --replace-other-ledger``, ``resolve --accept-replaced-ledger``): the receipts of
+#: that ledger are then not a reason to refuse.
+SUPERSEDED_KEY = "superseded ledger "
+#: ``meta`` key prefix of an explicit upgrade's record (``dpmarket owner ledger upgrade``).
+UPGRADE_KEY = "upgrade "
+
+
+def record_superseded(conn: sqlite3.Connection, ledger_id: str, how: str, at: float) -> None:
+    """Record in the ledger (``meta``, inside the caller's transaction) that it replaced
+    ``ledger_id`` on its operator's request ``how``, at Unix time ``at``."""
+    conn.execute(
+        "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+        (SUPERSEDED_KEY + ledger_id, json.dumps({"at": at, "how": how})),
+    )
+
+
 @dataclass(frozen=True)
 class Resolution:
     """What :meth:`OwnerLedger.resolve_rollbacks` charged for one receipt the ledger was behind.
@@ -307,7 +460,13 @@ class Resolution:
     points : int
         Likewise, raw points.
     charge : int or None
-        The charge recorded, or None when nothing was missing.
+        The charge recorded, or None when nothing was missing (or could be charged).
+    replaced_ledger : str or None
+        For a receipt of another ledger of this owner: that ledger's id, now recorded as
+        replaced by this one (nothing is charged: its totals are sealed under its own key).
+    dismissed : bool
+        An unverified receipt (no key of the ledger signed it, its totals do not open)
+        dismissed on the operator's request: nothing is charged.
     """
 
     rollback: int
@@ -318,6 +477,8 @@ class Resolution:
     delta: float
     points: int
     charge: int | None
+    replaced_ledger: str | None = None
+    dismissed: bool = False
 
 
 class OwnerBudgetError(BudgetRefusedError):
@@ -452,6 +613,16 @@ def _from_groups(groups: Iterable[tuple[float, float, int, int, int]]) -> _Spent
     )
 
 
+def _unverified_state(receipt: privacy_pb2.LedgerReceipt) -> privacy_pb2.LedgerState | None:
+    """A receipt's state read without checking its signature (None if it does not parse or
+    names no ledger): what it claims, to decide whether it concerns this owner."""
+    try:
+        state = privacy_pb2.LedgerState.FromString(receipt.state)
+    except DecodeError:
+        return None
+    return state if state.ledger_id and state.owner else None
+
+
 def _round_up(value: Fraction) -> float:
     """The least double >= ``value``."""
     x = float(value)
@@ -528,6 +699,14 @@ class OwnerLedger:
     ForeignLedgerError
         (a ``ValueError``) If the ledger belongs to another owner, or to an owner of the same
         name in another deployment (another CA).
+    LedgerCheckError
+        (a ``ValueError``) If the ledger does not match what its owner wrote: a charge that
+        does not match its chain hash, or running totals that differ from the sums of the
+        charges (checked once, at open: O(history), :mod:`dpmarket.owner.ledger_guard`).
+    LedgerUpgradeRequiredError
+        (a ``RuntimeError``) If the file is at a schema below :data:`CHAIN_SCHEMA` (before the
+        ledger's identity and chain): it is migrated only by :meth:`upgrade` (``dpmarket owner
+        ledger upgrade``), never on open. Later schemas are migrated on open.
     ValueError
         If the file belongs to another application, or ``policy`` is ``None`` and the ledger
         records no policy.
@@ -573,24 +752,41 @@ class OwnerLedger:
         clock: Callable[[], float],
         *,
         create: bool,
+        upgrade: bool = False,
     ) -> None:
         self._path = ledger_path(data_dir)
         self._clock = clock
         self._lock = threading.Lock()
+        self._pending: list[tuple[tuple[Any, ...], bytes]] = []
         try:
             # A rollback journal, not WAL: a committed charge is in owner.sqlite3 itself, so a
-            # lost or truncated file beside it cannot take a charge back in silence.
+            # lost or truncated file beside it cannot take a charge back in silence. A file
+            # below the chain's schema is migrated only on request (upgrade): see
+            # LedgerUpgradeRequiredError; later migrations run on open.
             self._conn = open_database(
-                self._path, MIGRATIONS, application=APPLICATION, create=create, journal="rollback"
+                self._path,
+                MIGRATIONS,
+                application=APPLICATION,
+                create=create,
+                journal="rollback",
+                auto_upgrade_from=0 if upgrade else CHAIN_SCHEMA,
             )
         except DatabaseMissingError as exc:
             raise LedgerMissingError(
                 _missing_message(self._path, exc.reason), reason=exc.reason
             ) from None
+        except SchemaUpgradeRequiredError as exc:
+            raise LedgerUpgradeRequiredError(
+                upgrade_message(self._path, exc.version, exc.known)
+            ) from None
         self._signer = owner.signer if owner is not None else None
         try:
             self._identity = self._bind(owner)
             self._policy = self._record_policy(policy)
+            with snapshot(self._conn):
+                self._guard = ChainGuard.load(
+                    self._conn, self._path, expected_tables=TABLES, expected_triggers=GUARD_TRIGGERS
+                )
         except BaseException:
             self._conn.close()
             raise
@@ -645,6 +841,95 @@ class OwnerLedger:
             ledger.identity.owner or "(unbound)",
         )
         return ledger
+
+    @classmethod
+    def upgrade(
+        cls, data_dir: str | os.PathLike[str], *, clock: Callable[[], float] = time.time
+    ) -> Upgrade:
+        """Migrate a ledger of an earlier release to this build's schema, and record it.
+
+        What ``dpmarket owner ledger upgrade`` runs; the owner never migrates its ledger on its
+        own (:class:`LedgerUpgradeRequiredError`). From schema 3 or earlier, the migration gives
+        the ledger its identity (a new id, unbound: the first owner that serves it binds it)
+        and chains its charges as found (:func:`~dpmarket.owner.ledger_chain.add_chain`). The
+        upgrade is recorded in the ledger (``meta``: from, to, when, the ledger id, charges).
+
+        Returns
+        -------
+        Upgrade
+            ``before == after`` when the ledger was at this build's schema already (nothing
+            recorded).
+
+        Raises
+        ------
+        LedgerMissingError
+            If there is no ledger file to upgrade (missing, empty, not an owner ledger).
+        RuntimeError
+            If the file was written by a newer dpmarket.
+        LedgerCheckError
+            If the upgraded ledger does not match its charges (running totals edited).
+        """
+        path = ledger_path(data_dir)
+        before = 0
+        if path.is_file() and path.stat().st_size > 0:
+            with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as c:
+                before = int(c.execute("PRAGMA user_version").fetchone()[0])
+        ledger = cls.__new__(cls)
+        ledger._open(data_dir, None, None, clock, create=False, upgrade=True)
+        try:
+            after = len(MIGRATIONS)
+            with ledger._lock, transaction(ledger._conn):
+                charges = int(ledger._conn.execute("SELECT COUNT(*) FROM charges").fetchone()[0])
+                if before != after:
+                    now = float(clock())
+                    ledger._conn.execute(
+                        "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                        (
+                            f"{UPGRADE_KEY}{before}->{after} at {now!r}",
+                            json.dumps(
+                                {
+                                    "from": before,
+                                    "to": after,
+                                    "at": now,
+                                    "ledger_id": ledger.identity.ledger_id,
+                                    "charges": charges,
+                                }
+                            ),
+                        ),
+                    )
+        finally:
+            ledger.close()
+        if before != after:
+            logger.warning(
+                "ledger %s upgraded from schema %d to %d: ledger %s, %d charges",
+                path,
+                before,
+                after,
+                ledger.identity.ledger_id,
+                charges,
+            )
+        return Upgrade(
+            before=before,
+            after=after,
+            ledger_id=ledger.identity.ledger_id,
+            charges=charges,
+            new_identity=before < 4 <= after,
+        )
+
+    @contextmanager
+    def _writing(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction that may insert charges (:meth:`_insert`): the owner's guard
+        takes them in once it has committed, never before."""
+        self._pending = []
+        try:
+            with transaction(self._conn) as conn:
+                yield conn
+        except BaseException:
+            self._pending = []
+            raise
+        for row, digest in self._pending:
+            self._guard.advance(row, digest)
+        self._pending = []
 
     def _bind(self, owner: LedgerOwner | None) -> LedgerIdentity:
         """Check that the ledger is ``owner``'s (bind an unbound one, add a renewed key)."""
@@ -811,11 +1096,12 @@ class OwnerLedger:
         of a day at its start, found by their time index."""
         seconds = self._policy.window_seconds
         first_day = 1 if math.isinf(seconds) else max(1, math.floor((now - seconds) / DAY) + 1)
-        whole_days = self._conn.execute(
-            "SELECT epsilon, delta, non_private, SUM(charges), SUM(points) FROM charge_totals "
-            "WHERE day >= ? GROUP BY epsilon, delta, non_private",
-            (first_day,),
-        ).fetchall()
+        # The whole days' totals as the owner wrote them, once the table is found to hold
+        # exactly them (ledger_guard); the partial first day's charges likewise.
+        self._guard.sync(self._conn)
+        whole_days = self._guard.window(self._conn, first_day)
+        if not math.isinf(seconds):
+            self._guard.check_day(self._conn, first_day - 1)
         # Days >= 1 hold exactly the charges made at or after first_day * DAY (CAST truncates,
         # and those times are positive); the rest of the window is scanned.
         start = -math.inf if math.isinf(seconds) else now - seconds
@@ -874,6 +1160,7 @@ class OwnerLedger:
 
     def _refuse(self, request: _Request, now: float) -> None:
         self._refuse_if_rolled_back()
+        self._guard.sync(self._conn)
         refusals = self._refusals(request, now)
         if refusals:
             raise OwnerBudgetError("owner budget exceeded: " + "; ".join(refusals))
@@ -888,24 +1175,26 @@ class OwnerLedger:
 
     def _insert(self, request: _Request, now: float) -> int:
         """Insert and chain one charge (inside the caller's write transaction); its id."""
+        values = (
+            now,
+            request.session,
+            request.consumer,
+            request.curator,
+            request.mechanism,
+            request.epsilon,
+            request.delta,
+            request.points,
+            int(request.non_private),
+        )
         cursor = self._conn.execute(
             "INSERT INTO charges (at, session, consumer, curator, mechanism, epsilon, delta, "
             "points, non_private) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                now,
-                request.session,
-                request.consumer,
-                request.curator,
-                request.mechanism,
-                request.epsilon,
-                request.delta,
-                request.points,
-                int(request.non_private),
-            ),
+            values,
         )
         row_id = cursor.lastrowid
         assert row_id is not None
-        append_chain(self._conn, row_id)
+        digest = append_chain(self._conn, row_id)
+        self._pending.append(((row_id, *values), digest))
         return row_id
 
     # ------------------------------------------------------------------ public API
@@ -999,7 +1288,7 @@ class OwnerLedger:
         and one SHA-256, whatever the ledger's length.
         """
         request = self._request(session, consumer, curator, mechanism, epsilon, delta, points)
-        with self._lock, _unavailable_when_busy(self._path), transaction(self._conn):
+        with self._lock, _unavailable_when_busy(self._path), self._writing():
             now = float(self._clock())
             self._refuse(request, now)
             row_id = self._insert(request, now)
@@ -1020,12 +1309,9 @@ class OwnerLedger:
 
     # ------------------------------------------------------------------ receipts
     def _lifetime_spent(self) -> _Spent:
-        return _from_groups(
-            self._conn.execute(
-                "SELECT epsilon, delta, non_private, SUM(charges), SUM(points) FROM charge_totals "
-                "GROUP BY epsilon, delta, non_private"
-            ).fetchall()
-        )
+        """Every charge's totals, as the owner wrote them (the table checked against them)."""
+        self._guard.sync(self._conn)
+        return _from_groups(self._guard.lifetime(self._conn))
 
     def _seal_key(self) -> bytes:
         return bytes(self._conn.execute("SELECT seal_key FROM ledger_identity").fetchone()[0])
@@ -1078,18 +1364,27 @@ class OwnerLedger:
         ------
         LedgerRollbackError
             If a rollback found earlier is not resolved, or the receipt shows one now: it is
-            signed by one of this ledger's keys, names this ledger, and the ledger holds fewer
-            charges than it covers, or other charges up to it (its chain hash there differs).
-            The rollback is recorded (every later charge is refused too) and logged on the
-            owner's console with what its operator can do; the message is
-            :data:`ROLLBACK_MESSAGE`.
+            signed by one of this ledger's keys and either names this ledger, which holds
+            fewer charges than it covers or other charges up to it (its chain hash there
+            differs), or names *another* ledger of this owner that this one was not recorded
+            as replacing (the ledger was replaced by a new one, a downgraded copy, or one
+            created anew: what that ledger charged is not counted here). It is recorded (every
+            later charge is refused too) and logged on the owner's console with what its
+            operator can do; the message is :data:`ROLLBACK_MESSAGE`.
 
         Notes
         -----
-        A receipt this ledger's keys did not sign, or one of another ledger (signed by this
-        owner for a ledger it had before), changes nothing: it is logged and ignored, so a
-        curator can neither make the owner refuse with a forged receipt nor hide a rollback
-        with one. A receipt already resolved (:meth:`resolve_rollbacks`) is accepted.
+        A receipt that none of this ledger's keys verifies is ignored (logged) only when it
+        names no ledger of this owner. One that names this owner and is not consistent with
+        this ledger (another ledger, or a chain head this ledger does not hold) is recorded as
+        *unverified* and refused like a rollback: a ledger restored from an older copy whose
+        keys were edited (the receipt's key removed, a new certificate issued) cannot hide the
+        rollback behind it. The price: a curator presenting a forged receipt
+        makes the owner refuse until its operator resolves it, a denial of service a curator
+        has anyway by not calling the owner; it cannot hide a rollback with one.
+        A receipt already resolved (:meth:`resolve_rollbacks`) is accepted,
+        and so is one of a ledger this one was recorded as replacing on its operator's
+        request (``restore --replace-other-ledger``, ``resolve --accept-replaced-ledger``).
         """
         if receipt is None or not (receipt.state or receipt.signature):
             with self._lock, _unavailable_when_busy(self._path), snapshot(self._conn):
@@ -1102,32 +1397,40 @@ class OwnerLedger:
                 str(f): bytes(k)
                 for f, k in self._conn.execute("SELECT fingerprint, public_key FROM ledger_keys")
             }
+            verified = True
             try:
                 state, _ = open_receipt(receipt, keys)
             except ReceiptError as exc:
-                logger.warning(
-                    "%s presented a ledger receipt this owner did not sign (%s): ignored",
-                    curator,
-                    exc,
-                )
-                return
-            if state.ledger_id != self._identity.ledger_id:
-                logger.warning(
-                    "%s presented a receipt of another ledger of this owner (ledger %s, up to "
-                    "charge %d), not of this one (%s): ignored. If this ledger replaced a lost "
-                    "one, the charges of that one are not counted here (docs/howto-ledger.md)",
+                unverified = _unverified_state(receipt)
+                if unverified is None or unverified.owner != self._identity.owner:
+                    logger.warning(
+                        "%s presented a ledger receipt this owner did not sign (%s), naming "
+                        "no ledger of this owner: ignored",
+                        curator,
+                        exc,
+                    )
+                    return
+                state, verified = unverified, False
+                if self._resolved_unverified(receipt):
+                    return
+            other = state.ledger_id != self._identity.ledger_id
+            if other and self._superseded(state.ledger_id):
+                logger.info(
+                    "%s presented a receipt of ledger %s, which this ledger replaced on its "
+                    "operator's request: accepted",
                     curator,
                     state.ledger_id,
-                    state.sequence,
-                    self._identity.ledger_id,
                 )
                 return
-            if hash_at(self._conn, state.sequence) == state.head or self._resolved(state):
+            if not other and (
+                hash_at(self._conn, state.sequence) == state.head
+                or (verified and self._resolved(state))
+            ):
                 return
             sequence, _ = head(self._conn)
             self._conn.execute(
                 "INSERT INTO ledger_rollbacks (detected_at, curator, receipt, sequence, head, "
-                "ledger_sequence) VALUES (?, ?, ?, ?, ?, ?)",
+                "ledger_sequence, verified) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     float(self._clock()),
                     curator,
@@ -1135,9 +1438,68 @@ class OwnerLedger:
                     state.sequence,
                     bytes(state.head),
                     sequence,
+                    int(verified),
                 ),
             )
             found = (state.sequence, sequence)
+        self._raise_rollback(curator, state, found, verified=verified, other=other)
+
+    def _raise_rollback(
+        self,
+        curator: str,
+        state: privacy_pb2.LedgerState,
+        found: tuple[int, int],
+        *,
+        verified: bool,
+        other: bool,
+    ) -> NoReturn:
+        """Log the rollback :meth:`check_receipt` just recorded, with what its operator can do,
+        and refuse: ``found`` is ``(receipt's sequence, ledger's sequence)``, ``verified``
+        whether a key of this ledger signed the receipt, ``other`` whether it names another
+        ledger of this owner.
+
+        Raises
+        ------
+        LedgerRollbackError
+            Always, with :data:`ROLLBACK_MESSAGE`.
+        """
+        if not verified:
+            logger.error(
+                "%s presented a receipt naming this owner (ledger %s, up to charge %d) that no "
+                "key of ledger %s (%s) verifies; the ledger %s. Either this ledger was "
+                "restored from an older copy and the keys it lists were changed (the receipt "
+                "was signed by a key it no longer lists), or the curator presents a forged "
+                "receipt. The owner refuses every session and job until its operator restores "
+                "the latest backup that verifies, or runs: dpmarket owner ledger resolve "
+                "--data-dir %s (it charges back what the receipt shows lost when the receipt's "
+                "totals open under this ledger's own key; a receipt they do not open is "
+                "dismissed only with --dismiss-unverified-receipts) (docs/howto-ledger.md)",
+                curator,
+                state.ledger_id,
+                state.sequence,
+                self._identity.ledger_id,
+                self._path,
+                f"holds {found[1]} charges",
+                self._path.parent,
+            )
+            raise LedgerRollbackError(ROLLBACK_MESSAGE)
+        if other:
+            logger.error(
+                "ledger %s (ledger %s) is not the ledger this owner signed a receipt of, "
+                "presented by %s: ledger %s, up to charge %d. This ledger replaced it (created "
+                "anew, or taken back to an earlier format and upgraded), and what that ledger "
+                "charged is not counted here. The owner refuses every session and job until "
+                "its operator restores that ledger's latest backup (dpmarket owner ledger "
+                "restore --replace-other-ledger) or accepts the loss on record: dpmarket owner "
+                "ledger resolve --accept-replaced-ledger --data-dir %s (docs/howto-ledger.md)",
+                self._path,
+                self._identity.ledger_id,
+                curator,
+                state.ledger_id,
+                state.sequence,
+                self._path.parent,
+            )
+            raise LedgerRollbackError(ROLLBACK_MESSAGE)
         logger.error(
             "ledger %s is behind a receipt this owner signed, presented by %s: the receipt "
             "covers %d charges, the ledger %s. It was restored from an older copy or lost "
@@ -1151,6 +1513,25 @@ class OwnerLedger:
             self._path.parent,
         )
         raise LedgerRollbackError(ROLLBACK_MESSAGE)
+
+    def _resolved_unverified(self, receipt: privacy_pb2.LedgerReceipt) -> bool:
+        """Whether this unverified receipt, byte for byte, was resolved already."""
+        return (
+            self._conn.execute(
+                "SELECT 1 FROM ledger_rollbacks WHERE receipt = ? AND verified = 0 "
+                "AND resolved_at IS NOT NULL LIMIT 1",
+                (receipt.SerializeToString(),),
+            ).fetchone()
+            is not None
+        )
+
+    def _superseded(self, ledger_id: str) -> bool:
+        return (
+            self._conn.execute(
+                "SELECT 1 FROM meta WHERE key = ?", (SUPERSEDED_KEY + ledger_id,)
+            ).fetchone()
+            is not None
+        )
 
     def _resolved(self, state: privacy_pb2.LedgerState) -> bool:
         return (
@@ -1172,7 +1553,9 @@ class OwnerLedger:
             ).fetchall()
         return [(int(r[0]), float(r[1]), str(r[2]), int(r[3]), int(r[4]), r[5]) for r in rows]
 
-    def resolve_rollbacks(self) -> list[Resolution]:
+    def resolve_rollbacks(
+        self, *, accept_replaced_ledger: bool = False, dismiss_unverified: bool = False
+    ) -> list[Resolution]:
         """Resolve every rollback found: charge what each receipt shows was lost, then serve.
 
         For each receipt the ledger was found behind, the charges it covers that this ledger
@@ -1183,6 +1566,27 @@ class OwnerLedger:
         charge records privacy already spent. The receipt is then accepted when presented
         again, and the ledger serves.
 
+        A receipt of *another* ledger of this owner (this ledger replaced it) cannot be charged
+        back: its totals are sealed under that ledger's key. It is resolved only with
+        ``accept_replaced_ledger``, which records that ledger as replaced by this one
+        (:func:`record_superseded`): its receipts are accepted from then on, and what it
+        charged is lost to the budget, on the operator's record.
+
+        A receipt no key of this ledger verifies (*unverified*: the ledger's keys were changed,
+        or the curator forged it) is charged back as above when its sealed totals open under
+        this ledger's own sealing key, which only this ledger and its copies hold (AES-GCM
+        authenticates them, bound to the receipt's ledger, charge and chain head): it is this
+        ledger's own receipt. One whose totals do not open is resolved only with
+        ``dismiss_unverified``, which records it resolved and charges nothing.
+
+        Parameters
+        ----------
+        accept_replaced_ledger : bool, default False
+            Resolve the receipts of other ledgers of this owner as above.
+        dismiss_unverified : bool, default False
+            Resolve unverified receipts whose totals do not open under this ledger's key
+            (forged, or of another ledger), charging nothing, on the operator's record.
+
         Returns
         -------
         list of Resolution
@@ -1192,7 +1596,8 @@ class OwnerLedger:
         ------
         ValueError
             If a recorded receipt's totals cannot be read (not sealed by this ledger): restore
-            a newer copy of the ledger instead.
+            a newer copy of the ledger instead; or a receipt is of another ledger of this owner
+            and ``accept_replaced_ledger`` is false. Nothing is written then.
 
         Notes
         -----
@@ -1204,72 +1609,191 @@ class OwnerLedger:
         in a rolling window at least as long as they would have stayed.
         """
         out: list[Resolution] = []
-        with self._lock, _unavailable_when_busy(self._path), transaction(self._conn):
+        with self._lock, _unavailable_when_busy(self._path), self._writing():
+            self._guard.sync(self._conn)
             now = float(self._clock())
             key = self._seal_key()
             rows = self._conn.execute(
-                "SELECT id, curator, receipt, ledger_sequence FROM ledger_rollbacks "
+                "SELECT id, curator, receipt, ledger_sequence, verified FROM ledger_rollbacks "
                 "WHERE resolved_at IS NULL ORDER BY id"
             ).fetchall()
-            for number, curator, blob, ledger_sequence in rows:
+            for number, curator, blob, ledger_sequence, verified in rows:
                 state = privacy_pb2.LedgerState.FromString(
                     privacy_pb2.LedgerReceipt.FromString(bytes(blob)).state
                 )
-                try:
-                    lost = unseal_totals(
-                        key,
-                        state.sealed_totals,
-                        ledger_id=state.ledger_id,
-                        sequence=state.sequence,
-                        head=bytes(state.head),
+                found = (int(number), str(curator), state, int(ledger_sequence), now)
+                if not verified:
+                    out.append(
+                        self._resolve_unverified(*found, key=key, dismiss=dismiss_unverified)
                     )
-                except ReceiptError as exc:
-                    raise ValueError(
-                        f"rollback {number}: {exc}; restore a newer copy of the ledger instead"
-                    ) from None
-                shared = self._spent(
-                    "id <= ? AND at <= ?",
-                    (min(state.sequence, head(self._conn)[0]), state.signed_at),
-                )
-                epsilon = _round_up(max(lost.epsilon - shared.epsilon, Fraction(0)))
-                delta = min(
-                    _round_up(max(lost.delta - shared.delta, Fraction(0))), math.nextafter(1.0, 0)
-                )
-                points = max(lost.points - shared.points, 0)
-                charge_id = None
-                if epsilon > 0 or delta > 0 or points > 0:
-                    charge_id = self._insert(
-                        _Request(
-                            session=f"ledger-rollback-{number}",
-                            consumer="operator",
-                            curator=str(curator),
-                            mechanism=(
-                                f"charges lost in a rollback (receipt up to charge "
-                                f"{state.sequence}, ledger at charge {ledger_sequence})"
-                            ),
-                            epsilon=epsilon,
-                            delta=delta,
-                            points=points,
-                        ),
-                        now,
-                    )
-                self._conn.execute(
-                    "UPDATE ledger_rollbacks SET resolved_at = ?, charge = ? WHERE id = ?",
-                    (now, charge_id, number),
-                )
-                out.append(
-                    Resolution(
-                        rollback=int(number),
-                        curator=str(curator),
-                        receipt_sequence=int(state.sequence),
-                        ledger_sequence=int(ledger_sequence),
-                        epsilon=epsilon,
-                        delta=delta,
-                        points=points,
-                        charge=charge_id,
-                    )
-                )
+                elif state.ledger_id != self._identity.ledger_id:
+                    out.append(self._resolve_replaced(*found, accept=accept_replaced_ledger))
+                else:
+                    out.append(self._resolve_lost(*found, key=key))
         return out
+
+    def _resolve_replaced(
+        self,
+        number: int,
+        curator: str,
+        state: privacy_pb2.LedgerState,
+        ledger_sequence: int,
+        now: float,
+        *,
+        accept: bool,
+    ) -> Resolution:
+        """Resolve rollback ``number``, a receipt of another ledger of this owner, for
+        :meth:`resolve_rollbacks` (inside its transaction): record that ledger as replaced, or
+        raise ``ValueError`` unless ``accept``."""
+        if not accept:
+            raise ValueError(
+                f"rollback {number}: {curator} presented a receipt of ledger "
+                f"{state.ledger_id} of this owner (up to charge {state.sequence}), "
+                f"not of this ledger {self._identity.ledger_id}: this ledger "
+                "replaced it, and what it charged cannot be charged back here (its "
+                "totals are sealed under its own key). If it is this owner's real "
+                "ledger, restore its latest backup (dpmarket owner ledger restore "
+                "--replace-other-ledger); if you replaced it knowingly, accept the "
+                "loss on record: dpmarket owner ledger resolve "
+                "--accept-replaced-ledger"
+            )
+        record_superseded(self._conn, state.ledger_id, "resolve --accept-replaced-ledger", now)
+        return self._resolved_uncharged(
+            number, curator, state, ledger_sequence, now, replaced_ledger=state.ledger_id
+        )
+
+    def _resolved_uncharged(
+        self,
+        number: int,
+        curator: str,
+        state: privacy_pb2.LedgerState,
+        ledger_sequence: int,
+        now: float,
+        *,
+        replaced_ledger: str | None = None,
+        dismissed: bool = False,
+    ) -> Resolution:
+        """Mark rollback ``number`` resolved at ``now`` with nothing charged back (an operator's
+        decision on record: a replaced ledger accepted, or an unverified receipt dismissed)."""
+        self._conn.execute(
+            "UPDATE ledger_rollbacks SET resolved_at = ? WHERE id = ?", (now, number)
+        )
+        return Resolution(
+            rollback=int(number),
+            curator=str(curator),
+            receipt_sequence=int(state.sequence),
+            ledger_sequence=int(ledger_sequence),
+            epsilon=0.0,
+            delta=0.0,
+            points=0,
+            charge=None,
+            replaced_ledger=replaced_ledger,
+            dismissed=dismissed,
+        )
+
+    def _resolve_unverified(
+        self,
+        number: int,
+        curator: str,
+        state: privacy_pb2.LedgerState,
+        ledger_sequence: int,
+        now: float,
+        *,
+        key: bytes,
+        dismiss: bool,
+    ) -> Resolution:
+        """Resolve rollback ``number``, a receipt no key of this ledger verifies: charge back
+        what it shows lost if its totals open under this ledger's key (its own receipt), else
+        dismiss it (``dismiss``) or raise ``ValueError`` saying what to do."""
+        if state.ledger_id == self._identity.ledger_id:
+            try:
+                return self._resolve_lost(number, curator, state, ledger_sequence, now, key=key)
+            except ValueError:
+                pass
+        if not dismiss:
+            raise ValueError(
+                f"rollback {number}: {curator} presented a receipt naming this owner (ledger "
+                f"{state.ledger_id}, up to charge {state.sequence}) that no key of this ledger "
+                "verifies and whose totals do not open under this ledger's key: it was forged, "
+                "or this ledger is not the one that signed it. Restore this owner's latest "
+                "backup that verifies (dpmarket owner ledger restore); if you are sure the "
+                "receipt is forged, dismiss it on record: dpmarket owner ledger resolve "
+                "--dismiss-unverified-receipts"
+            )
+        logger.warning(
+            "rollback %d: unverified receipt from %s (ledger %s, charge %d) dismissed by the "
+            "operator: nothing charged",
+            number,
+            curator,
+            state.ledger_id,
+            state.sequence,
+        )
+        return self._resolved_uncharged(
+            number, curator, state, ledger_sequence, now, dismissed=True
+        )
+
+    def _resolve_lost(
+        self,
+        number: int,
+        curator: str,
+        state: privacy_pb2.LedgerState,
+        ledger_sequence: int,
+        now: float,
+        *,
+        key: bytes,
+    ) -> Resolution:
+        """Resolve rollback ``number``, a receipt of this ledger, for :meth:`resolve_rollbacks`
+        (inside its transaction): charge again what it shows was lost."""
+        try:
+            lost = unseal_totals(
+                key,
+                state.sealed_totals,
+                ledger_id=state.ledger_id,
+                sequence=state.sequence,
+                head=bytes(state.head),
+            )
+        except ReceiptError as exc:
+            raise ValueError(
+                f"rollback {number}: {exc}; restore a newer copy of the ledger instead"
+            ) from None
+        shared = self._spent(
+            "id <= ? AND at <= ?",
+            (min(state.sequence, head(self._conn)[0]), state.signed_at),
+        )
+        epsilon = _round_up(max(lost.epsilon - shared.epsilon, Fraction(0)))
+        delta = min(_round_up(max(lost.delta - shared.delta, Fraction(0))), math.nextafter(1.0, 0))
+        points = max(lost.points - shared.points, 0)
+        charge_id = None
+        if epsilon > 0 or delta > 0 or points > 0:
+            charge_id = self._insert(
+                _Request(
+                    session=f"ledger-rollback-{number}",
+                    consumer="operator",
+                    curator=str(curator),
+                    mechanism=(
+                        f"charges lost in a rollback (receipt up to charge "
+                        f"{state.sequence}, ledger at charge {ledger_sequence})"
+                    ),
+                    epsilon=epsilon,
+                    delta=delta,
+                    points=points,
+                ),
+                now,
+            )
+        self._conn.execute(
+            "UPDATE ledger_rollbacks SET resolved_at = ?, charge = ? WHERE id = ?",
+            (now, charge_id, number),
+        )
+        return Resolution(
+            rollback=int(number),
+            curator=str(curator),
+            receipt_sequence=int(state.sequence),
+            ledger_sequence=int(ledger_sequence),
+            epsilon=epsilon,
+            delta=delta,
+            points=points,
+            charge=charge_id,
+        )
 
     def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``query(connection)`` on one consistent snapshot of the owner's database (reads

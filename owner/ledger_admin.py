@@ -12,7 +12,14 @@ the how-to is docs/howto-ledger.md.
 * :func:`restore_ledger` puts a backup in place of the ledger (the owner stopped): it checks the
   backup first (an owner ledger, its chain whole, the same ledger as the one it replaces),
   moves the current files aside (never deletes them; a stale journal left beside a restored
-  file would be played onto it) and copies the backup in.
+  file would be played onto it) and copies the backup in. Restoring over *another* ledger of
+  the owner (``--replace-other-ledger``) records the ledger it replaces in the restored one, so
+  that the receipts of that ledger are recognised as replaced rather than refused; what that
+  ledger charged is not counted in the restored one.
+* :func:`upgrade_ledger` migrates a ledger of an earlier release to this build's schema, on its
+  operator's explicit request (the owner never migrates its ledger on its own: a file taken back
+  to an earlier format would otherwise be bound again with a new id and its budget reset), and
+  records the upgrade in the ledger.
 * :func:`verify_file` checks a ledger or a backup whole: SQLite's integrity, the schema, the
   identity (and, given the owner's certificate, that it is this owner's), the hash chain and the
   running totals (:func:`dpmarket.owner.ledger_chain.verify_ledger`).
@@ -27,10 +34,22 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
 
-from dpmarket.owner.ledger import APPLICATION, MIGRATIONS, TABLES, OwnerLedger, ledger_path
+from dpmarket.owner.ledger import (
+    APPLICATION,
+    GUARD_TRIGGERS,
+    MIGRATIONS,
+    TABLES,
+    LedgerUpgradeRequiredError,
+    OwnerLedger,
+    Upgrade,
+    ledger_path,
+    record_superseded,
+    upgrade_message,
+)
 from dpmarket.owner.ledger_chain import (
     ChainProblem,
     ForeignLedgerError,
@@ -40,10 +59,17 @@ from dpmarket.owner.ledger_chain import (
     verify_ledger,
 )
 from dpmarket.owner.policy import data_dir_policy
-from dpmarket.runtime.database import backup_database, open_read_only
+from dpmarket.runtime.database import backup_database, open_read_only, transaction
 from dpmarket.runtime.transport import TransportSecurity
 
-__all__ = ["backup_ledger", "init_ledger", "restore_ledger", "verify_file"]
+__all__ = [
+    "backup_ledger",
+    "init_ledger",
+    "replaced_ledger",
+    "restore_ledger",
+    "upgrade_ledger",
+    "verify_file",
+]
 
 
 def init_ledger(
@@ -65,7 +91,7 @@ def init_ledger(
         Its mTLS credentials (the ledger records the CA that issued its certificate and the
         certificate's key), or plaintext (the name only).
     policy : path, optional
-        A policy file to install as ``data_dir/policy.toml`` (as ``serve-owner --policy``
+        A policy file to install as ``data_dir/policy.toml`` (as ``owner serve --policy``
         does); the policy in force is recorded as the ledger's first.
 
     Returns
@@ -85,6 +111,25 @@ def init_ledger(
     owner = LedgerOwner.from_security(name, security)
     with OwnerLedger.create(data_dir, found, owner=owner) as ledger:
         return ledger.identity
+
+
+def upgrade_ledger(data_dir: str | os.PathLike[str]) -> Upgrade:
+    """Migrate the ledger in ``data_dir`` to this build's schema and record it (the owner
+    stopped): :meth:`dpmarket.owner.ledger.OwnerLedger.upgrade`, what ``dpmarket owner ledger
+    upgrade`` runs."""
+    return OwnerLedger.upgrade(data_dir)
+
+
+def replaced_ledger(data_dir: str | os.PathLike[str]) -> Verification | None:
+    """The verification of the ledger in ``data_dir`` that a restore or an init would replace,
+    or None if there is none that reads (missing, empty, damaged, another schema)."""
+    target = ledger_path(data_dir)
+    if not target.is_file() or target.stat().st_size == 0:
+        return None
+    try:
+        return verify_file(target)
+    except (ValueError, RuntimeError, sqlite3.DatabaseError):
+        return None
 
 
 def verify_file(path: str | os.PathLike[str], *, owner: LedgerOwner | None = None) -> Verification:
@@ -110,17 +155,23 @@ def verify_file(path: str | os.PathLike[str], *, owner: LedgerOwner | None = Non
     ValueError
         If the file is not an owner ledger.
     RuntimeError
-        If its schema is not this build's (the message says whether to upgrade dpmarket or
-        start the owner once to migrate it).
+        If its schema is not this build's (the message says whether to upgrade dpmarket, or
+        to upgrade the ledger explicitly or restore it: :class:`LedgerUpgradeRequiredError`).
     sqlite3.DatabaseError
         If it is not an SQLite database.
     """
     path = Path(path)
     if path.is_file() and path.stat().st_size == 0:
         raise ValueError(f"{path} is empty (0 bytes): not an owner ledger")
+    if path.is_file():
+        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as c:
+            version = int(c.execute("PRAGMA user_version").fetchone()[0])
+        if 0 < version < len(MIGRATIONS):
+            # Not "start the owner to migrate it": the owner never does (ledger.upgrade).
+            raise LedgerUpgradeRequiredError(upgrade_message(path, version, len(MIGRATIONS)))
     conn = open_read_only(path, application=APPLICATION, schema_version=len(MIGRATIONS))
     try:
-        found = verify_ledger(conn, expected_tables=TABLES)
+        found = verify_ledger(conn, expected_tables=TABLES, expected_triggers=GUARD_TRIGGERS)
     finally:
         conn.close()
     if owner is not None and found.identity is not None:
@@ -198,6 +249,8 @@ def restore_ledger(
         A backup (:func:`backup_ledger`), or any copy of an owner ledger.
     replace_other : bool
         Allow replacing a readable ledger with a backup of *another* ledger (another ledger id).
+        The replaced ledger's id is then recorded in the restored one (its receipts are
+        recognised as replaced, not refused); its charges are not counted in the restored one.
 
     Returns
     -------
@@ -220,23 +273,23 @@ def restore_ledger(
             f"{backup} does not verify, so it was not restored: "
             + "; ".join(p.what for p in found.problems)
         )
-    if target.is_file() and target.stat().st_size > 0 and not replace_other:
-        try:
-            current = verify_file(target)
-        except (ValueError, RuntimeError, sqlite3.DatabaseError):
-            current = None  # damaged or unreadable: the backup replaces it
-        if (
-            current is not None
-            and current.identity is not None
-            and found.identity is not None
-            and current.identity.ledger_id != found.identity.ledger_id
-        ):
-            raise ValueError(
-                f"{backup} is a backup of ledger {found.identity.ledger_id} (owner "
-                f"{found.identity.owner}), but {target} is ledger {current.identity.ledger_id} "
-                f"(owner {current.identity.owner}): check that it is this owner's backup, or "
-                "pass --replace-other-ledger"
-            )
+    current = replaced_ledger(data_dir)  # None: damaged or unreadable, the backup replaces it
+    other = (
+        current is not None
+        and current.identity is not None
+        and found.identity is not None
+        and current.identity.ledger_id != found.identity.ledger_id
+    )
+    if other and not replace_other:
+        assert current is not None and current.identity is not None
+        assert found.identity is not None
+        raise ValueError(
+            f"{backup} is a backup of ledger {found.identity.ledger_id} (owner "
+            f"{found.identity.owner}), but {target} is ledger {current.identity.ledger_id} "
+            f"(owner {current.identity.owner}, {current.charges} charges): check that it is "
+            "this owner's backup, or pass --replace-other-ledger (what that ledger charged is "
+            "then not counted in the restored one)"
+        )
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     moved: list[Path] = []
     for path in (
@@ -249,4 +302,18 @@ def restore_ledger(
             moved.append(aside)
     target.parent.mkdir(parents=True, exist_ok=True)
     backup_database(backup, target, application=APPLICATION)
+    if other:
+        # The operator's explicit act, on the restored ledger's record: the receipts of the
+        # ledger it replaced are recognised (not refused) from now on.
+        assert current is not None and current.identity is not None
+        with (
+            closing(sqlite3.connect(target, isolation_level=None)) as conn,
+            transaction(conn),
+        ):
+            record_superseded(
+                conn,
+                current.identity.ledger_id,
+                "restore --replace-other-ledger",
+                datetime.now(UTC).timestamp(),
+            )
     return verify_file(target), moved

@@ -63,8 +63,14 @@ __all__ = [
     "charge_hash",
     "genesis",
     "read_identity",
+    "recomputed_totals",
     "verify_ledger",
 ]
+
+#: A running-totals row's key, ``(day, epsilon, delta, non_private)``, and its value,
+#: ``(charges, points)`` (table ``charge_totals``).
+TotalsKey = tuple[int, float, float, int]
+TotalsValue = tuple[int, int]
 
 #: Domain separation of a charge's hash and of the genesis hash.
 CHARGE_TAG = b"dpmarket ledger charge v1\x00"
@@ -428,46 +434,19 @@ class Verification:
         return not self.problems and self.open_rollbacks == 0
 
 
-def verify_ledger(conn: sqlite3.Connection, *, expected_tables: Iterable[str]) -> Verification:
-    """Check a ledger whole: SQLite's integrity, its tables, identity, chain and running totals.
+def _walk_chain(
+    conn: sqlite3.Connection, identity: LedgerIdentity | None
+) -> tuple[int, int, bytes, list[ChainProblem]]:
+    """Walk the charges in id order against their chain hashes (:func:`verify_ledger`).
 
-    Parameters
-    ----------
-    conn : sqlite3.Connection
-        The owner's database, opened at the current schema (read-only is enough).
-    expected_tables : iterable of str
-        Tables the current schema has.
-
-    Returns
-    -------
-    Verification
-        ``problems`` lists each failure: a damaged file (``PRAGMA integrity_check``), a missing
-        table, no identity, a charge whose chain hash does not match its row and the hash
-        before it (the first such charge, and every later one is then unverifiable), a charge
-        without a chain row or a chain row without a charge, and running totals
-        (``charge_totals``) that differ from the sums of the charges.
-
-    Notes
-    -----
-    Time and memory are linear in the charges (one pass in id order).
+    Returns ``(charges, sequence, head, problems)``: how many charges there are, the last one
+    whose hash matched and that hash (the genesis of ``identity``'s ledger, or ``b""`` without
+    an identity, when none did), and the first mismatch or missing hash (every later charge is
+    then unverifiable, so not checked).
     """
     problems: list[ChainProblem] = []
-    integrity = [r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()]
-    if integrity != ["ok"]:
-        problems += [ChainProblem(0, f"SQLite integrity check: {m}") for m in integrity[:10]]
-    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    missing = sorted(set(expected_tables) - tables)
-    if missing:
-        problems.append(ChainProblem(0, f"tables missing: {', '.join(missing)}"))
-        return Verification(None, 0, 0, b"", (Fraction(0), Fraction(0), 0), 0, tuple(problems))
-    try:
-        identity: LedgerIdentity | None = read_identity(conn)
-    except ValueError as exc:
-        identity = None
-        problems.append(ChainProblem(0, str(exc)))
     previous = genesis(identity.ledger_id) if identity is not None else b""
     sequence, broken, charges = 0, False, 0
-    epsilon, delta, points = Fraction(0), Fraction(0), 0
     rows = conn.execute(
         f"SELECT {', '.join('c.' + c.strip() for c in CHAINED_COLUMNS.split(','))}, k.hash "
         "FROM charges c LEFT JOIN charge_chain k ON k.charge = c.id ORDER BY c.id"
@@ -475,10 +454,6 @@ def verify_ledger(conn: sqlite3.Connection, *, expected_tables: Iterable[str]) -
     for *row, stored in rows:
         charges += 1
         charge_id = int(row[0])
-        if not bool(row[9]):
-            epsilon += Fraction(float(row[6]))
-            delta += Fraction(float(row[7]))
-        points += int(row[8])
         if identity is None or broken:
             continue
         if stored is None:
@@ -497,11 +472,90 @@ def verify_ledger(conn: sqlite3.Connection, *, expected_tables: Iterable[str]) -
             broken = True
             continue
         previous, sequence = expected, charge_id
+    return charges, sequence, previous, problems
+
+
+def verify_ledger(
+    conn: sqlite3.Connection,
+    *,
+    expected_tables: Iterable[str],
+    expected_triggers: Iterable[str] = (),
+    sqlite_check: bool = True,
+) -> Verification:
+    """Check a ledger whole: SQLite's integrity, its tables, identity, chain and running totals.
+
+    Parameters
+    ----------
+    conn : sqlite3.Connection
+        The owner's database, opened at the current schema (read-only is enough).
+    expected_tables : iterable of str
+        Tables the current schema has.
+    expected_triggers : iterable of str, default ()
+        Triggers that keep its records append-only: one missing was dropped outside the owner
+        (to delete or rewrite what it guards, e.g. the keys receipts are checked with).
+    sqlite_check : bool, default True
+        Whether to run ``PRAGMA integrity_check`` (every page of the file) too; the owner's
+        check at start leaves it out (it reads every row it needs anyway).
+
+    Returns
+    -------
+    Verification
+        ``problems`` lists each failure: a damaged file (``PRAGMA integrity_check``), a missing
+        table, no identity, a charge whose chain hash does not match its row and the hash
+        before it (the first such charge, and every later one is then unverifiable), a charge
+        without a chain row or a chain row without a charge, and running totals
+        (``charge_totals``) that differ from the sums of the charges.
+
+    Notes
+    -----
+    Time and memory are linear in the charges (one pass in id order).
+    """
+    problems: list[ChainProblem] = []
+    integrity = (
+        [r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()]
+        if sqlite_check
+        else ["ok"]
+    )
+    if integrity != ["ok"]:
+        problems += [ChainProblem(0, f"SQLite integrity check: {m}") for m in integrity[:10]]
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    missing = sorted(set(expected_tables) - tables)
+    if missing:
+        problems.append(ChainProblem(0, f"tables missing: {', '.join(missing)}"))
+        return Verification(None, 0, 0, b"", (Fraction(0), Fraction(0), 0), 0, tuple(problems))
+    triggers = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
+    dropped = [t for t in expected_triggers if t not in triggers]
+    if dropped:
+        problems.append(
+            ChainProblem(
+                0,
+                f"triggers missing: {', '.join(dropped)} (dropped outside the owner, to delete or "
+                "change the records they keep append-only)",
+            )
+        )
+    try:
+        identity: LedgerIdentity | None = read_identity(conn)
+    except ValueError as exc:
+        identity = None
+        problems.append(ChainProblem(0, str(exc)))
+    charges, sequence, previous, chain_problems = _walk_chain(conn, identity)
+    problems += chain_problems
+    epsilon, delta, points = Fraction(0), Fraction(0), 0
     orphans = conn.execute(
         "SELECT charge FROM charge_chain WHERE charge NOT IN (SELECT id FROM charges) "
         "ORDER BY charge LIMIT 10"
     ).fetchall()
     problems += [ChainProblem(int(r[0]), f"chain hash of a missing charge {r[0]}") for r in orphans]
+    # Exact sums (each distinct double times its count), grouped by SQLite: a Fraction per
+    # distinct value, not per charge.
+    for eps, dlt, non_private, count, total in conn.execute(
+        "SELECT epsilon, delta, non_private, COUNT(*), SUM(points) FROM charges "
+        "GROUP BY epsilon, delta, non_private"
+    ):
+        if not non_private:
+            epsilon += Fraction(float(eps)) * int(count)
+            delta += Fraction(float(dlt)) * int(count)
+        points += int(total)
     problems += _check_totals(conn)
     open_rollbacks = int(
         conn.execute("SELECT COUNT(*) FROM ledger_rollbacks WHERE resolved_at IS NULL").fetchone()[
@@ -519,9 +573,10 @@ def verify_ledger(conn: sqlite3.Connection, *, expected_tables: Iterable[str]) -
     )
 
 
-def _check_totals(conn: sqlite3.Connection) -> list[ChainProblem]:
-    """Differences between ``charge_totals`` and the same sums recomputed from ``charges``."""
-    recomputed = {
+def recomputed_totals(conn: sqlite3.Connection) -> dict[TotalsKey, TotalsValue]:
+    """What every ``charge_totals`` row must hold, recomputed from ``charges`` (one grouped
+    scan of every charge: O(history))."""
+    return {
         (int(r[0]), float(r[1]), float(r[2]), int(r[3])): (int(r[4]), int(r[5]))
         for r in conn.execute(
             "SELECT CAST(at / 86400 AS INTEGER), epsilon, delta, non_private, COUNT(*), "
@@ -529,6 +584,11 @@ def _check_totals(conn: sqlite3.Connection) -> list[ChainProblem]:
             "non_private"
         )
     }
+
+
+def _check_totals(conn: sqlite3.Connection) -> list[ChainProblem]:
+    """Differences between ``charge_totals`` and the same sums recomputed from ``charges``."""
+    recomputed = recomputed_totals(conn)
     stored = {
         (int(r[0]), float(r[1]), float(r[2]), int(r[3])): (int(r[4]), int(r[5]))
         for r in conn.execute(

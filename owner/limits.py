@@ -2,12 +2,12 @@
 
 **In memory or partitioned.** A table of at most :data:`DEFAULT_IN_MEMORY_VALUES` values (rows x
 columns; 32 MiB in float64, e.g. 419,430 rows of 10 columns) and at most :data:`MAX_IN_MEMORY_ROWS`
-rows is read into memory and served as before: each session computes the h1 features of every point
+rows is read into memory and served from there: each session computes the h1 features of every point
 once, when it opens, and holds them (n x d float32: at most 100 MiB at the default d = 140, so each
 further concurrent session adds no more). A larger table is served partition by partition on Dask
 (:mod:`dpmarket.owner.partitioned`): nothing of size n is held, each step is a pass over the
 partitions, and a session holds only its state. Both give the same sums and the same bids; the
-candidates differ by design (GreeDi). ``serve-owner --in-memory-values`` (config key
+candidates differ by design (GreeDi). ``owner serve --in-memory-values`` (config key
 ``in_memory_values``) moves the values threshold.
 
 **Budgets.** Before a session opens, the owner estimates its work from public sizes only — the

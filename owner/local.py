@@ -1,8 +1,8 @@
 """In-process owner endpoints: the curator's view of an owner's objects, without a network.
 
-``dpmarket simulate``, the tests and the benchmarks run the whole protocol in one process through
-this adapter; the networked run goes through ``dpmarket.curator.owners.GrpcOwnerEndpoint`` instead,
-and both give the same summary for the same seeds.
+``dpmarket lab simulate``, the tests and the benchmarks run the whole protocol in one process
+through this adapter; the networked run goes through ``dpmarket.curator.owners.GrpcOwnerEndpoint``
+instead, and both give the same summary for the same seeds.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from numpy.typing import NDArray
 from dpmarket.common.cape.agreement import SizeAttestation
 from dpmarket.common.cape.endpoints import OpenedJob
 from dpmarket.common.cape.spec import AnyCapeSpec
+from dpmarket.common.market.pricing import OwnerPrices
+from dpmarket.common.market.terms import FREE, MarketTerms
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.schema import Schema
 from dpmarket.common.secagg.endpoints import MaskedInput, SurvivorAttestation
@@ -204,12 +206,25 @@ class LocalCapeSiteEndpoint(LocalSecureAggregationEndpoint):
         self.site = site
 
     async def schema(self) -> Schema | None:
-        """The schema of the site's table (:attr:`dpmarket.owner.data.Table.schema`)."""
+        """The schema of the site's table (:attr:`dpmarket.runtime.tables.Table.schema`)."""
         return None if self.site.table is None else self.site.table.schema
 
-    async def open_job(self, job_id: str, spec: AnyCapeSpec, seed: int, consumer: str) -> OpenedJob:
+    async def prices(self) -> OwnerPrices:
+        """The prices of the site's ledger's policy (free without a ledger)."""
+        return FREE if self.site.ledger is None else self.site.ledger.policy.prices
+
+    async def open_job(
+        self,
+        job_id: str,
+        spec: AnyCapeSpec,
+        seed: int,
+        consumer: str,
+        market: MarketTerms | None = None,
+    ) -> OpenedJob:
         """See :meth:`CapeSite.open`."""
-        rows = self.site.open(job_id, spec, seed, curator=LOCAL_CURATOR, consumer=consumer)
+        rows = self.site.open(
+            job_id, spec, seed, curator=LOCAL_CURATOR, consumer=consumer, market=market
+        )
         return OpenedJob(rows, self.site.min_colluders)
 
     async def attest_plan(

@@ -22,22 +22,32 @@ comments is ``deploy/policies/owner.toml``)::
     curators = ["curator"]      # names of the curator certificates this owner serves
     allow_non_private = false   # whether exact (epsilon = inf) releases may be served at all
     allow_exact_bids = false    # whether per-round methods (exact bids to the curator) are served
+    allow_steered_selection = false  # whether the candidates methods (rows picked along the
+                                     # curator's embedding) are served
     [limits]
     max_sessions = 8
     session_idle_timeout_seconds = 600
     max_rff_dimension = 4096
     session_memory_mib = 4096   # the most memory one session's work may need (estimated)
     step_seconds = 3600         # the longest one step (a pass over the table) may take (estimated)
-    [sketches]    # private sketches published to a curator's catalogue (dpmarket sketch publish)
+    [sketches]    # private sketches published to a curator's catalogue (dpmarket owner publish)
     publish = true      # whether this owner publishes sketches at all
     epsilon = 1.0       # the most epsilon one sketch may spend
     [cape]        # CAPE jobs (joint estimates with zero-sum noise) and their secure aggregation
     min_colluders = 1   # the fewest colluding owners (S_C) a job must defend against
     [peers]       # the owners accepted as CAPE / secure-aggregation peers, with their key pins
     owner-1 = "3f0c…"   # 64 hex digits: SHA-256 of the owner's public key (dpmarket pki show)
+    [prices]      # what a session pays this owner, in credits (decimal strings); default 0: free
+    per_point_read = "0.01"       # per raw point the curator reads
+    per_point_delivered = "0.05"  # per point of this owner's in the delivered summary
+    per_epsilon = "2"             # per unit of epsilon charged to this ledger
+    minimum = "1"                 # the least a session pays (the components topped up)
 
 Unknown sections or keys are refused (a misspelt key would otherwise leave a default in force
 silently); ``[peers]`` is the one section whose keys are names (owner names, each a DNS label).
+``[prices]`` holds amounts of credits as decimal strings (a float is refused: its binary value
+is rarely the decimal written), read by
+:meth:`~dpmarket.common.market.pricing.OwnerPrices.from_table`.
 """
 
 from __future__ import annotations
@@ -51,6 +61,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from dpmarket.common.market.pricing import OwnerPrices
 from dpmarket.runtime.identity import Identity, normalize_fingerprint
 
 __all__ = [
@@ -85,6 +96,7 @@ _KEYS: dict[tuple[str, str], str] = {
     ("access", "curators"): "curators",
     ("access", "allow_non_private"): "allow_non_private",
     ("access", "allow_exact_bids"): "allow_exact_bids",
+    ("access", "allow_steered_selection"): "allow_steered_selection",
     ("limits", "max_sessions"): "max_sessions",
     ("limits", "session_idle_timeout_seconds"): "session_idle_timeout_seconds",
     ("limits", "max_rff_dimension"): "max_rff_dimension",
@@ -109,6 +121,11 @@ _PEERS = "peers"
 _PEERS_COMMENT = (
     "the owners accepted as CAPE / secure-aggregation peers: name = SHA-256 of its public key"
 )
+#: The section of the owner's prices (:class:`~dpmarket.common.market.pricing.OwnerPrices`).
+_PRICES = "prices"
+_PRICES_COMMENT = "what a session pays this owner, in credits"
+#: The default prices: free (an owner that sets none charges nothing for any session).
+_FREE = OwnerPrices()
 
 
 def _key(name: str) -> str:
@@ -243,6 +260,19 @@ class OwnerPolicy:
         curator with exact bids. Off (the default), such terms are refused when the session
         opens (``FAILED_PRECONDITION`` naming this key) and nothing is charged; greedy needs
         ``allow_non_private`` too. ``access.allow_exact_bids``.
+    allow_steered_selection : bool
+        Whether the methods that pick the rows they send by their score along an embedding the
+        curator chooses may be served: the candidates methods (``candidates-counts``,
+        ``candidates-sketch``) and their hashes mode, whose proposals are the rows the owner's
+        local greedy finds most relevant to the validation embedding (and h1's parameters) the
+        curator sends. Each row is charged as a raw point, but which row is chosen tells the
+        curator how it compares with every row not sent, and no epsilon charges that: a curator
+        that steers the greedy (h1 monotone in one column, one point asked) receives the row
+        with that column's largest value. At most ``session_points`` rows per session, so at
+        most that many such comparisons. Off (the default), such terms are refused when the
+        session opens (``FAILED_PRECONDITION`` naming this key), before anything is counted or
+        picked, and nothing is charged; the uniform method is served either way.
+        ``access.allow_steered_selection``.
     curators : tuple of str
         Names (certificate names) of the curators this owner serves; at least one, no
         duplicates, none empty. ``access.curators``.
@@ -286,6 +316,13 @@ class OwnerPolicy:
         name, but not for a key it does not hold. Empty (the default) accepts no peer, so a CAPE
         job is refused until the operator lists them (``dpmarket init`` writes them).
         Section ``[peers]``, one ``name = "pin"`` line per peer.
+    prices : OwnerPrices
+        What a session pays this owner (docs/reference.md, "[prices]"): per raw point read, per
+        point delivered in the summary, per unit of epsilon charged to this ledger, and a minimum
+        per session, in micro-credits; a mapping of credits (decimal strings) is accepted and
+        read by :meth:`OwnerPrices.from_table`. Published to the curator with the owner's
+        description (``GetOwnerInfo``); a session whose quoted charge for this owner is below
+        them is refused when it opens. Default: free. Section ``[prices]``.
 
     Raises
     ------
@@ -296,7 +333,8 @@ class OwnerPolicy:
     Notes
     -----
     The budgets are enforced by :class:`dpmarket.owner.ledger.OwnerLedger` (epsilon, delta and
-    points; ``allow_non_private``); ``allow_exact_bids`` and ``rounds_per_point`` by the owner
+    points; ``allow_non_private``); ``allow_exact_bids``, ``allow_steered_selection`` and
+    ``rounds_per_point`` by the owner
     when a session opens (:func:`dpmarket.owner.terms.check_terms`); ``curators`` and the
     ``limits`` are enforced by the owner service; ``sketches`` by the owner's publisher
     (:class:`dpmarket.owner.sketches.SketchPublisher`), before the ledger is asked; ``cape`` by the
@@ -315,6 +353,7 @@ class OwnerPolicy:
     rounds_per_point: int = 1
     allow_non_private: bool = False
     allow_exact_bids: bool = False
+    allow_steered_selection: bool = False
     curators: tuple[str, ...] = ("curator",)
     max_sessions: int = 8
     session_idle_timeout_seconds: float = 600.0
@@ -325,6 +364,7 @@ class OwnerPolicy:
     epsilon_per_sketch: float = 1.0
     cape_min_colluders: int = DEFAULT_MIN_COLLUDERS
     peers: tuple[tuple[str, str], ...] = ()
+    prices: OwnerPrices = _FREE
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -360,7 +400,7 @@ class OwnerPolicy:
             )
         put("points_fraction_per_session", fraction)
         put("rounds_per_point", _integer(self.rounds_per_point, "rounds_per_point"))
-        for flag in ("allow_non_private", "allow_exact_bids"):
+        for flag in ("allow_non_private", "allow_exact_bids", "allow_steered_selection"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{_key(flag)} must be true or false, got {getattr(self, flag)!r}")
         curators = self.curators
@@ -396,6 +436,12 @@ class OwnerPolicy:
         if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
             raise ValueError(f"{_key('cape_min_colluders')} must be an integer >= 0, got {floor!r}")
         put("peers", _peers(self.peers))
+        prices = self.prices
+        if isinstance(prices, Mapping):
+            prices = OwnerPrices.from_table(prices, where=f"[{_PRICES}]")
+        if not isinstance(prices, OwnerPrices):
+            raise ValueError(f"[{_PRICES}] must be a table of prices, got {prices!r}")
+        put("prices", prices)
 
     @property
     def peer_pins(self) -> dict[str, str]:
@@ -459,15 +505,18 @@ class OwnerPolicy:
             raise ValueError(f"{source}: a policy must be a table of sections, got {data!r}")
         kwargs: dict[str, Any] = {}
         for section, table in data.items():
-            if section not in (*_SECTIONS, _PEERS):
+            if section not in (*_SECTIONS, _PEERS, _PRICES):
                 raise ValueError(
                     f"{source}: unknown section [{section}]; allowed: "
-                    + ", ".join(f"[{s}]" for s in (*_SECTIONS, _PEERS))
+                    + ", ".join(f"[{s}]" for s in (*_SECTIONS, _PEERS, _PRICES))
                 )
             if not isinstance(table, Mapping):
                 raise ValueError(f"{source}: [{section}] must be a table, got {table!r}")
             if section == _PEERS:
                 kwargs["peers"] = dict(table)
+                continue
+            if section == _PRICES:
+                kwargs["prices"] = dict(table)
                 continue
             for key, value in table.items():
                 if (section, key) not in _KEYS:
@@ -482,15 +531,32 @@ class OwnerPolicy:
         except ValueError as exc:
             raise ValueError(f"{source}: {exc}") from exc
 
-    def to_toml(self) -> str:
+    def to_toml(self, notes: Mapping[str, str] | None = None) -> str:
         """The policy as a TOML document in the file layout; :meth:`from_mapping` reads it back.
+
+        Parameters
+        ----------
+        notes : mapping of str to str, optional
+            Comments for a reader of the file, by field name (``"allow_steered_selection"``):
+            each written as ``#`` lines above its key (a drafted policy says why a key is set
+            as it is). They change nothing the file says.
 
         Returns
         -------
         str
             Every key written explicitly, so the text is a complete record of the policy
-            (the ledger stores it).
+            (the ledger stores it); ``[prices]`` is written when a price is set (a ledger
+            recorded before prices existed keeps its record of a free policy).
+
+        Raises
+        ------
+        ValueError
+            If ``notes`` names no field of the file layout.
         """
+        notes = dict(notes or {})
+        unknown = sorted(set(notes) - set(_KEY_OF_FIELD))
+        if unknown:
+            raise ValueError(f"notes for unknown policy fields: {unknown}")
         lines: list[str] = []
         for section in _SECTIONS:
             if lines:
@@ -498,9 +564,14 @@ class OwnerPolicy:
             lines.append(f"[{section}]  # {_SECTION_COMMENTS[section]}")
             for (s, key), name in _KEYS.items():
                 if s == section:
+                    if name in notes:
+                        lines += [f"# {line}".rstrip() for line in notes[name].splitlines()]
                     lines.append(f"{key} = {_toml_value(getattr(self, name))}")
         lines += ["", f"[{_PEERS}]  # {_PEERS_COMMENT}"]
         lines += [f"{name} = {_toml_string(pin)}" for name, pin in self.peers]
+        if self.prices != _FREE:
+            lines += ["", f"[{_PRICES}]  # {_PRICES_COMMENT}"]
+            lines += [f"{k} = {_toml_string(v)}" for k, v in self.prices.as_table().items()]
         return "\n".join(lines) + "\n"
 
     def as_dict(self) -> dict[str, Any]:
@@ -508,6 +579,7 @@ class OwnerPolicy:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["curators"] = list(self.curators)
         out["peers"] = dict(self.peers)
+        out["prices"] = self.prices.as_table()
         return out
 
 

@@ -1,7 +1,7 @@
 """The owner's side of the summarization protocol, as plain state objects on numpy arrays.
 
 One :class:`Owner` holds a private dataset and any number of sessions; each protocol stage is a
-method that takes and returns arrays, so it runs in-process (tests, ``dpmarket simulate``) and
+method that takes and returns arrays, so it runs in-process (tests, ``dpmarket lab simulate``) and
 behind the gRPC servicer (:mod:`dpmarket.owner.service`) with identical results.
 
 The owner enforces its own policy whatever the curator asks. A session opens with
@@ -12,10 +12,11 @@ every raw point before it leaves ("charge, then release": a crash between the tw
 but never releases anything uncharged). A refused charge raises ``FailedPreconditionError`` and
 changes nothing. Its policy also decides what the terms' method may ask that no charge covers
 (:mod:`dpmarket.owner.terms`): the per-round methods, whose bids answer the curator exactly, only
-with ``access.allow_exact_bids``, and no more Bid rounds than ``session.rounds_per_point`` per raw
-point the session may receive. An owner built without a ledger (in-process research runs:
-``dpmarket simulate``, the evaluation harness, benchmarks) records, charges and enforces none of
-this; the owner service always has one.
+with ``access.allow_exact_bids``; the candidates methods, whose rows are picked along the
+curator's embedding, only with ``access.allow_steered_selection``; and no more Bid rounds than
+``session.rounds_per_point`` per raw point the session may receive. An owner built without a
+ledger (in-process research runs: ``dpmarket lab simulate``, the evaluation harness, benchmarks)
+records, charges and enforces none of this; the owner service always has one.
 
 Every session is a state machine the owner enforces, ledger or not (:mod:`dpmarket.owner.steps`): it
 answers only the steps of the terms' method, in their order, each once (the rounds once per
@@ -57,25 +58,31 @@ from dpmarket.common.errors import (
     on_private_data,
 )
 from dpmarket.common.ids import short_id
+from dpmarket.common.market.terms import FREE, check_quote, owner_payout_epsilon
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from dpmarket.common.privacy.rng import production_rng
 from dpmarket.common.schema import Schema
 from dpmarket.common.summarization.candidates import shrink_towards_moments, shrink_towards_points
-from dpmarket.common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
+from dpmarket.common.summarization.endpoints import (
+    OwnerBid,
+    OwnerInfo,
+    ReleasedPoint,
+)
 from dpmarket.common.summarization.hashes import HashAdvert, hash_points
 from dpmarket.common.summarization.kernels import bid_direction, bid_scores, embedding_greedy
 from dpmarket.common.summarization.rff import RFFParams, random_fourier_features
-from dpmarket.common.summarization.terms import OwnerTerms, Step
+from dpmarket.common.summarization.terms import OwnerAccess, OwnerTerms, Step
 from dpmarket.common.validation import check_matrix, check_positive_int, check_vector
-from dpmarket.owner.data import PointSet
+from dpmarket.owner.earnings import PAYOUT_MECHANISM, Earnings, payout_session
 from dpmarket.owner.engine import WorkCancelled
 from dpmarket.owner.hash_keys import HashKeyParty
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.limits import QUICK_STEP_BYTES, WorkLimits
 from dpmarket.owner.partitioned import PartitionedData
 from dpmarket.owner.steps import SessionSteps
-from dpmarket.owner.terms import check_exact_bids, check_rounds
+from dpmarket.owner.terms import check_exact_bids, check_rounds, check_steered_selection
+from dpmarket.runtime.tables import PointSet
 
 logger = logging.getLogger(__name__)
 
@@ -944,10 +951,27 @@ class Owner:
         self._opening: dict[str, tuple[Progress, threading.Event]] = {}
 
     def info(self) -> OwnerInfo:
-        """Describe the dataset (size, feature count, labels, public schema)."""
+        """Describe the dataset (size, feature count, labels, public schema), the owner's
+        prices (its policy's; free without a ledger) and its access flags (its policy's; None
+        without a ledger)."""
+        prices = FREE if self.ledger is None else self.ledger.policy.prices
+        access = None
+        if self.ledger is not None:  # the flags its terms are checked against (owner.terms)
+            policy = self.ledger.policy
+            access = OwnerAccess(
+                allow_exact_bids=policy.allow_exact_bids,
+                allow_steered_selection=policy.allow_steered_selection,
+                allow_non_private=policy.allow_non_private,
+            )
         if self.data is None:
             return OwnerInfo(
-                self.owner_id, num_points=0, num_features=0, has_labels=False, schema=self.schema
+                self.owner_id,
+                num_points=0,
+                num_features=0,
+                has_labels=False,
+                schema=self.schema,
+                prices=prices,
+                access=access,
             )
         if isinstance(self.data, PartitionedData):
             return OwnerInfo(
@@ -956,6 +980,8 @@ class Owner:
                 num_features=self.data.n_features,
                 has_labels=self.data.has_labels,
                 schema=self.schema,
+                prices=prices,
+                access=access,
             )
         return OwnerInfo(
             owner_id=self.owner_id,
@@ -963,6 +989,8 @@ class Owner:
             num_features=int(self.data.features.shape[1]),
             has_labels=self.data.labels is not None,
             schema=self.schema,
+            prices=prices,
+            access=access,
         )
 
     @property
@@ -970,6 +998,69 @@ class Owner:
         """Open sessions by id (a copy)."""
         with self._lock:
             return {sid: slot.session for sid, slot in self._slots.items()}
+
+    def _check_shape(self, info: OwnerInfo, rff: RFFParams, data: Any) -> None:
+        """Refuse h1 parameters that do not fit this owner's points or its limits (before
+        anything is computed; :meth:`open_session`'s InvalidArgumentError)."""
+        if rff.n_features != info.num_features:
+            raise InvalidArgumentError(
+                f"h1 frequencies have {rff.n_features} columns but this owner's points have "
+                f"{info.num_features} features"
+            )
+        if self.max_rff_dimension is not None and rff.d > self.max_rff_dimension:
+            raise InvalidArgumentError(
+                f"h1 dimension d={rff.d} exceeds this owner's limit of {self.max_rff_dimension}"
+            )
+        if self.limits is not None:
+            self.limits.check_session(
+                n_rows=info.num_points,
+                n_features=info.num_features,
+                d=rff.d,
+                partitioned=isinstance(data, PartitionedData),
+                open_sessions=len(self._slots),
+            )
+
+    def _allowance(
+        self, session_id: str, n: int, terms: OwnerTerms, consumer: str, curator: str
+    ) -> int:
+        """The most raw points a new session may receive, after the policy and the ledger
+        accept its terms (:meth:`open_session`'s FailedPreconditionError when they do not):
+        ``n`` without a ledger. Charges nothing."""
+        allowance = n
+        if self.ledger is not None:
+            # What the method asks that no charge covers (exact bids to the curator, rows
+            # picked along the curator's direction), then what it charges, then how many
+            # rounds: each refusal before anything is computed.
+            check_exact_bids(self.ledger.policy, terms)
+            check_steered_selection(self.ledger.policy, terms)
+            payout = 0.0
+            if terms.market is not None:
+                payout = owner_payout_epsilon(terms.market.settlement)
+            self.ledger.check(
+                session=session_id,
+                consumer=consumer,
+                curator=curator,
+                mechanism=terms.mechanism,
+                epsilon=terms.epsilon + payout,
+                delta=terms.delta,
+                points=0,
+            )
+            # The policy's share of this table for one session (its points and its fraction
+            # of the rows), less what this session id was charged already (a session reopened
+            # under its id gets no fresh share), within what is left of the window's budget.
+            policy = self.ledger.policy
+            already = self.ledger.session_totals(session_id).points
+            allowance = max(
+                0,
+                min(n, policy.session_points(n) - already, self.ledger.remaining().points),
+            )
+            check_rounds(policy, terms, allowance)
+            # The quote's line for this owner: at least its own prices at the line's limits,
+            # and no more raw points than the line states (so the statement stays within it).
+            check_quote(policy.prices, terms.market, terms.epsilon, owner=self.owner_id)
+            if terms.market is not None:
+                allowance = min(allowance, terms.market.max_points_read)
+        return allowance
 
     def open_session(
         self,
@@ -1004,7 +1095,8 @@ class Owner:
             ``(num_points, max_points)``: this owner's size and the most raw points the session
             may receive under its policy: ``policy.session_points(num_points)`` (the session's
             points and its fraction of the table) less what the session id was charged
-            already, within what is left of the window's points budget.
+            already, within what is left of the window's points budget and within the
+            ``max_points_read`` of its quote (``terms.market``).
 
         Raises
         ------
@@ -1015,8 +1107,11 @@ class Owner:
             If the ledger refuses the terms (over the per-session or remaining budget, or
             non-private terms the policy does not allow), or the policy refuses what the terms'
             method asks (:mod:`dpmarket.owner.terms`: a per-round method without
-            ``access.allow_exact_bids``; more Bid rounds than ``session.rounds_per_point`` times
-            the point allowance). Nothing is charged.
+            ``access.allow_exact_bids``; a candidates method or its hashes mode without
+            ``access.allow_steered_selection``; more Bid rounds than
+            ``session.rounds_per_point`` times the point allowance), or the owner's prices
+            refuse the quote (:func:`~dpmarket.common.market.terms.check_quote`: a quoted
+            charge below them, or no quote for an owner that is not free). Nothing is charged.
         ResourceExhaustedError
             If ``max_sessions`` sessions are open (after closing idle ones).
         AlreadyExistsError
@@ -1031,48 +1126,8 @@ class Owner:
         # Idle sessions go first, so that they do not hold the slots a new session needs.
         self.expire_idle()
         self._check_new(session_id)
-        if rff.n_features != info.num_features:
-            raise InvalidArgumentError(
-                f"h1 frequencies have {rff.n_features} columns but this owner's points have "
-                f"{info.num_features} features"
-            )
-        if self.max_rff_dimension is not None and rff.d > self.max_rff_dimension:
-            raise InvalidArgumentError(
-                f"h1 dimension d={rff.d} exceeds this owner's limit of {self.max_rff_dimension}"
-            )
-        if self.limits is not None:
-            self.limits.check_session(
-                n_rows=info.num_points,
-                n_features=info.num_features,
-                d=rff.d,
-                partitioned=isinstance(data, PartitionedData),
-                open_sessions=len(self._slots),
-            )
-        n = info.num_points
-        allowance = n
-        if self.ledger is not None:
-            # What the method asks that no charge covers (exact bids to the curator), then
-            # what it charges, then how many rounds: each refusal before anything is computed.
-            check_exact_bids(self.ledger.policy, terms)
-            self.ledger.check(
-                session=session_id,
-                consumer=consumer,
-                curator=curator,
-                mechanism=terms.mechanism,
-                epsilon=terms.epsilon,
-                delta=terms.delta,
-                points=0,
-            )
-            # The policy's share of this table for one session (its points and its fraction
-            # of the rows), less what this session id was charged already (a session reopened
-            # under its id gets no fresh share), within what is left of the window's budget.
-            policy = self.ledger.policy
-            already = self.ledger.session_totals(session_id).points
-            allowance = max(
-                0,
-                min(n, policy.session_points(n) - already, self.ledger.remaining().points),
-            )
-            check_rounds(policy, terms, allowance)
+        self._check_shape(info, rff, data)
+        allowance = self._allowance(session_id, info.num_points, terms, consumer, curator)
         self._check_new(session_id)
         if self.allow_seeded_sessions:
             rng = np.random.default_rng(sampling_seed)
@@ -1108,7 +1163,17 @@ class Owner:
                 raise WorkCancelled("the session's opening was cancelled")
             self._check_new(session_id, locked=True)
             self._slots[session_id] = _Slot(session, curator, consumer, self.clock())
-        return n, allowance
+        if self.ledger is not None and terms.market is not None:
+            # The terms the session's statement will be checked against, durably (nothing is
+            # charged: the open has passed every check).
+            Earnings(self.ledger, self.owner_id).accept(
+                curator=curator,
+                session=session_id,
+                consumer=consumer,
+                market=terms.market,
+                prices=self.ledger.policy.prices,
+            )
+        return info.num_points, allowance
 
     @staticmethod
     def _features(
@@ -1183,19 +1248,45 @@ class Owner:
     def _charger(
         self, session_id: str, curator: str, consumer: str, terms: OwnerTerms
     ) -> Callable[[int, str], None] | None:
-        """The session's charge function: the first charge carries the terms."""
+        """The session's charge function: the first charge carries the terms; before the first
+        raw point leaves, the payout release the market terms fix is charged too (apart, under
+        :func:`~dpmarket.owner.earnings.payout_session`), so that every owner whose points a
+        payout release is about has paid for it before any release."""
         ledger = self.ledger
         if ledger is None:
             return None
         charged = False
+        payout = 0.0 if terms.market is None else owner_payout_epsilon(terms.market.settlement)
+        paid = payout == 0.0
 
         def charge(points: int, what: str) -> None:
-            nonlocal charged
+            nonlocal charged, paid
             if charged and points == 0:
                 return
             eps, dlt, mechanism = 0.0, 0.0, what
             if not charged:
                 eps, dlt, mechanism = terms.epsilon, terms.delta, f"{terms.mechanism}; {what}"
+            if points > 0 and not paid:
+                # Both refused or both charged: check the release, then charge the payout first.
+                ledger.check(
+                    session=session_id,
+                    consumer=consumer,
+                    curator=curator,
+                    mechanism=mechanism,
+                    epsilon=eps + payout,
+                    delta=dlt,
+                    points=points,
+                )
+                ledger.charge(
+                    session=payout_session(session_id),
+                    consumer=consumer,
+                    curator=curator,
+                    mechanism=PAYOUT_MECHANISM,
+                    epsilon=payout,
+                    delta=0.0,
+                    points=0,
+                )
+                paid = True
             ledger.charge(
                 session=session_id,
                 consumer=consumer,

@@ -171,10 +171,10 @@ def publish_sketches(
     sqlite3.DatabaseError, RuntimeError
         As :func:`open_owner_ledger`.
     """
+    from dpmarket.owner.data import load_owner_data
     from dpmarket.owner.policy import data_dir_policy
     from dpmarket.owner.sketch_client import CatalogClient
     from dpmarket.owner.sketches import SketchPublisher, publish_to
-    from dpmarket.owner.sources import load_owner_data
     from dpmarket.runtime.schemas import load_schema
 
     if security.identity is None:

@@ -1,16 +1,20 @@
 """An owner's side of secure aggregation: its rounds, and its identity as a signing site.
 
-A round of :mod:`dpmarket.common.secagg` needs every site to sign its key advertisement with a key
-bound to its identity, and to check every other site's advertisement the same way, so that the
-curator, which routes every message, cannot substitute a key (Bonawitz et al. 2017, the
-active-adversary variant). Owners already hold such a key: their mTLS certificate's ECDSA P-256 key,
-issued by the deployment CA with the owner's name in it. :class:`SiteIdentity` signs with it and
-checks other sites' certificates against the CA, their names and the owner's roster: the peers its
-policy lists with the pins of their public keys (``[peers]``). The CA alone would not do: whoever
-holds its key can mint a certificate under any name, and a curator that could would add sites it
-plays itself to a victim's job; no one can mint a certificate for a pinned key. The mTLS channel
-authenticates an owner and the curator to each other, not owners to owners, which is why the
-signatures are needed.
+A round of :mod:`dpmarket.common.secagg` needs every site's key advertisement to be bound to its
+identity, and every site to check every other site's advertisement, so that the curator, which
+routes every message, cannot substitute a key (Bonawitz et al. 2017, the active-adversary variant).
+Each owner holds a static X25519 key for the life of its process (its
+:class:`~dpmarket.common.secagg.pairkeys.PairKeyring`, drawn in memory at start-up, never on disk: a
+restart rotates it), signed once with its certificate key; a peer checks that binding the first time
+it sees it and derives their pair key once, and every round's advertisement is then authenticated
+pair by pair with a key derived from it and the round id (:mod:`dpmarket.common.secagg.pairkeys`).
+Owners already hold an identity key: their mTLS certificate's ECDSA P-256 key, issued by the
+deployment CA with the owner's name in it. :class:`SiteIdentity` signs with it and checks other
+sites' certificates against the CA, their names and the owner's roster: the peers its policy lists
+with the pins of their public keys (``[peers]``). The CA alone would not do: whoever holds its key
+can mint a certificate under any name, and a curator that could would add sites it plays itself to a
+victim's job; no one can mint a certificate for a pinned key. The mTLS channel authenticates an
+owner and the curator to each other, not owners to owners, which is why the signatures are needed.
 
 What an owner sums in a round is decided by the job the round belongs to, through an *input source*
 (a CAPE job's noise draw), never by the curator's messages; :class:`RoundJobs` is what the
@@ -35,7 +39,7 @@ from typing import Protocol
 
 import numpy as np
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from numpy.typing import NDArray
 
@@ -43,6 +47,7 @@ from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError
 from dpmarket.common.ids import short_id
 from dpmarket.common.secagg.crypto import EcdsaSigner, EcdsaVerifier, SecAggError, Signer
 from dpmarket.common.secagg.endpoints import MaskedInput, SurvivorAttestation
+from dpmarket.common.secagg.pairkeys import PairKeyring
 from dpmarket.common.secagg.protocol import (
     KeyAdvertisement,
     RoundParams,
@@ -110,6 +115,14 @@ class SiteIdentity:
         site's own name is always on the roster, with its own key. Empty (the default) accepts
         no certificate of another site.
 
+    Attributes
+    ----------
+    keyring : PairKeyring
+        The site's long-lived pair keys: a static X25519 key drawn now (in memory only), bound
+        with the certificate key, for the deployment named by the SHA-256 of the CA certificate
+        (``b"in-process"`` without a CA). Shared by every round of every job of this process;
+        :meth:`PairKeyring.rotate` replaces the static key between rounds.
+
     Raises
     ------
     ValueError
@@ -141,6 +154,8 @@ class SiteIdentity:
         self.signer: Signer = EcdsaSigner(private_key)
         self.certificate_pem = certificate_pem
         self._ca = None if ca_pem is None else x509.load_pem_x509_certificate(ca_pem)
+        deployment = b"in-process" if self._ca is None else self._ca.fingerprint(hashes.SHA256())
+        self.keyring = PairKeyring(name, self.signer, deployment=deployment)
         own = public_key_fingerprint(private_key.public_key())
         pins = {site: normalize_fingerprint(pin) for site, pin in (peers or {}).items()}
         if pins.get(name, own) != own:
@@ -421,11 +436,21 @@ class SiteRounds:
             self.admit(job_id, params)
         key = (job_id, params.round_id)
         verifier = identity.verifier()
-        site = make_site(identity.name, params, signer=identity.signer, verifier=verifier)
+        site = make_site(
+            identity.name,
+            params,
+            signer=identity.signer,
+            verifier=verifier,
+            keyring=identity.keyring,
+        )
         entry = _Round(site, verifier, threading.Lock())
         with self._lock:
             if key in self._rounds:
                 raise FailedPreconditionError(f"round {params.round_id.hex()[:8]}… already started")
+            try:  # in any job, over: its pair keys would let its messages verify again
+                identity.keyring.claim_round(params.round_id)
+            except SecAggError as exc:
+                raise FailedPreconditionError(str(exc)) from None
             self._rounds[key] = entry
         with entry.lock:
             return site.advertise_keys(), identity.certificate_pem
@@ -466,10 +491,12 @@ class SiteRounds:
         certificates: Mapping[str, bytes],
         nonces: Mapping[str, bytes] | None = None,
     ) -> dict[str, bytes]:
-        """Round 1: check every advertisement's certificate and signature; share this site's
-        secrets. A certificate or signature that fails aborts the round at this site. Sparse
+        """Round 1: check every advertisement's certificate and its static key's binding (a
+        binding once per peer and key: the identity's keyring remembers it); share this site's
+        secrets. A certificate or binding that fails aborts the round at this site. Sparse
         rounds take the nonces instead (the advertisements came with :meth:`reveal`) and check
-        the neighbours' only."""
+        the neighbours' only. The round's keys of each advertisement are checked at
+        :meth:`masked`, against the tag that leads the sender's shares."""
         identity = self._require_identity()
         entry = self._round(job_id, round_id)
         with entry.lock:

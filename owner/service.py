@@ -27,6 +27,7 @@ from dpmarket.common.summarization.terms import Step
 from dpmarket.owner import convert
 from dpmarket.owner.cape import CapeSite
 from dpmarket.owner.cape_service import CapeSiteServicer, SecureAggregationServicer
+from dpmarket.owner.earnings import Earnings
 from dpmarket.owner.metrics import OwnerCollector
 from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.protocol import Owner
@@ -36,10 +37,9 @@ from dpmarket.runtime.admission import (
     SMALL_REQUEST_BYTES,
     VALUE_BYTES,
     ServiceLimits,
-    largest_request,
 )
 from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
-from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.identity import Identity, peer_public_key
 from dpmarket.runtime.metrics import register_all
 from dpmarket.runtime.serving import serve_until_signalled, start_server, write_port
 from dpmarket.runtime.terms import terms_from_proto
@@ -288,6 +288,31 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
         return owner_pb2.CloseSessionResponse(spent=convert.spend_to_proto(spent), receipt=receipt)
 
     @rpc("curator")
+    async def RecordStatement(self, request, context, caller):
+        ledger = self.owner.ledger
+        if ledger is None:
+            raise FailedPreconditionError("this owner keeps no ledger: it records no earnings")
+        earnings = Earnings(ledger, self.owner.owner_id)
+        earning, added = await asyncio.to_thread(
+            earnings.record,
+            bytes(request.statement.statement),
+            bytes(request.statement.signature),
+            curator=str(caller),
+            curator_key=peer_public_key(context),
+        )
+        logger.info(
+            "session %s: statement %s from %s %s: %d micro-credits",
+            short_id(earning.session),
+            earning.id[:12],
+            caller,
+            "recorded" if added else "already recorded",
+            earning.total,
+        )
+        return owner_pb2.RecordStatementResponse(
+            statement_id=earning.id, recorded_now=added, total=earning.total
+        )
+
+    @rpc("curator")
     async def GetProgress(self, request, context, caller):
         stage, done, total, ticks = self.owner.progress(request.session_id, str(caller))
         return owner_pb2.GetProgressResponse(stage=stage, done=done, total=total, ticks=ticks)
@@ -416,13 +441,7 @@ async def start_owner(
                 aggregation, server
             )
 
-    server, port, _ = await start_server(
-        register,
-        names,
-        address,
-        security,
-        max_request_bytes=largest_request([servicer, site, aggregation]),
-    )
+    server, port, _ = await start_server(register, names, address, security)
     logger.info(
         "owner %s serving on port %d for curator(s) %s", owner.owner_id, port, ", ".join(curators)
     )

@@ -18,7 +18,7 @@ from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.serving import CHANNEL_OPTIONS
 from dpmarket.runtime.status import error_from_rpc
 from dpmarket.runtime.transport import CONNECT_TIMEOUT_SECONDS, TransportSecurity, connected_channel
-from dpmarket.v1 import sketch_pb2, sketch_pb2_grpc
+from dpmarket.v1 import privacy_pb2, sketch_pb2, sketch_pb2_grpc
 
 __all__ = ["CatalogClient"]
 
@@ -103,17 +103,23 @@ class CatalogClient:
         return specs, response.allocation_spec or None
 
     def spec(self, name: str) -> SpecStatus:
-        """A spec and this owner's standing under it (GetSketchSpec)."""
+        """A spec, this owner's standing under it and the curator's held receipt of this owner
+        (GetSketchSpec)."""
         response = self._call("GetSketchSpec", sketch_pb2.GetSketchSpecRequest(name=name))
         return SpecStatus(
             msg.spec_from_proto(response.spec),
             bool(response.published),
             int(response.publications_left),
+            response.receipt if response.HasField("receipt") else None,
         )
 
-    def publish(self, spec: str, sketch: AnySketch) -> tuple[PublishedSketch, bool]:
-        """Send a stored sketch (PublishSketch); return the catalogue entry and whether the
-        catalogue held it already."""
-        request = sketch_pb2.PublishSketchRequest(spec=spec, sketch=msg.sketch_to_proto(sketch))
+    def publish(
+        self, spec: str, sketch: AnySketch, receipt: privacy_pb2.LedgerReceipt | None = None
+    ) -> tuple[PublishedSketch, bool]:
+        """Send a stored sketch (PublishSketch) with the ledger's receipt after its charge;
+        return the catalogue entry and whether the catalogue held it already."""
+        request = sketch_pb2.PublishSketchRequest(
+            spec=spec, sketch=msg.sketch_to_proto(sketch), receipt=receipt
+        )
         response = self._call("PublishSketch", request)
         return msg.published_from_proto(response.published), bool(response.already_published)

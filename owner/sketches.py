@@ -3,7 +3,7 @@
 An owner publishes a differentially private sketch of its table once per spec of a curator's
 catalogue (M2M paper, Section 2.3); every consumer of the catalogue then computes what it likes
 from it at no further cost to the owner. :class:`SketchPublisher` is the owner's side as a plain
-state object over its own ledger (no network: ``dpmarket sketch publish`` fetches the spec and
+state object over its own ledger (no network: ``dpmarket owner publish`` fetches the spec and
 sends the result, :mod:`dpmarket.consumer.cli`):
 
 1. **Check** the spec against the owner's policy (``[sketches]``: whether it publishes at all,
@@ -18,7 +18,9 @@ sends the result, :mod:`dpmarket.consumer.cli`):
 2. **Compute** the sketch: the noise scales come from the map's sensitivities and the owner's
    epsilon, never from the curator (a curator cannot make the owner add less noise, whatever
    parameters it draws: the sensitivities do not depend on them); noise from OpenDP in
-   production.
+   production. A marginals sketch also carries the graphical model and bootstrap fitted to its
+   measurements (:mod:`dpmarket.common.sketches.marginals_fit`: post-processing of the release,
+   computed from it alone, so every consumer's first answer skips the fit).
 3. **Charge and store** in one ledger transaction: the charge and the sketch become durable
    together, before any byte leaves (charge, then release).
 4. **Hand over**: the caller sends the stored sketch and records the delivery.
@@ -51,11 +53,12 @@ from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise
 from dpmarket.common.privacy.rng import production_rng
 from dpmarket.common.sketches.endpoints import CatalogEndpoint
 from dpmarket.common.sketches.marginals import MarginalsMechanism
-from dpmarket.common.sketches.spec import AnySketch, PublishedSketch, SketchSpec
-from dpmarket.owner.data import Table
+from dpmarket.common.sketches.marginals_fit import publishable_fit
+from dpmarket.common.sketches.spec import AnyMechanism, AnySketch, PublishedSketch, SketchSpec
 from dpmarket.owner.ledger import LedgerEntry, OwnerLedger
 from dpmarket.owner.partitioned import PartitionedTable
 from dpmarket.runtime.sketch_messages import sketch_bytes, sketch_from_bytes
+from dpmarket.runtime.tables import Table
 
 __all__ = [
     "Delivery",
@@ -157,6 +160,11 @@ class SketchPublisher:
         (:func:`dpmarket.common.privacy.rng.production_rng`); seeded only in tests and seeded runs.
     clock : callable
         Unix time, seconds.
+    fit : bool
+        Attach to each new marginals sketch the graphical model and bootstrap a consumer would
+        fit to it (:func:`dpmarket.common.sketches.marginals_fit.publishable_fit`: post-processing
+        of the release, no privacy cost), so that no consumer pays the fit before its first
+        answer; False: publish the release alone (consumers fit it).
     """
 
     def __init__(
@@ -166,11 +174,13 @@ class SketchPublisher:
         noise: NoiseSource | None = None,
         rng: np.random.Generator | None = None,
         clock: Callable[[], float] = time.time,
+        fit: bool = True,
     ) -> None:
         self.ledger = ledger
         self.noise: NoiseSource = noise if noise is not None else OpenDPNoise()
         self.rng = rng if rng is not None else production_rng()
         self.clock = clock
+        self.fit = bool(fit)
 
     # ---------------------------------------------------------------------------- reading
     def stored(self, spec: SketchSpec) -> Publication | None:
@@ -285,34 +295,9 @@ class SketchPublisher:
             records = self.records(spec, table)
             digest = data_digest(records)
         if stored is not None:
-            asked = spec.epsilon if epsilon is None else float(epsilon)
-            if asked != stored.sketch.mechanism.epsilon:
-                logger.warning(
-                    "%s: released before at epsilon %g (this call asked %g); returning the "
-                    "stored sketch, nothing charged",
-                    spec.name,
-                    stored.sketch.mechanism.epsilon,
-                    asked,
-                )
-            if digest != stored.data_digest:
-                logger.warning(
-                    "%s: the table changed since the sketch was released; the stored sketch "
-                    "describes the data as it was (a spec is published once)",
-                    spec.name,
-                )
+            self._warn_if_asked_again_differently(stored, spec, epsilon, digest)
             return stored
-        policy = self.ledger.policy
-        if not policy.publish_sketches:
-            raise FailedPreconditionError(
-                "this owner's policy publishes no sketch (sketches.publish = false)"
-            )
-        eps = spec.check_epsilon(spec.epsilon if epsilon is None else epsilon)
-        if eps > policy.epsilon_per_sketch:
-            raise FailedPreconditionError(
-                f"epsilon = {eps:g} exceeds this owner's limit per sketch, sketches.epsilon = "
-                f"{policy.epsilon_per_sketch:g}"
-            )
-        mechanism = spec.mechanism(eps)
+        mechanism = self._mechanism_within_policy(spec, epsilon)
         charge: dict[str, Any] = {
             "session": ledger_session(spec),
             "consumer": f"catalogue:{spec.name}",
@@ -323,15 +308,12 @@ class SketchPublisher:
             "points": 0,
         }
         self.ledger.check(**charge)  # refuse before computing anything
-        sketch: AnySketch
         if records is None:
             assert not isinstance(mechanism, MarginalsMechanism)  # refused above
             with on_private_data(f"{spec.name}: the sketch"):
-                sketch = mechanism.release_sum(total, count, self.noise)
-        elif isinstance(mechanism, MarginalsMechanism):
-            sketch = mechanism.release(records, self.noise, rng=self.rng)
+                sketch: AnySketch = mechanism.release_sum(total, count, self.noise)
         else:
-            sketch = mechanism.release(records, self.noise)
+            sketch = self._release(spec, mechanism, records)
         blob = sketch_bytes(sketch)
 
         def store(conn: sqlite3.Connection, charge_id: int) -> None:
@@ -350,6 +332,69 @@ class SketchPublisher:
             self.ledger.path,
         )
         return Publication(spec.name, spec.key, sketch, entry, True, digest, ())
+
+    @staticmethod
+    def _warn_if_asked_again_differently(
+        stored: Publication, spec: SketchSpec, epsilon: float | None, digest: str
+    ) -> None:
+        """Log (the owner's log only) when a key released before is asked at another epsilon,
+        or its data changed since: the stored sketch is returned either way."""
+        asked = spec.epsilon if epsilon is None else float(epsilon)
+        if asked != stored.sketch.mechanism.epsilon:
+            logger.warning(
+                "%s: released before at epsilon %g (this call asked %g); returning the "
+                "stored sketch, nothing charged",
+                spec.name,
+                stored.sketch.mechanism.epsilon,
+                asked,
+            )
+        if digest != stored.data_digest:
+            logger.warning(
+                "%s: the table changed since the sketch was released; the stored sketch "
+                "describes the data as it was (a spec is published once)",
+                spec.name,
+            )
+
+    def _mechanism_within_policy(self, spec: SketchSpec, epsilon: float | None) -> AnyMechanism:
+        """``spec``'s mechanism at ``epsilon`` (default: the spec's), or a refusal.
+
+        Raises
+        ------
+        FailedPreconditionError
+            If the policy publishes no sketch, or the epsilon exceeds its limit per sketch.
+        InvalidArgumentError
+            If the epsilon is outside the spec's range.
+        """
+        policy = self.ledger.policy
+        if not policy.publish_sketches:
+            raise FailedPreconditionError(
+                "this owner's policy publishes no sketch (sketches.publish = false)"
+            )
+        eps = spec.check_epsilon(spec.epsilon if epsilon is None else epsilon)
+        if eps > policy.epsilon_per_sketch:
+            raise FailedPreconditionError(
+                f"epsilon = {eps:g} exceeds this owner's limit per sketch, sketches.epsilon = "
+                f"{policy.epsilon_per_sketch:g}"
+            )
+        return spec.mechanism(eps)
+
+    def _release(
+        self, spec: SketchSpec, mechanism: AnyMechanism, records: NDArray[np.float64]
+    ) -> AnySketch:
+        """The sketch of ``records`` (of shape ``(n, len(spec.domain.names))``) under
+        ``mechanism``: for marginals, with the consumers' fit attached when :attr:`fit`."""
+        if not isinstance(mechanism, MarginalsMechanism):
+            return mechanism.release(records, self.noise)
+        sketch = mechanism.release(records, self.noise, rng=self.rng)
+        if self.fit:  # post-processing of the release alone, before it is charged and stored
+            started = time.perf_counter()
+            sketch = sketch.with_fit(publishable_fit(sketch))
+            logger.info(
+                "%s: graphical model and bootstrap fitted for consumers in %.1f s",
+                spec.name,
+                time.perf_counter() - started,
+            )
+        return sketch
 
     def _partitioned_sum(
         self, spec: SketchSpec, table: PartitionedTable
@@ -446,12 +491,15 @@ def publish_to(
 ) -> list[Delivery]:
     """Publish a sketch of ``table`` under each named spec of ``catalog``, in order.
 
-    For each spec: fetch it and this owner's standing; when nothing is stored for its key, refuse
+    For each spec: fetch it, this owner's standing and the curator's held receipt of this owner;
+    check the receipt against the ledger (:meth:`~dpmarket.owner.ledger.OwnerLedger.check_receipt`,
+    as a session's open does); when nothing is stored for its key, refuse
     (before anything is computed) if the catalogue holds a sketch of this owner that this ledger
     does not (a data directory reset: a second release would spend budget for a sketch the
     catalogue refuses) or accepts no more from it; then :meth:`SketchPublisher.publish` (check,
-    compute, charge and store; a stored release is returned as it is), hand it over and record
-    the delivery.
+    compute, charge and store; a stored release is returned as it is), hand it over with the
+    ledger's receipt signed after the charge (the curator keeps it as this owner's last receipt)
+    and record the delivery.
 
     Parameters
     ----------
@@ -471,6 +519,10 @@ def publish_to(
 
     Raises
     ------
+    dpmarket.owner.ledger.LedgerRollbackError
+        The ledger is behind the curator's held receipt of this owner (restored from an older
+        copy, or replaced), or a rollback found earlier is not resolved: nothing charged or
+        released for that spec (the rollback is recorded and logged).
     dpmarket.common.errors.DPMarketError
         The first refusal (this owner's policy or budget, the spec's range, the domain, the
         catalogue's); the specs before it are published and delivered, nothing of the failing
@@ -481,13 +533,19 @@ def publish_to(
     out = []
     for name in specs:
         status = catalog.spec(name)
+        # The curator's held receipt first, as at a session's open: a ledger behind it (restored
+        # from an older copy) is refused before it charges, and the rollback recorded.
+        publisher.ledger.check_receipt(status.receipt, curator=catalog.curator)
         spec = status.spec
         if publisher.stored(spec) is None:
             if status.published:
                 raise FailedPreconditionError(
                     f"the catalogue of {catalog.curator} holds a sketch of this owner under "
                     f"{name!r} that this ledger ({publisher.ledger.path}) did not record: "
-                    "nothing released (publish from the data directory that made it)"
+                    "nothing released. Publish from the data directory that made it; if this "
+                    "is that directory, its ledger lost the publication's charge (restored from "
+                    "an older copy): restore its newest backup, or let the curator's receipt "
+                    "stop the owner and run dpmarket owner ledger resolve (docs/howto-ledger.md)"
                 )
             if status.publications_left <= 0:
                 raise FailedPreconditionError(
@@ -495,7 +553,11 @@ def publish_to(
                     f"owner: nothing released under {name!r}"
                 )
         publication = publisher.publish(spec, table, curator=catalog.curator, epsilon=epsilon)
-        entry, again = catalog.publish(name, publication.sketch)
+        # The ledger's receipt after the charge goes with the sketch: the curator presents it
+        # at this owner's next session, so a ledger restored from a copy older than this
+        # publication is found.
+        receipt = publisher.ledger.receipt()
+        entry, again = catalog.publish(name, publication.sketch, receipt)
         publisher.delivered(publication, curator=catalog.curator, spec=name)
         out.append(Delivery(name, publication, entry, again))
     return out

@@ -11,14 +11,23 @@ charge covers:
   summary embeddings to the owners, the auction's choices, the summary to the consumer), as in
   the paper's Algorithm 3, whose auction trusts the curator with exact bids; it does not pay
   for the bids the curator itself sees. A curator that chooses those directions as probes reads
-  exact statistics of the owner's rows at any stated epsilon (red team of issue 25: every
+  exact statistics of the owner's rows at any stated epsilon (a red-team run read every
   column's maximum and minimum with two bids each, a column's distinct values with 3,000 bids,
   under terms of epsilon 1e-9). So an owner serves these methods only if its policy trusts the
   curator with exact bids (``access.allow_exact_bids``, off by default).
+* **Rows picked along the curator's direction** (:func:`check_steered_selection`). The
+  candidates methods (and their hashes mode) send the rows the owner's local greedy finds most
+  relevant to the validation embedding, in h1's features; the curator sends the embedding and
+  draws h1's parameters. Each row is charged as a raw point, but its being picked says how it
+  compares with every row not sent, and no epsilon charges that: a curator that steers the
+  greedy (h1 monotone in one column, one point asked) receives the row with that column's
+  largest value. So an owner serves these methods only if its policy trusts the
+  curator with relevance-steered selection (``access.allow_steered_selection``, off by
+  default); the uniform method, whose rows do not depend on their values, is served either way.
 * **How many rounds** (:func:`check_rounds`): at most ``session.rounds_per_point`` Bid rounds per
   raw point the session may receive (Notes of :func:`check_rounds`).
 
-Both refusals depend only on the terms, the policy and the ledger's public totals (never on the
+Every refusal depends only on the terms, the policy and the ledger's public totals (never on the
 rows), are raised before anything is computed, and charge nothing.
 """
 
@@ -28,7 +37,7 @@ from dpmarket.common.errors import BudgetRefusedError, FailedPreconditionError
 from dpmarket.common.summarization.terms import OwnerTerms
 from dpmarket.owner.policy import OwnerPolicy
 
-__all__ = ["check_exact_bids", "check_rounds"]
+__all__ = ["check_exact_bids", "check_rounds", "check_steered_selection"]
 
 
 def check_exact_bids(policy: OwnerPolicy, terms: OwnerTerms) -> None:
@@ -60,12 +69,76 @@ def check_exact_bids(policy: OwnerPolicy, terms: OwnerTerms) -> None:
     whether it trusts the curator with them, as the paper's model does.
     """
     if terms.exact_bids and not policy.allow_exact_bids:
+        served = "candidates or uniform" if policy.allow_steered_selection else "uniform"
         raise FailedPreconditionError(
             f"this owner does not serve the {terms.method.value} method: its Bid answers the "
             "curator with the exact score of the owner's best point, which the session's "
             "epsilon does not charge, and this owner's policy does not trust a curator with "
-            "exact bids (access.allow_exact_bids = false). Use the candidates or uniform "
-            "method, or ask the owner's operator to set access.allow_exact_bids = true"
+            f"exact bids (access.allow_exact_bids = false). Use the {served} method, or ask "
+            "the owner's operator to set access.allow_exact_bids = true"
+        )
+
+
+def check_steered_selection(policy: OwnerPolicy, terms: OwnerTerms) -> None:
+    """Refuse terms whose method picks rows along the curator's direction, unless the policy
+    allows.
+
+    Parameters
+    ----------
+    policy : OwnerPolicy
+        The owner's policy in force.
+    terms : OwnerTerms
+        The terms a session opens with.
+
+    Raises
+    ------
+    FailedPreconditionError
+        If ``terms.steered_selection`` (``candidates-counts``, ``candidates-sketch``,
+        ``hashes-counts``, ``hashes-sketch``) and not ``policy.allow_steered_selection``. The
+        text names the method and the policy key and says what to do; it depends on nothing
+        but the terms and the policy, so the curator may pass it on to a consumer. Raised
+        before anything is computed on the rows (the relevance count, the local greedy).
+
+    Notes
+    -----
+    *What the charge does not cover.* The owner's local greedy proposes the rows that score
+    highest along the validation embedding ``g`` in h1's features, ``h1(x) . g``; the curator
+    sends ``g`` and draws h1's ``(omega, phase)``. With h1 monotone in one column and one point
+    asked, the proposal is the row with that column's largest value (another session: the
+    smallest), and the curator learns that this row beats every other row on it. The row is
+    charged as a raw point, the order it reveals is charged nothing; the owner cannot tell a
+    probe from an honest embedding (both are vectors of the session's dimension). What bounds it
+    is the point allowance: a session receives at most ``session_points(rows)`` rows
+    (``session.points_fraction`` of the table, at most ``session.points``), each with the
+    comparison its choice implies.
+
+    *Why the pick is not made private instead.* A private pick (the exponential mechanism, or
+    report-noisy-max, per proposed row) must hide the replacement of one row. A row's score
+    depends on that row alone, so replacing it can move its score across the whole range of
+    scores: the sensitivity ``Delta`` equals the range ``R``. Even at the mechanism's most
+    favourable calibration (only one score changes, so row ``i`` is picked with probability
+    proportional to ``exp(eps u_i / Delta)``), the most and the least relevant rows differ in
+    probability by at most ``exp(eps)``: 2.7 at ``eps = 1`` per pick. Among the 354 rows of a
+    digits owner the best row is then picked with probability at most ``2.7 / (2.7 + 353) <
+    0.8 %`` (uniform: 0.28 %), and the top tenth of the rows receives at most
+    ``0.27 / (0.27 + 0.9) = 23 %`` of the picks (uniform: 10 %). To give the top tenth half of
+    the picks takes ``exp(eps) >= 9``, ``eps >= 2.2`` per pick: 22 for the 10 rows an owner's
+    share of a small summary takes (basic composition), against the whole session's default
+    budget of 2; and honest scores spread over a fraction of ``R`` only (digits, d = 512: an
+    owner's 354 rows over half of the range the score takes on the domain ``[0, 1]^64``, their
+    middle 80 % over a quarter), which shrinks the gain further. At any useful epsilon the
+    private pick is the uniform method at a cost, so the owner decides instead whether it
+    trusts its curator with the selection, as with exact bids.
+    """
+    if terms.steered_selection and not policy.allow_steered_selection:
+        raise FailedPreconditionError(
+            f"this owner does not serve the {terms.method.value} method: it sends the rows "
+            "that score highest along a validation embedding and h1 parameters the curator "
+            "chooses, so the choice tells the curator how those rows compare with every row "
+            "not sent, which no epsilon charges, and this owner's policy does not trust a "
+            "curator with relevance-steered selection (access.allow_steered_selection = "
+            "false). Use the uniform method, or ask the owner's operator to set "
+            "access.allow_steered_selection = true"
         )
 
 

@@ -14,35 +14,44 @@ caller's verified certificate (the call's auth context) and nothing it sent:
    read: HTTP/2 flow control then bounds what the server buffers of it to the stream's window (64
    KiB to a few MiB), and the rest is never sent.
 2. **how many**: each service serves at most :attr:`ServiceLimits.concurrent_calls` calls at
-   once (the health and reflection services :data:`OPEN_CONCURRENT_CALLS`, and
+   once (the health and reflection services :data:`OPEN_CONCURRENT_CALLS` together, and
    :data:`OPEN_CALLS_PER_CALLER` per caller); the next is answered ``RESOURCE_EXHAUSTED``, again
    before its request is read.
 3. **how large**: each RPC has its own receive limit (:attr:`ServiceLimits.requests`, or
    :data:`SMALL_REQUEST_BYTES` for one that carries ids and scalars only), derived by its
    servicer from the policy's bounds and documented in ``docs/reference.md``; a request (each
    message of a client stream) above it is answered ``RESOURCE_EXHAUSTED`` and never parsed. The
-   server's own receive limit, which gRPC applies to the declared length before buffering, is
-   the largest of its RPCs' (:func:`largest_request`).
+   server's own receive limit, which gRPC applies to a message's declared length before
+   buffering it, is small and the same for every server
+   (:data:`~dpmarket.runtime.framing.FRAME_BYTES`, 1 MiB): a larger unary request comes in
+   pieces of that size (:mod:`dpmarket.runtime.framing`), counted against its RPC's own limit
+   as they are read, so that no RPC's request is read beyond its own limit plus one piece.
 
 To do so every RPC is served as a client-streaming one (the wire format does not tell them
 apart): its request is read by :meth:`grpc.aio.ServicerContext.read` once the call is admitted.
 The servicer's wrapper still authorizes the call itself (the ``rpc`` semantics are unchanged).
-Nothing is copied and no thread is involved: a request is the bytes gRPC read, checked by length
-and parsed by its message's own parser; a stream's messages are checked one by one as its handler
-reads them.
+No thread is involved: a unary request is the bytes gRPC read (joined, if it came in pieces),
+checked by length and parsed by its message's own parser; a stream's messages are checked one by
+one as its handler reads them.
 
 Notes
 -----
 What a party can make a service hold, in request bytes (its handlers' own memory apart):
 
 * refused (wrong role or name, no identity): nothing of the request, only the flow-control
-  window of each refused stream while its refusal is sent;
+  window of its connection while the refusal is sent: the server grants a fixed window (gRPC's
+  bandwidth-delay probing off) and accepts a bounded number of connections
+  (:data:`~dpmarket.runtime.serving.TRANSPORT_BOUND_OPTIONS`);
 * admitted: at most ``concurrent_calls`` calls of each service, each holding at most its RPC's
-  limit once read. While a message is being read, before its length can be compared with the
-  RPC's limit, gRPC buffers at most the server's limit;
+  limit (the pieces read so far, then the parsed request), and all of them together at most the
+  server's :class:`RequestBudget` (:data:`REQUEST_BUDGET_BYTES`, or one request larger than it
+  alone), taken before a byte is read. While a piece is being read, before its length can be
+  counted, gRPC buffers at most ``FRAME_BYTES``, and at most :data:`READS_AT_ONCE` pieces are
+  read at once, the joined request parsed in the last one's turn (a client stream's messages,
+  ``RunRounds``, are read as its handler asks: at most one per stream, outside the budget);
 * the health and reflection services: at most :data:`OPEN_CALLS_PER_CALLER` calls per caller and
-  :data:`OPEN_CONCURRENT_CALLS` in all, each read up to the server's limit and dropped at once
-  when above :data:`SMALL_REQUEST_BYTES`.
+  :data:`OPEN_CONCURRENT_CALLS` in all (the two services together), each read up to one piece
+  and dropped at once when above :data:`SMALL_REQUEST_BYTES`.
 
 and only while the calls run: the exception a call ends with keeps none of its frames
 (:func:`_forgetting`), and the last of the calls in progress that received
@@ -57,7 +66,8 @@ import asyncio
 import contextvars
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +82,7 @@ from dpmarket.common.errors import (
 )
 from dpmarket.runtime.allocator import RELEASE_AFTER_BYTES, large_call_began, large_call_ended
 from dpmarket.runtime.authz import ROLES_ATTRIBUTE, Authorizer
+from dpmarket.runtime.framing import FRAME_BYTES, SIZE_METADATA, most_pieces
 from dpmarket.runtime.identity import peer_identity
 from dpmarket.runtime.status import abort_for
 
@@ -80,12 +91,15 @@ __all__ = [
     "DEFAULT_CONCURRENT_CALLS",
     "OPEN_CALLS_PER_CALLER",
     "OPEN_CONCURRENT_CALLS",
+    "OPEN_SERVICES",
+    "READS_AT_ONCE",
+    "REQUEST_BUDGET_BYTES",
     "SMALL_REQUEST_BYTES",
     "VALUE_BYTES",
     "Admission",
+    "RequestBudget",
     "RequestTooLargeError",
     "ServiceLimits",
-    "largest_request",
 ]
 
 logger = logging.getLogger(__name__)
@@ -100,15 +114,107 @@ COLUMN_BYTES = 512
 VALUE_BYTES = 8
 #: Calls one service serves at once unless its servicer says otherwise.
 DEFAULT_CONCURRENT_CALLS = 64
-#: Calls the health and reflection services each serve at once, from all callers.
-OPEN_CONCURRENT_CALLS = 16
+#: Calls the health and reflection services serve at once, together and from all callers: each
+#: is read up to one piece (``FRAME_BYTES``) before its own limit is compared, so they may make a
+#: server hold 2 x 4 x 1 MiB, whoever calls. A probe
+#: calls once every few seconds. (At 16 each, 1,000 concurrent 4 MB health checks raised an
+#: owner by up to 131 MiB of reads.)
+OPEN_CONCURRENT_CALLS = 4
+#: Pieces of unary requests a server reads at once, over all its services; an admitted call
+#: waits for its turn before each piece of its request is read (HTTP/2 flow control meanwhile
+#: holds the request at the client, but for the stream's window, 64 KiB:
+#: ``serving.STREAM_WINDOW_BYTES``). gRPC reads a message whole, up to the server's receive
+#: limit F (``framing.FRAME_BYTES``), before it can be counted, and the read holds about 2 F for
+#: a moment (its buffers, then Python's bytes): admitted callers' reads in progress hold at most
+#: ``READS_AT_ONCE`` x 2 F (8 MiB), and the joining and parsing of at most ``READS_AT_ONCE``
+#: requests a second copy of each; each admitted call, between its pieces and once read, at most
+#: its RPC's own limit. Without it every admitted call would read at once: 64 per service.
+READS_AT_ONCE = 4
+#: Seconds a read slot waits for the message it was taken for (one message, or one piece of at
+#: most ``framing.FRAME_BYTES``, 1 MiB: 10 s is 0.8 Mbit/s). A caller that opens calls and sends
+#: nothing would otherwise hold every slot until its deadline (none, if it sets none), and every
+#: other caller of every service of the server would wait behind it; past this wait its call is
+#: refused (RESOURCE_EXHAUSTED) and the slot goes to the next call.
+READ_WAIT_SECONDS = 10.0
+#: Request bytes a server's admitted calls hold at once, all services together (32 MiB): each
+#: unary call reserves its request's declared size (or, sent as one message, its RPC's limit up
+#: to one message, then the size it had) before a byte of it is read, and gives it back when it
+#: ends; a call that does not fit waits (its request held at the client by flow control), and
+#: one larger than the budget is served alone. So what admitted callers make a server hold in
+#: requests (and in what their handlers decode of them, about as much again) does not grow with
+#: its services' calls at once (64 each) times their RPCs' limits: an owner's three services
+#: 0.66 GiB at the defaults, the curator's ``CreateSession`` alone 64 x 17 MiB (64 such calls of
+#: 15 MB at once raised a curator by 1.5 GiB; with this budget by 142 MiB). At least two of the
+#: largest requests (the curator's 17 MiB) fit at once.
+REQUEST_BUDGET_BYTES = 32 << 20
+#: Name under which the health and reflection services' calls are counted together.
+OPEN_SERVICES = "the health and reflection services"
 #: Calls one caller may have in progress on the health or reflection service (a probe calls
 #: once every few seconds).
 OPEN_CALLS_PER_CALLER = 2
 
 
+class RequestNotSentError(ResourceExhaustedError):
+    """A call's request (or its next piece) did not arrive within :data:`READ_WAIT_SECONDS` of
+    its turn to be read: the read slot is given back and the call refused."""
+
+
 class RequestTooLargeError(ResourceExhaustedError):
     """A request above its RPC's receive limit (``RESOURCE_EXHAUSTED``); it was not parsed."""
+
+
+class RequestBudget:
+    """The request bytes a server's calls hold at once (:data:`REQUEST_BUDGET_BYTES`).
+
+    :meth:`take` waits, first come first served, until ``size`` fits beside what is held, or
+    nothing is held (a request larger than the budget is served alone); :meth:`give` returns
+    bytes taken. Runs on the server's event loop.
+
+    Parameters
+    ----------
+    total : int
+        The budget, bytes (positive).
+    """
+
+    def __init__(self, total: int) -> None:
+        if total < 1:
+            raise ValueError(f"total must be a positive number of bytes, got {total}")
+        self.total = total
+        #: Bytes taken and not given back.
+        self.held = 0
+        self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    def _fits(self, size: int) -> bool:
+        return self.held == 0 or self.held + size <= self.total
+
+    async def take(self, size: int) -> None:
+        """Take ``size`` bytes, waiting for them if need be."""
+        if not self._waiting and self._fits(size):
+            self.held += size
+            return
+        granted = asyncio.get_running_loop().create_future()
+        self._waiting.append((size, granted))
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self.give(size)  # granted as the call went away
+            else:
+                self._waiting.remove((size, granted))
+                self._grant()
+            raise
+
+    def give(self, size: int) -> None:
+        """Give back ``size`` bytes taken, and serve the calls waiting that now fit."""
+        self.held -= size
+        self._grant()
+
+    def _grant(self) -> None:
+        while self._waiting and self._fits(self._waiting[0][0]):
+            size, granted = self._waiting.popleft()
+            if not granted.done():
+                self.held += size
+                granted.set_result(None)
 
 
 @dataclass(frozen=True)
@@ -156,12 +262,6 @@ def limits_of(servicer: object) -> ServiceLimits:
     """A servicer's :class:`ServiceLimits` (its ``limits`` attribute), or the defaults."""
     limits = getattr(servicer, "limits", None)
     return limits if isinstance(limits, ServiceLimits) else ServiceLimits()
-
-
-def largest_request(servicers: Iterable[object]) -> int:
-    """The server receive limit that serves ``servicers``: the largest of their RPCs' limits
-    (at least :data:`SMALL_REQUEST_BYTES`), bytes."""
-    return max([SMALL_REQUEST_BYTES, *(limits_of(s).largest for s in servicers)])
 
 
 Behaviour = Callable[..., Any]
@@ -225,45 +325,59 @@ class _Gate:
 
         return release
 
+    def _received(self, size: int) -> None:
+        """Count ``size`` more bytes into the current call's received total (its end gives
+        memory back if the total is large: :func:`_forgetting`)."""
+        received = _received.get()
+        if received is not None:  # a call served by _forgetting, as every call is
+            if received[0] < RELEASE_AFTER_BYTES <= received[0] + size:
+                large_call_began()
+            received[0] += size
+
+    def _too_large(self, size: int) -> RequestTooLargeError:
+        return RequestTooLargeError(
+            f"a {self.rpc} request of {size} bytes exceeds this method's limit of "
+            f"{self.limit} bytes, set by the service's policy (docs/reference.md, "
+            '"Message limits"): send a smaller request'
+        )
+
+    def _parse(self, parse: Callable[[bytes], Any] | None, raw: bytes) -> Any:
+        if parse is None:
+            return raw
+        try:
+            return parse(raw)
+        except DecodeError:
+            raise InvalidArgumentError(f"the {self.rpc} request does not parse") from None
+
     def deserializer(self, parse: Callable[[bytes], Any] | None) -> Callable[[bytes], Any]:
-        """``parse`` behind the receive limit: a message above it raises
-        :class:`RequestTooLargeError` unparsed; one that does not parse, InvalidArgumentError."""
-        limit, rpc = self.limit, self.rpc
+        """``parse`` behind the receive limit, for each message of a client stream: a message
+        above it raises :class:`RequestTooLargeError` unparsed; one that does not parse,
+        InvalidArgumentError."""
 
         def deserialize(raw: bytes) -> Any:
-            received = _received.get()
-            if received is not None:  # a call served by _forgetting, as every call is
-                if received[0] < RELEASE_AFTER_BYTES <= received[0] + len(raw):
-                    large_call_began()
-                received[0] += len(raw)
-            if len(raw) > limit:
-                raise RequestTooLargeError(
-                    f"a {rpc} request of {len(raw)} bytes exceeds this method's limit of "
-                    f"{limit} bytes, set by the service's policy (docs/reference.md, "
-                    '"Message limits"): send a smaller request'
-                )
-            if parse is None:
-                return raw
-            try:
-                return parse(raw)
-            except DecodeError:
-                raise InvalidArgumentError(f"the {rpc} request does not parse") from None
+            self._received(len(raw))
+            if len(raw) > self.limit:
+                raise self._too_large(len(raw))
+            return self._parse(parse, raw)
 
         return deserialize
 
     def handler(self, inner: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        """``inner`` served as a client stream whose requests are read once admitted."""
-        deserialize = self.deserializer(inner.request_deserializer)
+        """``inner`` served as a client stream whose requests are read once admitted: a unary
+        request's pieces (:mod:`dpmarket.runtime.framing`) as raw bytes, joined and parsed by
+        :meth:`_read_request`; a client stream's messages each parsed as its handler reads it."""
         serialize = inner.response_serializer
         behaviour = _behaviour(inner)
-        if not inner.request_streaming and not inner.response_streaming:
-            return grpc.stream_unary_rpc_method_handler(
-                _forgetting(self._unary_unary(behaviour)), deserialize, serialize
-            )
         if not inner.request_streaming:
+            parse = inner.request_deserializer
+            if not inner.response_streaming:
+                return grpc.stream_unary_rpc_method_handler(
+                    _forgetting(self._unary_unary(behaviour, parse)), None, serialize
+                )
             return grpc.stream_stream_rpc_method_handler(
-                _forgetting(self._unary_stream(behaviour)), deserialize, serialize
+                _forgetting(self._unary_stream(behaviour, parse)), None, serialize
             )
+        deserialize = self.deserializer(inner.request_deserializer)
         if not inner.response_streaming:
             return grpc.stream_unary_rpc_method_handler(
                 _forgetting(self._stream_unary(behaviour)), deserialize, serialize
@@ -272,44 +386,170 @@ class _Gate:
             _forgetting(self._stream_stream(behaviour)), deserialize, serialize
         )
 
+    def _give_back(self, held: list[int]) -> None:
+        """Give the request bytes a call took (:meth:`_read_request`) back to the budget."""
+        for size in held:
+            self.admission.budget.give(size)
+
     async def _refuse(self, exc: Exception, context: grpc.aio.ServicerContext) -> None:
         """Abort with the status of an admission or reading error (always raises)."""
         await abort_for(exc, context, self.rpc)
 
-    async def _read_one(self, context: grpc.aio.ServicerContext) -> Any:
-        request = await context.read()
-        if request is _EOF:
-            raise InvalidArgumentError(f"the {self.rpc} call ended without a request")
-        return request
+    def _declared(self, context: grpc.aio.ServicerContext) -> int | None:
+        """The request size a client sending pieces declared
+        (:data:`~dpmarket.runtime.framing.SIZE_METADATA`), or None.
 
-    def _unary_unary(self, inner: Behaviour) -> Behaviour:
+        Raises
+        ------
+        InvalidArgumentError
+            If the declaration is not a non-negative integer.
+        """
+        for key, value in context.invocation_metadata() or ():
+            if key == SIZE_METADATA:
+                text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+                # ASCII digits only, at most 19 (int() refuses other Unicode digits and more
+                # than 4,300 digits with ValueError, which would leave the call UNKNOWN).
+                if not (text.isascii() and text.isdigit() and len(text) <= 19):
+                    raise InvalidArgumentError(
+                        f"{SIZE_METADATA} must be the request's size in bytes, got {text[:32]!r}"
+                    )
+                return int(text)
+        return None
+
+    async def _read_in_slot(self, context: grpc.aio.ServicerContext) -> Any:
+        """The call's next message (or ``_EOF``), read while the caller holds a read slot.
+
+        Raises
+        ------
+        RequestNotSentError
+            If it does not arrive within :data:`READ_WAIT_SECONDS`: the slot is given back and
+            the call refused, so that a caller that sends nothing cannot hold the server's
+            reads.
+        """
+        try:
+            return await asyncio.wait_for(context.read(), READ_WAIT_SECONDS)
+        except TimeoutError:
+            raise RequestNotSentError(
+                f"the {self.rpc} request did not arrive within {READ_WAIT_SECONDS:g} s of its "
+                "turn to be read: send a request as soon as the call starts"
+            ) from None
+
+    async def _read_request(
+        self,
+        context: grpc.aio.ServicerContext,
+        parse: Callable[[bytes], Any] | None,
+        held: list[int],
+    ) -> Any:
+        """Read a unary request (one message, or the pieces of its declared size); return it
+        parsed.
+
+        A request declared above the method's limit is refused before a byte of it is read.
+        Otherwise the call first takes the bytes its request may hold from the server's
+        :class:`RequestBudget` (the declared size; for a request sent as one message, the
+        method's limit up to one message, then the size it had), appended to ``held`` for the
+        caller to give back when the call ends; a declared request is then told to start (the
+        response's headers, which a client sending pieces awaits:
+        :mod:`dpmarket.runtime.framing`). Each message is read holding one of the server's
+        :data:`READS_AT_ONCE` read slots (gRPC buffers it whole, up to
+        :data:`~dpmarket.runtime.framing.FRAME_BYTES`, when it is read); pieces are joined and
+        parsed in the last one's slot, so that at most ``READS_AT_ONCE`` requests are held twice
+        at once. The end of the client's stream is not awaited: an undeclared request is its
+        first message, a declared one its pieces up to the declared size.
+
+        Raises
+        ------
+        RequestTooLargeError
+            If the declared size exceeds the method's limit (nothing read), or a message
+            exceeds it, or the pieces' count what that limit needs
+            (:func:`~dpmarket.runtime.framing.most_pieces`): nothing more is read.
+        InvalidArgumentError
+            If the call ends without a request or before its declared size, its pieces hold
+            more than that, or the request does not parse.
+        """
+        declared = self._declared(context)
+        if declared is not None and declared > self.limit:
+            raise self._too_large(declared)
+        reserved = min(self.limit, self.admission.frame_bytes) if declared is None else declared
+        await self.admission.budget.take(reserved)
+        held.append(reserved)
+        if declared is None:  # one message, as any gRPC client sends a unary request
+            async with self.admission.reads:
+                raw = await self._read_in_slot(context)
+                if raw is _EOF:
+                    raise InvalidArgumentError(f"the {self.rpc} call ended without a request")
+                self._received(len(raw))
+                if len(raw) > self.limit:
+                    raise self._too_large(len(raw))
+                request = self._parse(parse, raw)
+            self.admission.budget.give(reserved - len(raw))  # keep what the request holds
+            held[-1] = len(raw)
+            return request
+        await context.send_initial_metadata(((SIZE_METADATA, str(declared)),))
+        parts: list[bytes] = []
+        total = 0
+        most = most_pieces(self.limit)
+        while True:
+            # A piece arrives right after the one before: a read slot is held for a moment
+            # (longer only by a client that sends slowly, at most READ_WAIT_SECONDS).
+            async with self.admission.reads:
+                if total == declared:
+                    raw = parts[0] if len(parts) == 1 else b"".join(parts)
+                    parts.clear()
+                    return self._parse(parse, raw)
+                if len(parts) == most:
+                    raise RequestTooLargeError(
+                        f"a {self.rpc} request in more than {most} pieces exceeds what this "
+                        f"method's limit of {self.limit} bytes needs: send pieces of "
+                        f'{FRAME_BYTES} bytes (docs/reference.md, "Message limits")'
+                    )
+                piece = await self._read_in_slot(context)
+            if piece is _EOF:
+                raise InvalidArgumentError(
+                    f"the {self.rpc} call ended after {total} of the {declared} bytes its "
+                    f"{SIZE_METADATA} declared"
+                )
+            self._received(len(piece))
+            total += len(piece)
+            if total > declared:
+                raise InvalidArgumentError(
+                    f"the {self.rpc} request's pieces hold more than the {declared} bytes its "
+                    f"{SIZE_METADATA} declared"
+                )
+            parts.append(piece)
+
+    def _unary_unary(self, inner: Behaviour, parse: Callable[[bytes], Any] | None) -> Behaviour:
         async def behaviour(_: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
             try:
                 release = self.admit(context)
             except _REFUSALS as exc:
                 return await self._refuse(exc, context)
+            held: list[int] = []
             try:
                 try:
-                    request = await self._read_one(context)
+                    request = await self._read_request(context, parse, held)
                 except _UNREADABLE as exc:
                     return await self._refuse(exc, context)
                 return await inner(request, context)
             finally:
+                self._give_back(held)
                 release()
 
         return behaviour
 
-    def _unary_stream(self, inner: Behaviour) -> Behaviour:
+    def _unary_stream(self, inner: Behaviour, parse: Callable[[bytes], Any] | None) -> Behaviour:
         async def behaviour(_: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
             try:
                 release = self.admit(context)
             except _REFUSALS as exc:
                 return await self._refuse(exc, context)
+            held: list[int] = []
             try:
-                await _respond(inner, await self._read_one(context), context)
+                request = await self._read_request(context, parse, held)
+                await _respond(inner, request, context)
             except _UNREADABLE as exc:
                 await self._refuse(exc, context)
             finally:
+                self._give_back(held)
                 release()
 
         return behaviour
@@ -369,7 +609,7 @@ def _forgetting(behaviour: Behaviour) -> Behaviour:
     frame also holds the call's context, which holds the call's state: a reference cycle that
     only a full garbage collection frees, which a long-lived service runs rarely. Refused 15 MiB
     ``CreateSession`` requests, 40 in a row and three bursts of 32, took a curator from 239 MiB
-    to 2.6 GiB this way (issue 25). The tracebacks of the exception and of every exception it
+    to 2.6 GiB this way. The tracebacks of the exception and of every exception it
     chains are therefore dropped as it leaves, so that the frames are freed at once; any other
     exception (a bug) keeps its traceback for gRPC's log.
     """
@@ -427,7 +667,7 @@ _EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]
 #: What admission refuses a call for, and what reading its request may raise (a handler wrapped
 #: by ``rpc``/``rpc_stream`` turns the latter into a status itself; these catch the rest).
 _REFUSALS = (UnauthenticatedError, PermissionDeniedError, ResourceExhaustedError)
-_UNREADABLE = (RequestTooLargeError, InvalidArgumentError)
+_UNREADABLE = (RequestTooLargeError, RequestNotSentError, InvalidArgumentError)
 
 
 class Admission(grpc.aio.ServerInterceptor):
@@ -435,20 +675,34 @@ class Admission(grpc.aio.ServerInterceptor):
 
     Parameters
     ----------
-    max_request_bytes : int
-        The server's receive limit (:func:`largest_request` of its servicers): an RPC whose own
-        limit is larger is held to it, and a warning says so once.
+    frame_bytes : int
+        The server's receive limit, bytes: the largest message it reads
+        (:data:`~dpmarket.runtime.framing.FRAME_BYTES`). A unary request may be larger, in
+        pieces; a client stream's message may not, and a streaming RPC whose own limit is larger
+        is held to it (a warning says so once).
     insecure : bool
         Plaintext transport (``--insecure``): no caller has an identity; the health and
         reflection services then admit every caller (the servicers' authorizers name the one
         identity every caller is taken to have).
+    budget_bytes : int
+        The request bytes its unary calls hold at once (:class:`RequestBudget`).
     """
 
-    def __init__(self, max_request_bytes: int, *, insecure: bool = False) -> None:
-        self.max_request_bytes = max_request_bytes
+    def __init__(
+        self,
+        frame_bytes: int = FRAME_BYTES,
+        *,
+        insecure: bool = False,
+        budget_bytes: int = REQUEST_BUDGET_BYTES,
+    ) -> None:
+        self.frame_bytes = frame_bytes
+        #: The request bytes its calls hold at once.
+        self.budget = RequestBudget(budget_bytes)
         self.insecure = insecure
         #: Calls in progress per service name, and per (service, caller) on open services.
         self.active: dict[Any, int] = {}
+        #: Unary requests being read at once (:data:`READS_AT_ONCE`), whichever the service.
+        self.reads = asyncio.Semaphore(READS_AT_ONCE)
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
 
     async def intercept_service(  # type: ignore[override]  # None: no such method
@@ -474,23 +728,24 @@ class Admission(grpc.aio.ServerInterceptor):
         if roles is None or not isinstance(authorizer, Authorizer):
             return _Gate(
                 self,
-                service,
+                OPEN_SERVICES,
                 rpc,
                 self._any_identity,
-                min(SMALL_REQUEST_BYTES, self.max_request_bytes),
+                SMALL_REQUEST_BYTES,
                 OPEN_CONCURRENT_CALLS,
                 OPEN_CALLS_PER_CALLER,
             )
         limits = limits_of(servicer)
         limit = limits.request_bytes(rpc)
-        if limit > self.max_request_bytes:
+        if inner.request_streaming and limit > self.frame_bytes:
             logger.warning(
-                "%s: its limit of %d bytes is above the server's %d: held to the server's",
+                "%s: its messages' limit of %d bytes is above the server's largest message, %d "
+                "bytes: held to it",
                 method,
                 limit,
-                self.max_request_bytes,
+                self.frame_bytes,
             )
-            limit = self.max_request_bytes
+            limit = self.frame_bytes
 
         def authorize(context: grpc.aio.ServicerContext) -> str:
             return str(authorizer.authorize(context, roles))

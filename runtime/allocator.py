@@ -8,7 +8,7 @@ event loop's thread; the freed buffers stay scattered over the arenas, between c
 use. A service that received a few large requests then keeps their size in its RSS for good:
 refused 15 MiB ``CreateSession`` requests (40 in a row, then three bursts of 32) left a curator
 at 712 MiB from 239 MiB with nothing of them alive in Python, and ``malloc_trim(0)`` gave all
-but 35 MiB back (issue 25; ``MALLOC_ARENA_MAX=2`` or a fixed ``M_MMAP_THRESHOLD`` alone left
+but 35 MiB back (``MALLOC_ARENA_MAX=2`` or a fixed ``M_MMAP_THRESHOLD`` alone left
 815 and 954 MiB). :func:`release_free_memory` is that call; the admission of every call
 (:mod:`dpmarket.runtime.admission`) makes it when a call that received at least
 :data:`RELEASE_AFTER_BYTES` ends.

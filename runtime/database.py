@@ -45,6 +45,7 @@ __all__ = [
     "BUSY_TIMEOUT_MS",
     "DatabaseMissingError",
     "Migration",
+    "SchemaUpgradeRequiredError",
     "backup_database",
     "execute_script",
     "open_database",
@@ -65,6 +66,17 @@ class DatabaseMissingError(FileNotFoundError):
     def __init__(self, message: str, *, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class SchemaUpgradeRequiredError(RuntimeError):
+    """A database is at an older schema than the oldest its caller migrates on open
+    (``auto_upgrade_from``): nothing was migrated or written. ``version`` is the file's,
+    ``known`` this build's."""
+
+    def __init__(self, message: str, *, version: int, known: int) -> None:
+        super().__init__(message)
+        self.version = version
+        self.known = known
 
 
 #: How long a statement waits for another writer's lock before failing, in milliseconds.
@@ -197,9 +209,17 @@ def _check_application(conn: sqlite3.Connection, path: Path, application: str) -
         conn.execute("INSERT INTO meta (key, value) VALUES ('application', ?)", (application,))
 
 
-def _migrate(conn: sqlite3.Connection, path: Path, migrations: Sequence[Migration]) -> None:
-    """Run the pending migrations, one transaction each; refuse a newer schema."""
+def _migrate(
+    conn: sqlite3.Connection,
+    path: Path,
+    migrations: Sequence[Migration],
+    *,
+    auto_upgrade_from: int = 0,
+) -> None:
+    """Run the pending migrations, one transaction each; refuse a newer schema, and an
+    existing file below ``auto_upgrade_from``."""
     known = len(migrations)
+    first: int | None = None  # the version found: 0 for a new file, created in full
     while True:
         # The version is read inside the write transaction, so two processes opening the same
         # new file cannot both run a migration: the second sees the version the first wrote.
@@ -212,6 +232,14 @@ def _migrate(conn: sqlite3.Connection, path: Path, migrations: Sequence[Migratio
                 )
             if version == known:
                 return
+            first = version if first is None else first
+            if 0 < first < auto_upgrade_from:
+                raise SchemaUpgradeRequiredError(
+                    f"{path} is at schema {version}, this build uses {known}: a file below "
+                    f"schema {auto_upgrade_from} is not upgraded on open",
+                    version=version,
+                    known=known,
+                )
             migration = migrations[version]
             if callable(migration):
                 migration(conn)
@@ -237,6 +265,7 @@ def open_database(
     application: str,
     create: bool = True,
     journal: Literal["wal", "rollback"] = "wal",
+    auto_upgrade_from: int = 0,
 ) -> sqlite3.Connection:
     """Open or create a service's SQLite database and bring its schema up to date.
 
@@ -272,6 +301,13 @@ def open_database(
         the main file when it commits (the journal only holds what an unfinished one would undo),
         so no file beside it can take a committed transaction back; readers briefly block the
         writer. For records whose loss must never pass unnoticed (an owner's privacy ledger).
+    auto_upgrade_from : int, default 0
+        The oldest schema of an existing file that is migrated on open (0: any). A file below
+        it is refused (:class:`SchemaUpgradeRequiredError`) and left as found, so that a service
+        whose file must not come back through an older format behind its operator's back (an
+        owner's ledger: taken back to the schema before its identity and chain, it would be
+        migrated with a new id and its budget reset) migrates it only on an explicit request
+        (open it then with 0). A new file (schema 0) is always created in full.
 
     Returns
     -------
@@ -283,6 +319,9 @@ def open_database(
     DatabaseMissingError
         With ``create=False``: if the file does not exist, is empty (0 bytes), or is an SQLite
         database with no application record (nothing is written to it).
+    SchemaUpgradeRequiredError
+        (a ``RuntimeError``) If the file is at a schema between 1 and ``auto_upgrade_from - 1``;
+        nothing was migrated.
     ValueError
         If ``application`` is empty, the file belongs to another application (the message
         names both), or it is an SQLite file with tables but no application record.
@@ -340,7 +379,7 @@ def open_database(
             )
         conn.execute("PRAGMA foreign_keys = ON")
         _check_application(conn, path, application)
-        _migrate(conn, path, migrations)
+        _migrate(conn, path, migrations, auto_upgrade_from=auto_upgrade_from)
         conn.execute("PRAGMA synchronous = FULL")
     except BaseException:
         conn.close()

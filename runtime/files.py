@@ -9,14 +9,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import tempfile
 import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
-
-import numpy as np
 
 __all__ = ["atomic_write", "read_toml", "write_json"]
 
@@ -45,6 +44,11 @@ def atomic_write(path: str | Path) -> Iterator[BinaryIO]:
 
 
 def _default(obj: Any) -> Any:
+    # numpy scalars and arrays as Python ones; without numpy imported, ``obj`` is none of them
+    # (so the health probe and the PKI, which write JSON, load no numerical library).
+    np = sys.modules.get("numpy")
+    if np is None:
+        raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
     if isinstance(obj, np.generic):
         return obj.item()
     if isinstance(obj, np.ndarray):

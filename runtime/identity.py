@@ -10,6 +10,7 @@ or a name from a message body (docs/how-it-works.md, Trust model); they call :fu
 
 from __future__ import annotations
 
+import datetime
 import functools
 import hashlib
 import re
@@ -19,6 +20,7 @@ from typing import Literal, cast, get_args
 
 import grpc
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 from cryptography.x509.oid import NameOID
@@ -284,3 +286,78 @@ PEER_CACHE_SIZE = 1024
 #: :func:`identity_from_pem` of a verified peer certificate, parsed once per certificate (an
 #: :class:`Identity` is immutable; exceptions are not cached).
 _peer_identity_of = functools.lru_cache(maxsize=PEER_CACHE_SIZE)(identity_from_pem)
+
+
+def peer_public_key(
+    context: grpc.ServicerContext | grpc.aio.ServicerContext,
+) -> CertificatePublicKeyTypes | None:
+    """The public key of the caller's verified certificate (what it signs documents with), or
+    None without one (plaintext transport).
+
+    Raises
+    ------
+    ValueError
+        If the certificate in the auth context cannot be parsed.
+    """
+    values = context.auth_context().get(_AUTH_PEM_KEY)
+    if not values:
+        return None
+    pem = values if isinstance(values, bytes) else next(iter(values))
+    return x509.load_pem_x509_certificates(pem)[0].public_key()
+
+
+def certified_public_key(
+    cert_pem: bytes, ca_pem: bytes, expected: Identity
+) -> CertificatePublicKeyTypes:
+    """The public key of ``cert_pem`` once the certificate is checked as a TLS handshake would:
+    issued directly by a CA of ``ca_pem``, valid now, and carrying the identity ``expected``.
+
+    What a party uses to check a document another party signed with its certificate key and
+    handed over with the certificate (a consumer checks the curator's settlement statements
+    this way: :meth:`dpmarket.consumer.client.CuratorClient.statements`).
+
+    Parameters
+    ----------
+    cert_pem : bytes
+        The signer's certificate, PEM (the first certificate is the one checked).
+    ca_pem : bytes
+        The deployment CA certificate(s), PEM.
+    expected : Identity
+        Who must have signed.
+
+    Returns
+    -------
+    EC, Ed25519, RSA... public key
+
+    Raises
+    ------
+    ValueError
+        If ``cert_pem`` holds no certificate, no CA of ``ca_pem`` issued it, it is not valid now,
+        or it names another identity (or none); the message says which.
+    """
+    try:
+        cert = x509.load_pem_x509_certificates(cert_pem)[0]
+        cas = x509.load_pem_x509_certificates(ca_pem)
+    except ValueError as exc:
+        raise ValueError(f"the certificate of {expected} is not a PEM certificate: {exc}") from None
+    for ca in cas:
+        try:
+            cert.verify_directly_issued_by(ca)
+            break
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+    else:
+        raise ValueError(
+            f"the certificate presented for {expected} (subject "
+            f"{cert.subject.rfc4514_string()!r}) is not issued by this deployment's CA"
+        )
+    now = datetime.datetime.now(datetime.UTC)
+    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+        raise ValueError(
+            f"the certificate presented for {expected} is valid from {cert.not_valid_before_utc} "
+            f"to {cert.not_valid_after_utc}, not now"
+        )
+    found = identity_from_certificate(cert)
+    if found != expected:
+        raise ValueError(f"a certificate of {found} was presented for {expected}")
+    return cert.public_key()

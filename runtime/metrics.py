@@ -1,6 +1,6 @@
 """Prometheus metrics of a service, for its operator (``prometheus_client``).
 
-Off by default. ``serve-owner`` and ``serve-curator`` take ``--metrics-port PORT`` (config key
+Off by default. ``owner serve`` and ``curator serve`` take ``--metrics-port PORT`` (config key
 ``metrics-port``) and ``--metrics-host`` (default 127.0.0.1: only this machine scrapes; the
 compose stack's monitoring profile binds 0.0.0.0 on its internal networks): the service then
 serves ``/metrics`` over plain HTTP on that port, from a thread of its own. Every server the

@@ -4,11 +4,13 @@ When the environment variable :data:`TRACE_ENV` names a file, every channel that
 :mod:`dpmarket.runtime.transport` opens (``aio_channel``, ``sync_channel`` and so every channel of
 the curator, the owners and the consumer client) carries gRPC client interceptors (the library's
 ``grpc.aio.UnaryUnaryClientInterceptor`` / ``grpc.aio.StreamStreamClientInterceptor`` and
-``grpc.UnaryUnaryClientInterceptor`` / ``grpc.UnaryStreamClientInterceptor``) that append one JSON
-line per call (per exchange of a bidirectional stream) to that file. Unset (the default, and what
-production runs), no interceptor is installed and nothing changes. The variable is read when a
-channel is created, so a process started with it (a :class:`dpmarket.deploy.launcher.LocalCluster`
-inherits the launcher's environment) records every call.
+``grpc.UnaryUnaryClientInterceptor`` / ``grpc.UnaryStreamClientInterceptor``; the
+``StreamUnary`` ones for a unary request sent in pieces, :mod:`dpmarket.runtime.framing`) that
+append one JSON line per call (per exchange of a bidirectional stream) to that file. Unset (the
+default, and what production runs), no interceptor is installed and nothing changes. The
+variable is read when a channel is created, so a process started with it (a
+:class:`dpmarket.deploy.launcher.LocalCluster` inherits the launcher's environment) records every
+call.
 
 A record holds only names, sizes and times, never a value of a message:
 
@@ -112,6 +114,8 @@ def _method_name(details: Any) -> str:
 
 
 def _size(message: Any) -> int:
+    if isinstance(message, bytes):  # serialized already, or a piece of a request
+        return len(message)
     size = getattr(message, "ByteSize", None)
     return int(size()) if size is not None else 0
 
@@ -193,6 +197,49 @@ class AioTraceInterceptor(_Recording, grpc.aio.UnaryUnaryClientInterceptor):
             self._recorder.write(method, start, _size(request), 0, 0, _status_name(exc))
             return call  # awaiting it raises the same error for the caller
         self._recorder.write(method, start, _size(request), _size(response), 1, "OK")
+        return call
+
+
+class AioUploadTraceInterceptor(_Recording, grpc.aio.StreamUnaryClientInterceptor):
+    """Records every unary call of a ``grpc.aio`` channel whose request went in pieces
+    (:mod:`dpmarket.runtime.framing`) as one call: its request bytes are the pieces' total.
+    The call is returned at once and recorded when it ends (its pieces wait for the server's
+    headers, which the call returned must deliver). Parameters as :class:`_Recording`."""
+
+    def __init__(self, path: Path, caller: str, peer: str) -> None:
+        super().__init__(path, caller, peer)
+        self._recording: set[asyncio.Task[None]] = set()
+
+    async def intercept_stream_unary(
+        self,
+        continuation: Callable[[grpc.aio.ClientCallDetails, Any], Any],
+        client_call_details: grpc.aio.ClientCallDetails,
+        request_iterator: Any,
+    ) -> Any:
+        start = time.monotonic()
+        method = _method_name(client_call_details)
+        sent = [0]
+
+        async def requests() -> AsyncIterator[Any]:
+            async for request in _aiter(request_iterator):
+                sent[0] += _size(request)
+                yield request
+
+        call = await continuation(client_call_details, requests())
+
+        async def record() -> None:
+            try:
+                response = await call
+            except grpc.RpcError as exc:
+                self._recorder.write(method, start, sent[0], 0, 0, _status_name(exc))
+            except asyncio.CancelledError:
+                self._recorder.write(method, start, sent[0], 0, 0, "CANCELLED")
+            else:
+                self._recorder.write(method, start, sent[0], _size(response), 1, "OK")
+
+        task = asyncio.ensure_future(record())
+        self._recording.add(task)
+        task.add_done_callback(self._recording.discard)
         return call
 
 
@@ -295,11 +342,15 @@ class _CountingStream:
 
 
 class SyncTraceInterceptor(
-    _Recording, grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor
+    _Recording,
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
 ):
     """Records every unary call and server stream of a blocking channel (as
     :class:`AioTraceInterceptor`; a stream's record is written when it ends, fails or is
-    cancelled, never for a stream left unread)."""
+    cancelled, never for a stream left unread); a unary call whose request went in pieces
+    (:mod:`dpmarket.runtime.framing`) is one call of the pieces' total."""
 
     def intercept_unary_unary(
         self,
@@ -333,6 +384,30 @@ class SyncTraceInterceptor(
 
         return _CountingStream(continuation(client_call_details, request), finish)
 
+    def intercept_stream_unary(
+        self,
+        continuation: Callable[[grpc.ClientCallDetails, Any], Any],
+        client_call_details: grpc.ClientCallDetails,
+        request_iterator: Any,
+    ) -> Any:
+        start = time.monotonic()
+        method = _method_name(client_call_details)
+        sent = [0]
+
+        def requests() -> Iterator[Any]:
+            for request in request_iterator:
+                sent[0] += _size(request)
+                yield request
+
+        outcome = continuation(client_call_details, requests())
+        try:
+            response = outcome.result()
+        except grpc.RpcError as exc:
+            self._recorder.write(method, start, sent[0], 0, 0, _status_name(exc))
+            return outcome
+        self._recorder.write(method, start, sent[0], _size(response), 1, "OK")
+        return outcome
+
 
 def _status_name(exc: grpc.RpcError) -> str:
     """A failed call's status code name (``UNKNOWN`` when the error carries none)."""
@@ -341,14 +416,16 @@ def _status_name(exc: grpc.RpcError) -> str:
 
 
 def aio_interceptors(caller: str, peer: str) -> list[grpc.aio.ClientInterceptor]:
-    """The interceptors of a new ``grpc.aio`` channel: an :class:`AioTraceInterceptor` and an
-    :class:`AioExchangeTraceInterceptor` when :data:`TRACE_ENV` is set, none otherwise."""
+    """The interceptors of a new ``grpc.aio`` channel: an :class:`AioTraceInterceptor`, an
+    :class:`AioUploadTraceInterceptor` and an :class:`AioExchangeTraceInterceptor` when
+    :data:`TRACE_ENV` is set, none otherwise."""
     path = trace_path()
     if path is None:
         return []
     # The typed stubs leave ClientInterceptor abstract ("cast or ignore").
     return [
         cast(grpc.aio.ClientInterceptor, AioTraceInterceptor(path, caller, peer)),
+        cast(grpc.aio.ClientInterceptor, AioUploadTraceInterceptor(path, caller, peer)),
         cast(grpc.aio.ClientInterceptor, AioExchangeTraceInterceptor(path, caller, peer)),
     ]
 

@@ -20,14 +20,17 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from dpmarket.runtime.admission import SMALL_REQUEST_BYTES, Admission
+from dpmarket.runtime import framing
+from dpmarket.runtime.admission import Admission
 from dpmarket.runtime.metrics import ServiceMetrics, installed_metrics
 from dpmarket.runtime.transport import BindError, TransportSecurity, add_port
 
 logger = logging.getLogger(__name__)
 
 #: Largest message a client channel accepts, and a client or a server sends, in bytes (array
-#: payloads). A server receives at most its RPCs' own limits (:func:`start_server`).
+#: payloads). A server receives messages of at most
+#: :data:`~dpmarket.runtime.framing.FRAME_BYTES`, a larger request in pieces, each RPC held to
+#: its own limit (:func:`start_server`).
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -68,13 +71,53 @@ def keepalive_server_options(seconds: float = KEEPALIVE_SECONDS) -> list[tuple[s
 
 #: Options of every client channel to another service: :data:`GRPC_OPTIONS` and the keepalive.
 CHANNEL_OPTIONS = [*GRPC_OPTIONS, *keepalive_client_options()]
+#: HTTP/2 window, bytes, a server grants each stream (and, about, each connection) before its
+#: request is read: what a call refused before its request is read (the admission:
+#: :mod:`dpmarket.runtime.admission`) can make the server buffer of it. gRPC's bandwidth-delay
+#: probing, on by default, grows the window to several MiB on a fast link, so that a refused
+#: stream's window, not its request, made a service hold hundreds of MiB: 1,000 refused 4 MB
+#: calls over 100 connections raised an owner by 0.45-1.3 GiB with it; with the probing off
+#: and this window, by 17-28 MiB. A request the server reads grows its own stream's window to
+#: its length as it is read (a 20 MB request over a 50 ms round trip then takes about 1.7 s
+#: instead of 0.3 s; ``bench/README.md``).
+STREAM_WINDOW_BYTES = 64 << 10
+#: Connections a server accepts at once; the next is closed before its TLS handshake (the
+#: client sees ``UNAVAILABLE``). Each held about 90 KiB under a flood of refused calls, so the
+#: connections of parties refused everything cost at most about ``MAX_CONNECTIONS`` x 128 KiB
+#: (docs/reference.md, "Message limits"). An owner's callers are its curator(s) and its CAPE
+#: peers; the curator's, its owners' publications and the consumers.
+MAX_CONNECTIONS = 256
+#: Calls a server has in progress at once, all services and callers together, refused ones
+#: included until their status is sent; gRPC answers the next ``RESOURCE_EXHAUSTED`` before
+#: any handler or interceptor runs (``maximum_concurrent_rpcs``). Each call in progress holds
+#: its state (gRPC's, the admission's task) whatever its request: 5,000 refused 1 MB calls at
+#: once over 50 connections raised an owner by 36-78 MiB without it. Above what the services
+#: admit at once (64 per service, 4 for health and reflection), so it binds only a flood.
+MAX_CALLS_IN_PROGRESS = 1024
+#: What bounds the transport's memory whoever calls: no bandwidth-delay probing, a fixed window
+#: per stream, connections (the constants above). Streams per connection are left unbounded:
+#: a connection's refused streams share its window (one connection with 500 refused 4 MB calls
+#: at once: measured below), and a bound would queue an honest client's calls behind its
+#: long-lived streams.
+TRANSPORT_BOUND_OPTIONS = [
+    ("grpc.http2.bdp_probe", 0),
+    ("grpc.http2.lookahead_bytes", STREAM_WINDOW_BYTES),
+    ("grpc.max_allowed_incoming_connections", MAX_CONNECTIONS),
+]
 #: Options of every server the project starts (:func:`start_server`, which lowers the receive
-#: limit to the largest of its RPCs'): :data:`GRPC_OPTIONS` and an exclusive port. gRPC sets
-#: ``SO_REUSEPORT`` by default, so a second process (a duplicate ``owner serve``, or anything
-#: local) could bind a port already served and receive a share of its connections; with it off,
-#: a second server on a bound port fails to start. Clients' keepalive PINGs are admitted
+#: limit to :data:`~dpmarket.runtime.framing.FRAME_BYTES`): :data:`GRPC_OPTIONS`, the transport's
+#: bounds
+#: (:data:`TRANSPORT_BOUND_OPTIONS`) and an exclusive port. gRPC sets ``SO_REUSEPORT`` by
+#: default, so a second process (a duplicate ``owner serve``, or anything local) could bind a
+#: port already served and receive a share of its connections; with it off, a second server on
+#: a bound port fails to start. Clients' keepalive PINGs are admitted
 #: (:func:`keepalive_server_options`).
-SERVER_OPTIONS = [*GRPC_OPTIONS, ("grpc.so_reuseport", 0), *keepalive_server_options()]
+SERVER_OPTIONS = [
+    *GRPC_OPTIONS,
+    *TRANSPORT_BOUND_OPTIONS,
+    ("grpc.so_reuseport", 0),
+    *keepalive_server_options(),
+]
 
 
 def check_address_free(address: str) -> None:
@@ -130,7 +173,6 @@ async def start_server(
     address: str,
     security: TransportSecurity,
     *,
-    max_request_bytes: int = SMALL_REQUEST_BYTES,
     metrics: ServiceMetrics | None = None,
 ) -> tuple[grpc.aio.Server, int, HealthStatus]:
     """Start a grpc.aio server with health checking and reflection; return it and its port.
@@ -140,10 +182,10 @@ async def start_server(
 
     Every call is admitted before its request is read
     (:class:`dpmarket.runtime.admission.Admission`): the caller's role, its service's calls at once,
-    its RPC's receive limit. The server receives no message above ``max_request_bytes``, which must
-    be the largest receive limit of the servicers registered
-    (:func:`dpmarket.runtime.admission.largest_request`); gRPC refuses a larger message from its
-    declared length, before buffering it.
+    its RPC's receive limit. The server receives no message above
+    :data:`~dpmarket.runtime.framing.FRAME_BYTES` (gRPC refuses a larger one from its declared
+    length, before buffering it); a larger unary request comes in pieces, their total held to its
+    RPC's own limit as they are read (:mod:`dpmarket.runtime.framing`).
 
     ``address`` may end in ``:0`` to let the OS choose a free port (tests). The port is mTLS (client
     certificates required) unless ``security`` is plaintext (``--insecure``, logged as a warning by
@@ -163,17 +205,20 @@ async def start_server(
     """
     names = (service_names,) if isinstance(service_names, str) else tuple(service_names)
     check_address_free(address)
+    frame = framing.FRAME_BYTES
     options = [
         *((k, v) for k, v in SERVER_OPTIONS if k != "grpc.max_receive_message_length"),
-        ("grpc.max_receive_message_length", max_request_bytes),
+        ("grpc.max_receive_message_length", frame),
     ]
-    interceptors: list[grpc.aio.ServerInterceptor] = [
-        Admission(max_request_bytes, insecure=security.insecure)
-    ]
+    interceptors: list[grpc.aio.ServerInterceptor] = [Admission(frame, insecure=security.insecure)]
     metrics = metrics if metrics is not None else installed_metrics()
     if metrics is not None:  # counted first, so that admission's refusals are counted too
         interceptors.insert(0, metrics.interceptor(str(security.identity or "insecure")))
-    server = grpc.aio.server(options=options, interceptors=interceptors)
+    server = grpc.aio.server(
+        options=options,
+        interceptors=interceptors,
+        maximum_concurrent_rpcs=MAX_CALLS_IN_PROGRESS,
+    )
     servicer_adder(server)
     # health.aio exists at run time; grpc-stubs' health module lacks it (an untyped value here).
     health_servicer: HealthStatus = health.aio.HealthServicer()  # type: ignore[attr-defined]

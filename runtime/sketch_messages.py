@@ -24,6 +24,7 @@ from dpmarket.common.sketches.marginals import (
     MarginalsSketch,
     Measurement,
 )
+from dpmarket.common.sketches.marginals_fit import FittedTree, MarginalsFit, carried_fit
 from dpmarket.common.sketches.sketch import PrivateSketch, SketchMechanism
 from dpmarket.common.sketches.spec import (
     AnyMechanism,
@@ -266,6 +267,7 @@ def sketch_to_proto(sketch: AnySketch) -> sketch_pb2.PrivateSketch:
                     for m in sketch.measurements
                 ],
                 selection_epsilons=list(sketch.selections),
+                fit=None if (fit := carried_fit(sketch)) is None else fit_to_proto(fit),
             ),
         )
     return sketch_pb2.PrivateSketch(
@@ -304,11 +306,77 @@ def sketch_from_proto(message: sketch_pb2.PrivateSketch) -> AnySketch:
                     for m in message.marginals.measurements
                 ),
                 tuple(message.marginals.selection_epsilons),
+                fit_from_proto(message.marginals.fit)
+                if message.marginals.HasField("fit")
+                else None,
             )
         total = array_from_proto(message.noisy_sum, "noisy_sum", ndim=1, dtype=np.float64)
         return PrivateSketch(mechanism, total, message.noisy_count)
     except ValueError as exc:
         raise _invalid(exc, "sketch") from None
+
+
+def _tree_to_proto(tree: FittedTree) -> sketch_pb2.FittedTree:
+    return sketch_pb2.FittedTree(
+        total=tree.total,
+        beliefs=[
+            sketch_pb2.FittedBelief(
+                columns=list(columns), axes=list(axes), table=array_to_proto(table)
+            )
+            for columns, axes, table in tree.beliefs
+        ],
+        edges=[int(k) for edge in tree.edges for k in edge],
+    )
+
+
+def _tree_from_proto(message: sketch_pb2.FittedTree) -> FittedTree:
+    edges = list(message.edges)
+    if len(edges) % 2:
+        raise InvalidArgumentError(f"a fitted tree's edges must be pairs, got {len(edges)} values")
+    return FittedTree(
+        message.total,
+        tuple(
+            (
+                tuple(int(c) for c in b.columns),
+                tuple(int(c) for c in b.axes),
+                array_from_proto(b.table, "table", dtype=np.float64),
+            )
+            for b in message.beliefs
+        ),
+        tuple(zip(edges[0::2], edges[1::2], strict=True)),
+    )
+
+
+def fit_to_proto(fit: MarginalsFit) -> sketch_pb2.MarginalsFit:
+    """MarginalsFit -> MarginalsFit message (tables as packed float64)."""
+    return sketch_pb2.MarginalsFit(
+        sketch_digest=fit.digest,
+        bootstrap=fit.bootstrap,
+        seed=fit.seed,
+        model=_tree_to_proto(fit.model),
+        replicates=[_tree_to_proto(r) for r in fit.replicates],
+    )
+
+
+def fit_from_proto(message: sketch_pb2.MarginalsFit) -> MarginalsFit:
+    """MarginalsFit message -> MarginalsFit (its size and counts checked here; its trees when a
+    consumer builds the models: :meth:`MarginalsFit.models`).
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a malformed fit, naming what.
+    """
+    try:
+        return MarginalsFit(
+            message.sketch_digest,
+            message.bootstrap,
+            message.seed,
+            _tree_from_proto(message.model),
+            tuple(_tree_from_proto(r) for r in message.replicates),
+        )
+    except ValueError as exc:
+        raise _invalid(exc, "marginals fit") from None
 
 
 def sketch_bytes(sketch: AnySketch) -> bytes:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
+from dpmarket.runtime.market import market_terms_from_proto, market_terms_to_proto
 from dpmarket.v1 import owner_pb2
 
 __all__ = ["terms_from_proto", "terms_to_proto"]
@@ -34,6 +35,7 @@ def terms_to_proto(terms: OwnerTerms) -> owner_pb2.SessionTerms:
         epsilon=terms.epsilon,
         delta=terms.delta,
         max_rounds=terms.max_rounds,
+        market=None if terms.market is None else market_terms_to_proto(terms.market),
     )
 
 
@@ -45,7 +47,9 @@ def terms_from_proto(message: owner_pb2.SessionTerms) -> OwnerTerms:
     InvalidArgumentError
         If the method is unspecified or unknown, or the terms are malformed for it
         (:class:`~dpmarket.common.summarization.terms.OwnerTerms`: an epsilon that is not what the
-        method's steps release, a delta outside ``[0, 1)``, ``max_rounds`` wrong for the method).
+        method's steps release, a delta outside ``[0, 1)``, ``max_rounds`` wrong for the method),
+        or its market terms are malformed
+        (:func:`~dpmarket.runtime.market.market_terms_from_proto`).
     """
     method = _METHOD_FROM_PROTO.get(message.method)
     if method is None:
@@ -53,9 +57,14 @@ def terms_from_proto(message: owner_pb2.SessionTerms) -> OwnerTerms:
         raise InvalidArgumentError(
             f"terms.method must name the session's method ({names}), got {message.method}"
         )
+    market = market_terms_from_proto(message.market) if message.HasField("market") else None
     try:
         return OwnerTerms(
-            method, float(message.epsilon), float(message.delta), int(message.max_rounds)
+            method,
+            float(message.epsilon),
+            float(message.delta),
+            int(message.max_rounds),
+            market=market,
         )
     except ValueError as exc:
         raise InvalidArgumentError(f"terms: {exc}") from exc

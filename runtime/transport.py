@@ -50,6 +50,7 @@ from cryptography.hazmat.primitives import serialization
 
 from dpmarket.common.errors import UnavailableError
 from dpmarket.runtime import rpc_trace
+from dpmarket.runtime.framing import PiecesAioChannel, PiecesChannel
 from dpmarket.runtime.identity import Identity, identity_from_certificate
 
 logger = logging.getLogger(__name__)
@@ -266,8 +267,11 @@ def aio_channel(
     security: TransportSecurity,
     expected: Identity | None,
     options: ChannelOptions = (),
-) -> grpc.aio.Channel:
+) -> PiecesAioChannel:
     """Open a grpc.aio channel to ``target`` that presents this party's certificate.
+
+    A unary request above :data:`~dpmarket.runtime.framing.FRAME_BYTES` goes in pieces
+    (:class:`~dpmarket.runtime.framing.PiecesAioChannel`), as every server receives them.
 
     Parameters
     ----------
@@ -286,7 +290,8 @@ def aio_channel(
 
     Returns
     -------
-    grpc.aio.Channel
+    PiecesAioChannel
+        A ``grpc.aio.Channel``.
 
     Raises
     ------
@@ -296,10 +301,12 @@ def aio_channel(
     merged = _channel_options(target, security, expected, options)
     interceptors = rpc_trace.aio_interceptors(*_parties(target, security, expected))
     if security.insecure:
-        return grpc.aio.insecure_channel(target, options=merged, interceptors=interceptors)
-    return grpc.aio.secure_channel(
-        target, security.channel_credentials(), options=merged, interceptors=interceptors
-    )
+        channel = grpc.aio.insecure_channel(target, options=merged, interceptors=interceptors)
+    else:
+        channel = grpc.aio.secure_channel(
+            target, security.channel_credentials(), options=merged, interceptors=interceptors
+        )
+    return PiecesAioChannel(channel)
 
 
 def sync_channel(
@@ -307,17 +314,18 @@ def sync_channel(
     security: TransportSecurity,
     expected: Identity | None,
     options: ChannelOptions = (),
-) -> grpc.Channel:
-    """Open a blocking grpc channel to ``target``; as :func:`aio_channel` otherwise."""
+) -> PiecesChannel:
+    """Open a blocking grpc channel to ``target``; as :func:`aio_channel` otherwise (large
+    requests in pieces: :class:`~dpmarket.runtime.framing.PiecesChannel`)."""
     merged = _channel_options(target, security, expected, options)
     if security.insecure:
         channel = grpc.insecure_channel(target, options=merged)
     else:
         channel = grpc.secure_channel(target, security.channel_credentials(), options=merged)
     interceptor = rpc_trace.sync_interceptor(*_parties(target, security, expected))
-    if interceptor is None:
-        return channel
-    return grpc.intercept_channel(channel, interceptor)
+    if interceptor is not None:
+        channel = grpc.intercept_channel(channel, interceptor)
+    return PiecesChannel(channel)
 
 
 # ------------------------------------------------------------------------- fail fast, say why
@@ -514,7 +522,7 @@ def connected_channel(
     *,
     connect_timeout: float | None = CONNECT_TIMEOUT_SECONDS,
     peer: str = "",
-) -> grpc.Channel:
+) -> PiecesChannel:
     """A blocking channel (:func:`sync_channel`), connected within ``connect_timeout`` seconds
     (:func:`check_connected`; None: not checked, calls wait for the server as gRPC does).
 

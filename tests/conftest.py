@@ -1,7 +1,7 @@
 """Shared fixtures and helpers: the bundled digits scenario, small and real; a new owner
 ledger, as ``dpmarket owner ledger init`` creates one; an owner ledger whose lifetime budget is
 spent; the bids a deviating curator steers to read a column; a sketch spec's mechanism, typed by
-its kind."""
+its kind. The suite's order, longest modules first, and its record (tests/scheduling.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,25 @@ from dpmarket.common.summarization.rff import RFFParams
 from dpmarket.experiments.scenarios import Scenario, digits_scenario
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.policy import OwnerPolicy
+from tests import scheduling
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-module-seconds",
+        metavar="PATH",
+        help="write every module's seconds (setup, call, teardown) to PATH as JSON, longest "
+        "first (the format of tests/module_seconds.json)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    scheduling.register_recorder(config, config.getoption("--record-module-seconds"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest modules first (tests/scheduling.py), on every xdist worker alike."""
+    scheduling.longest_modules_first(items, scheduling.recorded_seconds())
 
 
 @pytest.fixture(scope="session")

@@ -36,9 +36,9 @@ ROLES = ("curator", "owner", "consumer")
 #: The one top-level name the wheel installs: every package but ``bench`` lives under it.
 NAMESPACE = "dpmarket"
 
-#: Imports between roles the code makes on purpose: the consumer reads and writes point files in
-#: the format the owners load them in (:mod:`dpmarket.owner.data`).
-ALLOWED_ROLE_EDGES = {("consumer", "dpmarket.owner.data")}
+#: Imports between roles the code makes on purpose: none (the point and table files every party
+#: reads and writes have their home below the roles, in :mod:`dpmarket.runtime.tables`).
+ALLOWED_ROLE_EDGES: set[tuple[str, str]] = set()
 
 
 @dataclass

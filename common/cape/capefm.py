@@ -74,7 +74,6 @@ from dpmarket.common.cape.zero_sum import (
     cape_release,
     check_zero_sum,
     draw_gaussian,
-    draw_noise_share,
     partial_average_variance,
     sum_noise_shares,
     zero_sum_correction,
@@ -110,8 +109,11 @@ SiteData = tuple[ArrayLike, ArrayLike]
 
 
 @dataclass(frozen=True)
-class CapeFMPlan:
+class CapeFMPlan(CapePlan):
     """Public parameters of one capeFM run: who adds how much noise, and what it guarantees.
+
+    The shape of every CAPE plan (:class:`~dpmarket.common.cape.zero_sum.CapePlan`), with one
+    noise scale per site and released order.
 
     Attributes
     ----------
@@ -148,23 +150,10 @@ class CapeFMPlan:
     task: Task
     dim: int
     orders: tuple[int, ...]
-    sizes: tuple[int, ...]
-    weights: NDArray[np.float64]
-    weighted: bool
-    colluders: int
-    epsilon: float
-    delta: float
     calibration: Calibration
     kappa: float
     site_scales: tuple[dict[int, float], ...]
     sigma_z: float
-    delta_exact: float
-    delta_theorem1: float | None
-
-    @property
-    def sites(self) -> int:
-        """``S``."""
-        return len(self.sizes)
 
     @property
     def size(self) -> int:
@@ -348,7 +337,7 @@ def site_noise_share(plan: CapePlan, site: int, noise: NoiseSource) -> NDArray[n
     -------
     ndarray of shape (plan.size,), float64
     """
-    return draw_noise_share(plan.entry_scales(site), plan.size, noise)
+    return plan.noise_share(site, noise)
 
 
 def secure_aggregation_input(plan: CapePlan, site: int, e_hat_s: ArrayLike) -> NDArray[np.float64]:
@@ -358,7 +347,7 @@ def secure_aggregation_input(plan: CapePlan, site: int, e_hat_s: ArrayLike) -> N
     -------
     ndarray of shape (plan.size,), float64
     """
-    return _secagg_input(e_hat_s, float(plan.weights[site]) if plan.weighted else None)
+    return _secagg_input(e_hat_s, plan.site_weight(site))
 
 
 def site_release(
@@ -389,8 +378,7 @@ def site_release(
     ndarray of shape (plan.size,), float64
         What the site sends to the aggregator.
     """
-    weight = float(plan.weights[site]) if plan.weighted else None
-    e_s = zero_sum_correction(e_hat_s, total, plan.sites, weight=weight)
+    e_s = zero_sum_correction(e_hat_s, total, plan.sites, weight=plan.site_weight(site))
     tau_g = plan.entry_scales(site) / math.sqrt(plan.sites)
     return cape_release(f_s, e_s, tau_g, noise)
 

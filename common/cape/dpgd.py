@@ -54,11 +54,11 @@ from dpmarket.common.cape.privacy import (
     theorem1_delta_from_loss,
 )
 from dpmarket.common.cape.zero_sum import (
+    UniformNoisePlan,
     cape_average,
     cape_release,
     conv_release,
     draw_noise_share,
-    partial_average_variance,
     secure_aggregation_input,
     sum_noise_shares,
     zero_sum_correction,
@@ -445,8 +445,13 @@ def training_loss_sigma(epsilon: float, delta: float, iterations: int) -> tuple[
 
 
 @dataclass(frozen=True)
-class CapeTrainingPlan:
+class CapeTrainingPlan(UniformNoisePlan):
     """Public parameters of CAPE gradient descent from one iteration on (one noise round).
+
+    The shape of every CAPE plan (:class:`~dpmarket.common.cape.zero_sum.CapePlan`), with one
+    noise scale per site (:class:`~dpmarket.common.cape.zero_sum.UniformNoisePlan`, whose
+    ``aggregator_std`` is here the std of one iteration's averaged gradient); its noise round
+    covers every iteration from ``first_iteration`` on (:attr:`round_length`).
 
     Each iteration ``t`` every site releases its clipped-gradient average (L2 sensitivity
     ``Delta_s = 2 C / N_s``, :func:`site_gradient`) plus ``e_s,t + g_s,t`` with ``e_hat_s,t ~
@@ -495,22 +500,8 @@ class CapeTrainingPlan:
     clip: float
     iterations: int
     first_iteration: int
-    sizes: tuple[int, ...]
-    weights: NDArray[np.float64]
-    weighted: bool
-    colluders: int
-    epsilon: float
     epsilon_requested: float
-    delta: float
     loss_sigma: float
-    site_scales: tuple[float, ...]
-    delta_exact: float
-    delta_theorem1: float | None
-
-    @property
-    def sites(self) -> int:
-        """``S``."""
-        return len(self.sizes)
 
     @property
     def size(self) -> int:
@@ -532,16 +523,10 @@ class CapeTrainingPlan:
         """Standard deviation of the whole training's privacy loss: ``r sqrt(T)``."""
         return self.loss_sigma * math.sqrt(self.iterations)
 
-    def entry_scales(self, site: int) -> NDArray[np.float64]:
-        """Shape (P,): ``tau_s`` of ``site`` on every parameter."""
-        return np.full(self.size, self.site_scales[site])
-
-    def aggregator_std(self, released: Sequence[int] | None = None) -> float:
-        """Noise std per coordinate of one iteration's averaged gradient: ``sqrt(sum_s w_s^2
-        tau_s^2 / S)``, or the larger one of :func:`dpmarket.common.cape.zero_sum.
-        partial_average_variance` when only the sites ``released`` (indices) are averaged."""
-        kept = range(self.sites) if released is None else released
-        return math.sqrt(float(partial_average_variance(self.weights, self.site_scales, kept)))
+    def noise_share(self, site: int, noise: NoiseSource) -> NDArray[np.float64]:
+        """:func:`training_noise_share`: shape ``(T - first_iteration, P)``, a row per
+        iteration the plan covers."""
+        return training_noise_share(self, site, noise)
 
     def baseline_stds(self) -> dict[str, float]:
         """Noise std per coordinate of one iteration's gradient for the baselines at the same
@@ -655,6 +640,63 @@ def training_noise_share(
     return draws.reshape(plan.round_iterations, plan.size)
 
 
+def _checked_sites(
+    sites_data: Sequence[tuple[ArrayLike, ArrayLike]],
+) -> list[tuple[NDArray[np.floating], NDArray[np.float64]]]:
+    """Each site's ``(X_s, y_s)`` checked (finite ``X_s``, ``y_s`` in {0, 1}), at least 2 sites.
+
+    Raises
+    ------
+    ValueError
+        Naming the site whose data is malformed, or when fewer than 2 sites are given.
+    """
+    data = []
+    for s, (x, y) in enumerate(sites_data):
+        xs = check_matrix(x, f"site {s} X")
+        ys = np.asarray(y, dtype=np.float64)
+        if ys.shape != (xs.shape[0],) or not np.isin(ys, (0.0, 1.0)).all():
+            raise ValueError(f"site {s}: y must have shape ({xs.shape[0]},) with labels 0 or 1")
+        data.append((xs, ys))
+    if len(data) < 2:
+        raise ValueError(f"distributed training needs at least 2 sites, got {len(data)}")
+    return data
+
+
+def _aggregated_step(
+    scheme: Scheme,
+    grads: Sequence[NDArray[np.float64]],
+    taus: Sequence[float],
+    weights: NDArray[np.float64] | None,
+    noise: NoiseSource,
+) -> NDArray[np.float64]:
+    """One iteration's aggregated gradient of shape ``(P,)`` under ``scheme`` (see
+    :func:`train_dpgd`'s ``noise`` for the order of the draws).
+
+    ``weights`` are the Remark 3 weights when the sites' sizes differ, ``None`` for the plain
+    average (and the unweighted zero-sum round).
+    """
+    if scheme == "nonprivate":
+        return cape_average(grads, weights)
+    if scheme == "conv":
+        return cape_average(
+            [conv_release(g, t, noise) for g, t in zip(grads, taus, strict=True)], weights
+        )
+    n_sites = len(grads)
+    p = grads[0].shape[0]
+    site_weights: list[float | None] = (
+        [None] * n_sites if weights is None else [float(w) for w in weights]
+    )
+    e_hats = [draw_noise_share(t, p, noise) for t in taus]
+    total = sum_noise_shares(
+        [secure_aggregation_input(e, w) for e, w in zip(e_hats, site_weights, strict=True)]
+    )
+    releases = []
+    for g, e_hat, t, w in zip(grads, e_hats, taus, site_weights, strict=True):
+        e_s = zero_sum_correction(e_hat, total, n_sites, weight=w)
+        releases.append(cape_release(g, e_s, t / math.sqrt(n_sites), noise))
+    return cape_average(releases, weights)
+
+
 def train_dpgd(
     sites_data: Sequence[tuple[ArrayLike, ArrayLike]],
     *,
@@ -724,15 +766,7 @@ def train_dpgd(
     """
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
-    data = []
-    for s, (x, y) in enumerate(sites_data):
-        xs = check_matrix(x, f"site {s} X")
-        ys = np.asarray(y, dtype=np.float64)
-        if ys.shape != (xs.shape[0],) or not np.isin(ys, (0.0, 1.0)).all():
-            raise ValueError(f"site {s}: y must have shape ({xs.shape[0]},) with labels 0 or 1")
-        data.append((xs, ys))
-    if len(data) < 2:
-        raise ValueError(f"distributed training needs at least 2 sites, got {len(data)}")
+    data = _checked_sites(sites_data)
     n_sites = len(data)
     dim = data[0][0].shape[1]
     t_max = check_positive_int(iterations, "iterations")
@@ -771,31 +805,10 @@ def train_dpgd(
     x_all = np.vstack([x for x, _ in data])
     y_all = np.concatenate([y for _, y in data])
     history = np.empty(t_max + 1)
-    avg_weights = weights if weighted else None
     for it in range(t_max):
         history[it] = loss(theta, x_all, y_all, h)
         grads = [site_gradient(theta, x, y, clip=c, hidden=h) for x, y in data]
-        if scheme == "nonprivate":
-            step = cape_average(grads, avg_weights)
-        elif scheme == "conv":
-            step = cape_average(
-                [conv_release(g, t, noise) for g, t in zip(grads, taus, strict=True)], avg_weights
-            )
-        else:
-            e_hats = [draw_noise_share(t, p, noise) for t in taus]
-            total = sum_noise_shares(
-                [
-                    secure_aggregation_input(e, float(w) if weighted else None)
-                    for e, w in zip(e_hats, weights, strict=True)
-                ]
-            )
-            releases = []
-            for g, e_hat, t, w in zip(grads, e_hats, taus, weights, strict=True):
-                e_s = zero_sum_correction(
-                    e_hat, total, n_sites, weight=float(w) if weighted else None
-                )
-                releases.append(cape_release(g, e_s, t / math.sqrt(n_sites), noise))
-            step = cape_average(releases, avg_weights)
+        step = _aggregated_step(scheme, grads, taus, weights if weighted else None, noise)
         theta = theta - lr * step
     history[t_max] = loss(theta, x_all, y_all, h)
     return DPGDResult(

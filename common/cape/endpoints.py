@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 
 from dpmarket.common.cape.agreement import SizeAttestation
 from dpmarket.common.cape.spec import AnyCapeSpec
+from dpmarket.common.market.terms import MarketTerms
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.schema import Schema
 from dpmarket.common.secagg.endpoints import SecureAggregationEndpoint
@@ -47,8 +48,16 @@ class CapeSiteEndpoint(SecureAggregationEndpoint, Protocol):
         """The owner's public schema (``None``: it declared none)."""
         ...
 
-    async def open_job(self, job_id: str, spec: AnyCapeSpec, seed: int, consumer: str) -> OpenedJob:
-        """Open a job; return the site's row count and its floor on ``S_C``."""
+    async def open_job(
+        self,
+        job_id: str,
+        spec: AnyCapeSpec,
+        seed: int,
+        consumer: str,
+        market: MarketTerms | None = None,
+    ) -> OpenedJob:
+        """Open a job; return the site's row count and its floor on ``S_C``. ``market``: the
+        site's line of the job's quote (None: unquoted, refused by an owner with prices)."""
         ...
 
     async def attest_plan(

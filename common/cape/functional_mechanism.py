@@ -36,7 +36,6 @@ from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.optimize import minimize
 
 from dpmarket.common.cape.privacy import gaussian_sigma
 from dpmarket.common.cape.zero_sum import draw_gaussian
@@ -1025,6 +1024,8 @@ def objective_perturbation_logistic(
         sig = np.exp(-np.logaddexp(0.0, m))  # 1 / (1 + e^m)
         grad = -(x.T @ (z * sig)) / n + total_reg * w + b / n
         return value, grad
+
+    from scipy.optimize import minimize  # on first use: a client reading a spec needs no scipy
 
     res = minimize(objective, np.zeros(d), jac=True, method="L-BFGS-B")
     out: NDArray[np.float64] = np.asarray(res.x, dtype=np.float64)

@@ -66,7 +66,7 @@ from dpmarket.common.cape.privacy import (
     gaussian_sigma,
     remark3_weights,
 )
-from dpmarket.common.cape.zero_sum import check_zero_sum, conv_release, partial_average_variance
+from dpmarket.common.cape.zero_sum import UniformNoisePlan, check_zero_sum, conv_release
 from dpmarket.common.cape.zero_sum import zero_sum_correction as _correction
 from dpmarket.common.privacy.noise import NoiseSource
 from dpmarket.common.validation import check_positive_int
@@ -146,8 +146,12 @@ def check_box(values: ArrayLike, bounds: ArrayLike, name: str = "values") -> NDA
 
 
 @dataclass(frozen=True)
-class CapeMeanPlan:
+class CapeMeanPlan(UniformNoisePlan):
     """Public parameters of one CAPE mean: who adds how much noise, and what it guarantees.
+
+    The shape of every CAPE plan (:class:`~dpmarket.common.cape.zero_sum.CapePlan`), with one
+    noise scale per site (:class:`~dpmarket.common.cape.zero_sum.UniformNoisePlan`, whose
+    ``aggregator_std`` is here Lemma 1's ``kappa ||high - low||_2 / N``).
 
     Attributes
     ----------
@@ -178,23 +182,9 @@ class CapeMeanPlan:
     """
 
     bounds: NDArray[np.float64]
-    sizes: tuple[int, ...]
-    weights: NDArray[np.float64]
-    weighted: bool
-    colluders: int
-    epsilon: float
-    delta: float
     calibration: Calibration
     kappa: float
-    site_scales: tuple[float, ...]
     sigma_z: float
-    delta_exact: float
-    delta_theorem1: float | None
-
-    @property
-    def sites(self) -> int:
-        """``S``."""
-        return len(self.sizes)
 
     @property
     def dim(self) -> int:
@@ -205,20 +195,6 @@ class CapeMeanPlan:
     def size(self) -> int:
         """Length of every site's release: ``D``."""
         return self.dim
-
-    def entry_scales(self, site: int) -> NDArray[np.float64]:
-        """Shape (D,): ``tau_s`` of ``site`` on every coordinate."""
-        return np.full(self.dim, self.site_scales[site])
-
-    def aggregator_std(self, released: Sequence[int] | None = None) -> float:
-        """Noise standard deviation of every coordinate of the estimate.
-
-        With every site released, Lemma 1's ``sqrt(sum_s w_s^2 tau_s^2 / S)`` ``= kappa
-        ||high - low||_2 / N``; with only the sites ``released`` (indices) averaged, the larger
-        value of :func:`dpmarket.common.cape.zero_sum.partial_average_variance`.
-        """
-        kept = range(self.sites) if released is None else released
-        return math.sqrt(float(partial_average_variance(self.weights, self.site_scales, kept)))
 
     def baseline_stds(self) -> dict[str, float]:
         """Noise standard deviation per coordinate of the baselines at the same ``(epsilon,

@@ -29,7 +29,6 @@ from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.optimize import brentq
 from scipy.special import log_ndtr
 
 from dpmarket.common.validation import check_delta, check_epsilon, check_positive_int
@@ -524,6 +523,8 @@ def calibrate_tau(
 @functools.lru_cache(maxsize=4096)
 def _max_loss_sigma(eps: float, target: float, method: str) -> float:
     """Largest ``sigma_z`` whose delta at ``eps`` is ``<= target`` (bisection, cached)."""
+    from scipy.optimize import brentq  # on first use: importing the module stays light
+
     log_target = math.log(target)
 
     if method == "exact":

@@ -133,7 +133,7 @@ def _check_labels(y: NDArray[np.float64], column: str) -> None:
     """Raise ``ValueError`` unless ``y`` holds only 0 and 1; the message names the column only.
 
     An owner never gets here with another column: it accepts only a target it declared 0/1 and
-    checked when it started (:class:`dpmarket.owner.data.Table`).
+    checked when it started (:class:`dpmarket.runtime.tables.Table`).
     """
     if not np.isin(y, (0.0, 1.0)).all():
         raise ValueError(f"target column {column!r} must hold only 0 and 1")

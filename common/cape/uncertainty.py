@@ -70,7 +70,6 @@ from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.stats import norm
 
 from dpmarket.common.cape.capefm import CapeFMPlan
 from dpmarket.common.cape.functional_mechanism import FMRelease, fit_coefficients
@@ -205,6 +204,8 @@ class Estimate:
 def _z(level: float) -> float:
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must lie in (0, 1), got {level}")
+    from scipy.stats import norm  # about a second: on first use, importing the module stays light
+
     return float(norm.ppf(0.5 + level / 2.0))
 
 
@@ -495,28 +496,6 @@ def capefm_estimates(
     for j, label in enumerate(labels):
         value, se = float(values[j]), float(ses[j])
         low, high = float(lows[j]), float(highs[j])
-        flags = noise_flags(value, se, low, high)
-        if fit.clipped:
-            where = "" if low <= value <= high else "; it lies outside its interval"
-            flags.append(
-                Flag(
-                    "shrunk",
-                    f"the value is regularized: the noise floor {fit.floor:.3g} raised "
-                    f"{fit.clipped} of the {plan.dim} eigenvalues of the released Gram matrix, "
-                    f"shrinking it towards 0 along directions the noise hides{where}; the "
-                    "interval is built on the solve with a floor of one noise std",
-                )
-            )
-        if solve.clipped:
-            flags.append(
-                Flag(
-                    "undetermined",
-                    f"{solve.clipped} eigenvalue(s) of the released Gram matrix lie within one "
-                    "noise std of 0: the data do not determine the fit along them, and the "
-                    "interval holds only if the non-private fit is small there",
-                    "interval",
-                )
-            )
         out.append(
             Estimate(
                 label=label,
@@ -527,10 +506,41 @@ def capefm_estimates(
                 level=level,
                 method=name,
                 covers=task_covers,
-                flags=tuple(flags),
+                flags=_capefm_flags(value, se, low, high, fit, solve.clipped, plan.dim),
             )
         )
     return tuple(out)
+
+
+def _capefm_flags(
+    value: float, se: float, low: float, high: float, fit: FMRelease, unresolved: int, dim: int
+) -> tuple[Flag, ...]:
+    """A capeFM coefficient's flags: :func:`noise_flags`, then ``shrunk`` when the released fit
+    raised eigenvalues to its noise floor, and ``undetermined`` when ``unresolved`` eigenvalues
+    of the interval's solve lie within one noise std of 0 (:func:`capefm_estimates`, Notes)."""
+    flags = noise_flags(value, se, low, high)
+    if fit.clipped:
+        where = "" if low <= value <= high else "; it lies outside its interval"
+        flags.append(
+            Flag(
+                "shrunk",
+                f"the value is regularized: the noise floor {fit.floor:.3g} raised "
+                f"{fit.clipped} of the {dim} eigenvalues of the released Gram matrix, "
+                f"shrinking it towards 0 along directions the noise hides{where}; the "
+                "interval is built on the solve with a floor of one noise std",
+            )
+        )
+    if unresolved:
+        flags.append(
+            Flag(
+                "undetermined",
+                f"{unresolved} eigenvalue(s) of the released Gram matrix lie within one "
+                "noise std of 0: the data do not determine the fit along them, and the "
+                "interval holds only if the non-private fit is small there",
+                "interval",
+            )
+        )
+    return tuple(flags)
 
 
 def training_estimates(

@@ -32,8 +32,9 @@ Proposition 1, Remark 3.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Protocol
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -43,6 +44,7 @@ from dpmarket.common.validation import check_epsilon, check_positive_int
 
 __all__ = [
     "CapePlan",
+    "UniformNoisePlan",
     "cape_average",
     "cape_release",
     "check_zero_sum",
@@ -61,38 +63,109 @@ __all__ = [
 ZERO_SUM_RTOL = 1e-12
 
 
-class CapePlan(Protocol):
-    """The public plan of one CAPE release, as the site-side steps need it.
+@dataclass(frozen=True)
+class CapePlan(ABC):
+    """The public plan of one CAPE noise round: the shape every CAPE job's plan shares.
 
-    Every party computes it from public values (the task, the sites' row counts, epsilon, delta,
-    ``S_C``): :class:`dpmarket.common.cape.capefm.CapeFMPlan`,
-    :class:`dpmarket.common.cape.mean.CapeMeanPlan`,
-    :class:`dpmarket.common.cape.dpgd.CapeTrainingPlan` (one iteration's release).
+    Every party computes a job's plan from public values (the spec, the sites' signed row
+    counts, ``S_C``: :func:`dpmarket.common.cape.agreement.plan_for`), so what a site signs and
+    checks before planning (:func:`dpmarket.common.cape.agreement.plan_statement`) is the same
+    for every job: its spec's digest, the sites, ``S_C`` and the counts. The jobs' plans add
+    their own calibration: :class:`dpmarket.common.cape.capefm.CapeFMPlan`,
+    :class:`dpmarket.common.cape.mean.CapeMeanPlan` (both one release) and
+    :class:`dpmarket.common.cape.dpgd.CapeTrainingPlan` (one release per iteration, the noise
+    of every iteration the plan covers drawn in one round).
+
+    Attributes
+    ----------
+    sizes : tuple of int
+        ``N_s`` per site, in site order (the sites sorted by name).
+    weights : ndarray of shape (S,)
+        Remark 3's ``w_s = N_s / N``.
+    weighted : bool
+        Whether the sizes differ (then the noise round sums ``w_s e_hat_s``).
+    colluders : int
+        ``S_C``.
+    epsilon, delta : float
+        Each site's guarantee against the aggregator and ``S_C`` colluders (a training's: over
+        all its iterations).
+    delta_exact : float
+        Exact delta at ``epsilon``.
+    delta_theorem1 : float or None
+        Theorem 1's delta at ``epsilon`` (``None`` where it does not apply).
     """
+
+    sizes: tuple[int, ...]
+    weights: NDArray[np.float64]
+    weighted: bool
+    colluders: int
+    epsilon: float
+    delta: float
+    delta_exact: float
+    delta_theorem1: float | None
 
     @property
     def sites(self) -> int:
         """``S``: the sites of the noise round, whose releases are averaged."""
-        ...
+        return len(self.sizes)
 
     @property
+    @abstractmethod
     def size(self) -> int:
-        """Length ``m`` of the released vector."""
-        ...
+        """Length ``m`` of one released vector."""
 
     @property
-    def weights(self) -> NDArray[np.float64]:
-        """Shape (S,): Remark 3's ``w_s = N_s / N``."""
-        ...
+    def round_length(self) -> int:
+        """Length of the noise round's vector: one release's, ``m`` (a training's covers
+        several iterations)."""
+        return self.size
 
-    @property
-    def weighted(self) -> bool:
-        """Whether the sizes differ (then the noise round sums ``w_s e_hat_s``)."""
-        ...
-
+    @abstractmethod
     def entry_scales(self, site: int) -> NDArray[np.float64]:
         """Shape (m,): ``tau_s`` per entry of ``site``'s release."""
-        ...
+
+    def site_weight(self, site: int) -> float | None:
+        """``w_s`` of ``site`` when the sizes differ, else ``None`` (the unweighted round)."""
+        return float(self.weights[site]) if self.weighted else None
+
+    def noise_share(self, site: int, noise: NoiseSource) -> NDArray[np.float64]:
+        """Site side, Algorithm 1 step 2 for the plan's noise round: ``e_hat_s ~ N(0,
+        tau_s^2)`` per entry (:func:`draw_noise_share`), kept at the site.
+
+        Returns
+        -------
+        ndarray of shape (m,), float64
+            Its (weighted) flattening is the site's input of the round.
+        """
+        return draw_noise_share(self.entry_scales(site), self.size, noise)
+
+
+@dataclass(frozen=True)
+class UniformNoisePlan(CapePlan):
+    """A plan whose site adds noise of one standard deviation to every entry of its release
+    (the CAPE mean; gradient descent, per parameter and iteration).
+
+    Attributes
+    ----------
+    site_scales : tuple of float
+        ``tau_s`` per site.
+    """
+
+    site_scales: tuple[float, ...]
+
+    def entry_scales(self, site: int) -> NDArray[np.float64]:
+        """Shape (m,): ``tau_s`` of ``site`` on every entry."""
+        return np.full(self.size, self.site_scales[site])
+
+    def aggregator_std(self, released: Sequence[int] | None = None) -> float:
+        """Noise standard deviation of every entry of the averaged release.
+
+        With every site released, Lemma 1's ``sqrt(sum_s w_s^2 tau_s^2 / S)``; with only the
+        sites ``released`` (indices) averaged, the larger value of
+        :func:`partial_average_variance` (the lost sites' ``e_s`` remain).
+        """
+        kept = range(self.sites) if released is None else released
+        return math.sqrt(float(partial_average_variance(self.weights, self.site_scales, kept)))
 
 
 def variances(tau: float, sites: int) -> tuple[float, float]:

@@ -28,6 +28,8 @@ __all__ = [
     "EPSILON_UNITS",
     "MICRO_CREDITS",
     "VALUE_UNITS",
+    "credits_cap",
+    "credits_text",
     "epsilon_charge",
     "epsilon_units",
     "format_credits",
@@ -80,6 +82,21 @@ def parse_credits(amount: str | int | Decimal) -> int:
     return int(micro)
 
 
+def credits_cap(amount: str | int | Decimal | None) -> int | None:
+    """A cap on a cost (``max_cost`` of the client, ``--max-cost`` of the command line) as
+    integer micro-credits: :func:`parse_credits` of an amount of credits, None (no cap) as None.
+
+    Every caller that takes a cost cap from a person or a program reads it through this function,
+    so ``"12.5"`` and ``5`` mean 12.5 and 5 credits wherever they are given.
+
+    Raises
+    ------
+    ValueError
+        As :func:`parse_credits`.
+    """
+    return None if amount is None else parse_credits(amount)
+
+
 def format_credits(micro: int) -> str:
     """Micro-credits as a decimal string of credits with six decimals (``1500000`` ->
     ``"1.500000"``; negative amounts keep their sign).
@@ -92,6 +109,19 @@ def format_credits(micro: int) -> str:
     if isinstance(micro, bool) or not isinstance(micro, int):
         raise ValueError(f"an amount must be an int of micro-credits, got {micro!r}")
     return str((Decimal(micro) / MICRO_CREDITS).quantize(Decimal("0.000001")))
+
+
+def credits_text(micro: int) -> str:
+    """Micro-credits as credits for a table: at least two decimals, trailing zeros beyond them
+    dropped (``1500000`` -> ``"1.50"``, ``125`` -> ``"0.000125"``).
+
+    Raises
+    ------
+    ValueError
+        If ``micro`` is not an int.
+    """
+    whole, _, decimals = format_credits(micro).partition(".")
+    return f"{whole}.{decimals.rstrip('0').ljust(2, '0')}"
 
 
 def epsilon_units(epsilon: float) -> int:

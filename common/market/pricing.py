@@ -291,7 +291,8 @@ def quote(
     limits : mapping of str to OwnerLimits
         The terms' limits for every owner of the session, by name.
     summary_size : int
-        p, >= 1.
+        p, >= 1; 0 for a job that delivers no raw point (a CAPE job: every ``max_points_read``
+        is 0 then, and only epsilon and the minimum are charged).
     reward_rule : ValueReward or ProportionalSplit, optional
 
     Returns
@@ -301,7 +302,7 @@ def quote(
     Raises
     ------
     ValueError
-        If ``summary_size`` is not an int >= 1, or an owner of ``limits`` has no prices.
+        If ``summary_size`` is not an int >= 0, or an owner of ``limits`` has no prices.
 
     Notes
     -----
@@ -311,8 +312,6 @@ def quote(
     <dpmarket.common.market.statement.settle>` checks each line against it.
     """
     p = _check_int(summary_size, "summary_size")
-    if p < 1:
-        raise ValueError(f"summary_size must be >= 1, got {p}")
     missing = sorted(set(limits) - set(prices))
     if missing:
         raise ValueError(f"owner(s) {missing} have no prices: every owner of a session needs them")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from cryptography.exceptions import InvalidSignature
@@ -45,9 +45,10 @@ from dpmarket.common.market.payouts import (
     ValueReward,
     payout_noise_scale,
 )
-from dpmarket.common.market.pricing import OwnerPrices, Quote, owner_charge
+from dpmarket.common.market.pricing import Charge, OwnerPrices, Quote, owner_charge
 
 __all__ = [
+    "NO_SUMMARY",
     "REWARD_RULES",
     "OwnerRecord",
     "OwnerStatement",
@@ -454,63 +455,103 @@ def settle(
         points read or delivered, epsilon or charge, or the total, exceed the quote (the session
         took more than its terms allowed).
     """
-    values: dict[str, int] = {}
-    rewards: dict[str, int] = {}
-    if release is not None:
-        for owner, n, value, reward in zip(
-            release.owners, release.counts, release.value_units(), release.payouts, strict=True
-        ):
-            values[owner], rewards[owner] = value, reward
-            if owner in records and records[owner].points_delivered != int(n):
-                raise ValueError(
-                    f"owner {owner!r}: the release counts {int(n)} delivered "
-                    f"points, the record {records[owner].points_delivered}"
-                )
+    values, rewards = _released_values(release, records)
     lines = []
     for owner, record in records.items():
         if owner not in prices:
             raise ValueError(f"owner {owner!r} has no prices")
-        limit = quoted.line(owner)
         if release is not None and record.points_delivered > 0 and owner not in values:
             raise ValueError(f"owner {owner!r} delivered points but is not in the payout release")
-        eps_session = epsilon_units(record.epsilon_session)
-        eps_payout = epsilon_units(record.epsilon_payout)
-        charge = owner_charge(
-            prices[owner], record.points_read, record.points_delivered, eps_session + eps_payout
+        line = _priced_line(owner, record, prices[owner], quoted.line(owner).charge)
+        lines.append(replace(line, value=values.get(owner, 0), reward=rewards.get(owner, 0)))
+    statement = Statement(_header(session_id, consumer, quoted, release), tuple(lines))
+    if statement.total > quoted.total:
+        raise ValueError(
+            f"the statement totals {format_credits(statement.total)} credits, more than the "
+            f"quote's {format_credits(quoted.total)}"
         )
-        allowed = limit.charge
-        for what, used, most in (
-            ("points read", charge.points_read, allowed.points_read),
-            ("points delivered", charge.points_delivered, allowed.points_delivered),
-            ("micro-epsilon", charge.epsilon_units, allowed.epsilon_units),
-        ):
-            if used > most:
-                raise ValueError(
-                    f"owner {owner!r}: {used} {what}, more than the {most} of its quote: the "
-                    f"session exceeded its terms"
-                )
-        if charge.total > limit.charge.total:
+    return statement
+
+
+def _released_values(
+    release: PayoutRelease | None, records: Mapping[str, SessionRecord]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Each owner's noisy value (nano-value) and reward (micro-credits) in the payout release
+    (empty without one), checked against the records' delivered counts.
+
+    Raises
+    ------
+    ValueError
+        If the release counts another number of delivered points than an owner's record.
+    """
+    values: dict[str, int] = {}
+    rewards: dict[str, int] = {}
+    if release is None:
+        return values, rewards
+    for owner, n, value, reward in zip(
+        release.owners, release.counts, release.value_units(), release.payouts, strict=True
+    ):
+        values[owner], rewards[owner] = value, reward
+        if owner in records and records[owner].points_delivered != int(n):
             raise ValueError(
-                f"owner {owner!r} is owed {format_credits(charge.total)} credits, more than its "
-                f"quote of {format_credits(limit.charge.total)}: the session exceeded its terms"
+                f"owner {owner!r}: the release counts {int(n)} delivered "
+                f"points, the record {records[owner].points_delivered}"
             )
-        lines.append(
-            StatementLine(
-                owner=owner,
-                points_read=charge.points_read,
-                points_delivered=charge.points_delivered,
-                epsilon_session=eps_session,
-                epsilon_payout=eps_payout,
-                read_charge=charge.read,
-                delivered_charge=charge.delivered,
-                epsilon_charge=charge.epsilon,
-                minimum_topup=charge.minimum_topup,
-                value=values.get(owner, 0),
-                reward=rewards.get(owner, 0),
-                quoted=limit.charge.total,
+    return values, rewards
+
+
+def _priced_line(
+    owner: str, record: SessionRecord, prices: OwnerPrices, allowed: Charge
+) -> StatementLine:
+    """``owner``'s line at its prices (value and reward 0), within its quote line ``allowed``.
+
+    Raises
+    ------
+    ValueError
+        If its points read or delivered, its epsilon or its charge exceed ``allowed``.
+    """
+    eps_session = epsilon_units(record.epsilon_session)
+    eps_payout = epsilon_units(record.epsilon_payout)
+    charge = owner_charge(
+        prices, record.points_read, record.points_delivered, eps_session + eps_payout
+    )
+    for what, used, most in (
+        ("points read", charge.points_read, allowed.points_read),
+        ("points delivered", charge.points_delivered, allowed.points_delivered),
+        ("micro-epsilon", charge.epsilon_units, allowed.epsilon_units),
+    ):
+        if used > most:
+            raise ValueError(
+                f"owner {owner!r}: {used} {what}, more than the {most} of its quote: the "
+                f"session exceeded its terms"
             )
+    if charge.total > allowed.total:
+        raise ValueError(
+            f"owner {owner!r} is owed {format_credits(charge.total)} credits, more than its "
+            f"quote of {format_credits(allowed.total)}: the session exceeded its terms"
         )
-    header = StatementHeader(
+    return StatementLine(
+        owner=owner,
+        points_read=charge.points_read,
+        points_delivered=charge.points_delivered,
+        epsilon_session=eps_session,
+        epsilon_payout=eps_payout,
+        read_charge=charge.read,
+        delivered_charge=charge.delivered,
+        epsilon_charge=charge.epsilon,
+        minimum_topup=charge.minimum_topup,
+        value=0,
+        reward=0,
+        quoted=allowed.total,
+    )
+
+
+def _header(
+    session_id: str, consumer: str, quoted: Quote, release: PayoutRelease | None
+) -> StatementHeader:
+    """The statement's header: the session, p, the payout release's figures, the quote's total."""
+    mean, spread = _prior(release)
+    return StatementHeader(
         session_id=session_id,
         consumer=consumer,
         summary_size=quoted.summary_size,
@@ -518,17 +559,10 @@ def settle(
         noise_scale=value_units(release.noise_scale) if release is not None else 0,
         reward_rule=release.rule.name if release is not None else "none",
         reward=release.rule.reward if release is not None else 0,
-        point_mean=_prior(release)[0],
-        point_spread=_prior(release)[1],
+        point_mean=mean,
+        point_spread=spread,
         max_cost=quoted.total,
     )
-    statement = Statement(header, tuple(lines))
-    if statement.total > quoted.total:
-        raise ValueError(
-            f"the statement totals {format_credits(statement.total)} credits, more than the "
-            f"quote's {format_credits(quoted.total)}"
-        )
-    return statement
 
 
 @dataclass(frozen=True)
@@ -539,9 +573,9 @@ class SettlementTerms:
     Attributes
     ----------
     summary_size : int
-        p.
+        p (0: a job that delivers no point, a CAPE job: :data:`NO_SUMMARY`).
     validation_size : int
-        m (the noise scale depends on it).
+        m (the noise scale depends on it; 0 for a CAPE job, which has no validation set).
     payout_epsilon : float
         The payout release's epsilon (0: no payout release).
     reward_rule : {"none", "value", "proportional"}
@@ -554,7 +588,8 @@ class SettlementTerms:
     Raises
     ------
     ValueError
-        If a value is out of range, or a payout epsilon comes without a rule or a rule without it.
+        If a value is out of range, a payout epsilon comes without a rule or a rule without it,
+        or a rule comes without a summary and a validation set.
     """
 
     summary_size: int
@@ -568,8 +603,13 @@ class SettlementTerms:
     def __post_init__(self) -> None:
         for name in ("summary_size", "validation_size"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        if self.reward_rule != "none" and min(self.summary_size, self.validation_size) < 1:
+            raise ValueError(
+                f"a reward is split by the summary's value to a validation set: it needs p and m "
+                f">= 1, got p = {self.summary_size}, m = {self.validation_size}"
+            )
         if self.reward_rule not in REWARD_RULES:
             raise ValueError(f"reward_rule must be one of {REWARD_RULES}, got {self.reward_rule!r}")
         if (self.reward_rule == "none") != (self.payout_epsilon == 0):
@@ -615,6 +655,12 @@ class SettlementTerms:
         }
 
 
+#: The settlement of a job that delivers no point and has no validation set (a CAPE job): its
+#: statement states p = 0, no payout release, no reward; each owner is paid its price per unit
+#: epsilon and its minimum.
+NO_SUMMARY = SettlementTerms(summary_size=0, validation_size=0)
+
+
 @dataclass(frozen=True)
 class OwnerRecord:
     """An owner's own record of a session, from its ledger (what it checks a statement against).
@@ -647,6 +693,7 @@ def check_statement(
     *,
     owner: str,
     quoted_charge: int | None = None,
+    max_cost: int | None = None,
 ) -> None:
     """An owner's check of its statement against its own record and prices.
 
@@ -660,7 +707,9 @@ def check_statement(
     :class:`~dpmarket.common.market.payouts.ValueReward`; within ``[0, reward]`` for the
     proportional split, which depends on the other owners' values; 0 without a rule); and, if
     ``quoted_charge`` is given (the owner's own quote line), that the line states it and the
-    charge stays within it. Verify the signature first (:func:`verify_statement`).
+    charge stays within it; that the line's total stays within the header's ``max_cost`` (the
+    consumer's cap) and, if ``max_cost`` is given (the cap of the terms the owner accepted),
+    within that too. Verify the signature first (:func:`verify_statement`).
 
     Parameters
     ----------
@@ -674,6 +723,8 @@ def check_statement(
         The owner's own name (from its certificate).
     quoted_charge : int, optional
         The owner's charge in the quote, micro-credits, as it computed it from its terms.
+    max_cost : int, optional
+        The consumer's cap in the terms the owner accepted, micro-credits.
 
     Raises
     ------
@@ -733,6 +784,11 @@ def check_statement(
         expect("quoted", line.quoted, quoted_charge)
     if line.charge > line.quoted:
         problems.append(f"charge: {line.charge} is more than the quoted {line.quoted}")
+    for cap, whose in ((header.max_cost, "the header's"), (max_cost, "the accepted terms'")):
+        if cap is not None and line.total > cap:
+            problems.append(
+                f"total: {line.total} is more than {whose} max_cost {cap} (the consumer's cap)"
+            )
     if problems:
         raise StatementMismatchError(
             f"refused the statement of session {header.session_id!r}: " + "; ".join(problems)

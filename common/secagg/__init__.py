@@ -3,13 +3,17 @@
 Pure protocol kernels, no I/O: Shamir sharing over GF(2^521 - 1) (:mod:`.shamir`), unbiased
 fixed-point encoding of reals into ``Z_{2^k}`` (:mod:`.fixedpoint`), the primitives from the
 ``cryptography`` package (:mod:`.crypto`: X25519 + HKDF-SHA256, AES-256-GCM, the AES-256
-counter-mode mask generator, ECDSA P-256 signatures) and the five rounds, consistency check
+counter-mode mask generator, ECDSA P-256 signatures), the sites' long-lived pair keys
+(:mod:`.pairkeys`: a static key per site bound once to its identity, per-round keys of each pair
+derived with the round id) and the five rounds, consistency check
 included, as state objects (:mod:`.protocol`), secure against an aggregator that lies and ``S_C``
 colluding sites.
 For many sites, SecAgg+ (Bell et al., CCS 2020): the same defences on a sparse random graph whose
 seed the sites draw and whose degree grows like ``log S`` (:mod:`.graph`: the graph and the
-derivation of its parameters; :mod:`.sparse`: the six stages). Used by CAPE (CAPE paper,
-Algorithm 1, step 3) to sum the sites' noise draws.
+derivation of its parameters; :mod:`.sparse`: the six stages). What the two share (a site's
+key pairs, sharing and masking, the aggregator's unmasking, the stages) is written once in
+:mod:`.base`, of which both are small subclasses. Used by CAPE (CAPE paper, Algorithm 1, step 3)
+to sum the sites' noise draws.
 """
 
 from collections.abc import Mapping
@@ -20,6 +24,7 @@ from numpy.typing import ArrayLike, NDArray
 from dpmarket.common.secagg import protocol, sparse
 from dpmarket.common.secagg.crypto import RandomBytes, SecAggError, Signer, Verifier
 from dpmarket.common.secagg.fixedpoint import FixedPoint, dequantize_sum, quantize
+from dpmarket.common.secagg.pairkeys import PairKeyring
 from dpmarket.common.secagg.protocol import (
     KeyAdvertisement,
     RoundParams,
@@ -33,6 +38,7 @@ from dpmarket.common.secagg.sparse import SparseSecAggAggregator, SparseSecAggSi
 __all__ = [
     "FixedPoint",
     "KeyAdvertisement",
+    "PairKeyring",
     "RoundParams",
     "SecAggAggregator",
     "SecAggError",
@@ -61,6 +67,7 @@ def run_in_process(
     random_bytes: RandomBytes | None = None,
     rng: np.random.Generator | None = None,
     phase_seconds: dict[str, float] | None = None,
+    keyrings: Mapping[str, PairKeyring] | None = None,
 ) -> NDArray[np.float64]:
     """One round with every site and the aggregator in this process, complete graph or sparse.
 
@@ -79,5 +86,6 @@ def run_in_process(
         verifier=verifier,
         rng=rng,
         phase_seconds=phase_seconds,
+        keyrings=keyrings,
         **extra,
     )

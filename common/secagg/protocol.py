@@ -18,59 +18,69 @@ method of :class:`SecAggAggregator` (the sets ``U1 ⊇ U2 ⊇ U3 ⊇ U4`` are Bo
 Messages are plain dataclasses and bytes; a service layer moves them over the network unchanged.
 :func:`run_in_process` runs a whole round in one process, with dropouts, for tests and benchmarks.
 
-This is the malicious-server variant of Bonawitz et al.'s Figure 4: key advertisements are signed
-with each site's identity key, and before it reveals any unmasking share a site checks that at least
+This is the malicious-server variant of Bonawitz et al.'s Figure 4: key advertisements are
+authenticated to each site (each carries the site's static key with the signature binding it to
+the site's identity key, verified once per peer and cached, and each pair's messages carry an HMAC
+of the sender's advertisement under a key of that pair and round:
+:mod:`dpmarket.common.secagg.pairkeys`), and before it reveals any unmasking share a site checks
+that at least
 ``t`` distinct survivors signed the very ``U3`` it signed itself (the ConsistencyCheck round), with
 ``t > (n + S_C) / 2`` for ``S_C`` colluding sites (:class:`RoundParams`), so an aggregator that
 tells different sites different survivor lists gets no share at all from the sites it lied to, and
 never both secrets of one site. Differences from Figure 4: the inputs are reals, quantized by
 :mod:`dpmarket.common.secagg.fixedpoint`; masks are expanded by AES-256 counter mode from the full
 32-byte keys (:func:`dpmarket.common.secagg.crypto.prg_words`); the signed ``U3`` is bound to a
-digest of every round parameter, not only to the round id.
+digest of every round parameter, not only to the round id; the shares are encrypted under keys
+derived from long-lived pair keys and the round id, not from per-round ``c`` key pairs.
 
 This module is the complete graph (every site shares with and masks with every other). For many
 sites, :mod:`dpmarket.common.secagg.sparse` runs SecAgg+ with the same defences per neighbourhood on
 the graph of :mod:`dpmarket.common.secagg.graph` (``RoundParams.neighbours > 0``), which also says
-what the sparse graph changes in the argument of :class:`RoundParams`.
+what the sparse graph changes in the argument of :class:`RoundParams`. The work both share (key
+pairs, secret sharing, masking, unmasking, the stages) is in :mod:`dpmarket.common.secagg.base`;
+:class:`SecAggSite` and :class:`SecAggAggregator` add the complete graph's checks: every site's
+signed advertisement, one threshold ``t`` for all, and the signed survivor list.
 """
 
 from __future__ import annotations
 
-import enum
-import functools
-import hashlib
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from numpy.typing import ArrayLike, NDArray
 
-from dpmarket.common.errors import FailedPreconditionError
-from dpmarket.common.secagg import graph, shamir
+from dpmarket.common.secagg import shamir
+
+# Kept under their former names for code that imported them from here (the tests' attack helper).
+from dpmarket.common.secagg.base import MASK_KEY_LABEL as _MASK_KEY_LABEL  # noqa: F401
+from dpmarket.common.secagg.base import (
+    AggregatorBase,
+    PhaseTimer,
+    RoundStage,
+    SiteBase,
+    advertisement_message,
+    check_stage,
+    prepare_run,
+)
+from dpmarket.common.secagg.base import pair_info as _pair_info  # noqa: F401
 from dpmarket.common.secagg.crypto import (
     KEY_BYTES,
-    EcdsaSigner,
-    EcdsaVerifier,
-    MaskAccumulator,
     RandomBytes,
     SecAggError,
     Signer,
     Verifier,
-    decrypt,
     encode_fields,
-    encrypt,
-    generate_private_key,
-    private_key_bytes,
-    private_key_from_bytes,
-    public_key_bytes,
-    shared_key,
 )
-from dpmarket.common.secagg.fixedpoint import FixedPoint, dequantize_sum, quantize
+from dpmarket.common.secagg.pairkeys import PairKeyring
+from dpmarket.common.secagg.params import (
+    ROUND_ID_BYTES,
+    DropStage,
+    RoundParams,
+    min_threshold,
+)
 from dpmarket.common.secagg.shamir import Share
 
 __all__ = [
@@ -78,9 +88,9 @@ __all__ = [
     "DropStage",
     "KeyAdvertisement",
     "RoundParams",
+    "RoundStage",
     "SecAggAggregator",
     "SecAggSite",
-    "Stage",
     "UnmaskResponse",
     "advertisement_message",
     "consistency_message",
@@ -88,305 +98,33 @@ __all__ = [
     "run_in_process",
 ]
 
-#: Minimum length of a round id (random bytes chosen by the aggregator).
-ROUND_ID_BYTES = 16
 
 # Domain-separation labels: a signature, a key or a ciphertext made for one purpose is never
 # valid for another.
-_ADVERTISE_LABEL = b"dpmarket/secagg/v1/advertise"
-_SHARE_KEY_LABEL = b"dpmarket/secagg/v1/share-encryption-key"
-_SHARE_AD_LABEL = b"dpmarket/secagg/v1/share"
-_MASK_KEY_LABEL = b"dpmarket/secagg/v1/pairwise-mask"
 _CONSISTENCY_LABEL = b"dpmarket/secagg/v1/consistency-check"
-_PARAMS_LABEL = b"dpmarket/secagg/v1/round-params"
 
-#: Plaintext of one share ciphertext: the recipient's share of the sender's self-mask seed,
-#: then its share of the sender's pairwise-mask private key.
-_SHARE_PAIR_BYTES = 2 * shamir.SHARE_BYTES
-
-DropStage = Literal["advertise", "reveal", "share", "mask", "check", "unmask"]
 _DROP_STAGES: tuple[str, ...] = ("advertise", "share", "mask", "check", "unmask")
-
-
-class Stage(enum.Enum):
-    """Where a :class:`SecAggSite` or :class:`SecAggAggregator` is in the round."""
-
-    NEW = "new"
-    ADVERTISED = "advertised"
-    SHARED = "shared"
-    REVEALED = "revealed"
-    MASKED = "masked"
-    CHECKED = "checked"
-    DONE = "done"
-    ABORTED = "aborted"
-
-
-def min_threshold(sites: int, colluders: int = 0) -> int:
-    """The smallest threshold a round of ``sites`` sites may use against ``colluders`` colluders.
-
-    Parameters
-    ----------
-    sites : int
-        ``n >= 2``.
-    colluders : int, default 0
-        ``S_C`` in ``[0, n - 1]``: sites that may collude with the aggregator.
-
-    Returns
-    -------
-    int
-        ``max(2, floor((n + S_C) / 2) + 1)``: the least ``t`` with ``2 t > n + S_C`` (see
-        :class:`RoundParams`); ``floor(n / 2) + 1`` without colluders, 4 for ``n = 5, S_C = 1``,
-        13 for ``n = 20, S_C = 5``, 14 for ``n = 20, S_C = 6``.
-
-    Raises
-    ------
-    ValueError
-        If ``sites < 2`` or ``colluders`` is outside ``[0, n - 1]``.
-    """
-    if isinstance(sites, bool) or not isinstance(sites, int) or sites < 2:
-        raise ValueError(f"a round needs at least 2 sites, got {sites!r}")
-    if isinstance(colluders, bool) or not isinstance(colluders, int):
-        raise ValueError(f"colluders must be an int, got {colluders!r}")
-    if not 0 <= colluders <= sites - 1:
-        raise ValueError(
-            f"colluders must lie in [0, {sites - 1}] with {sites} sites, got {colluders}"
-        )
-    return max(2, (sites + colluders) // 2 + 1)
-
-
-def _check_sparse(
-    sites: int, threshold: int, colluders: int, k: int, allowance: int, ring: int
-) -> None:
-    """Validate a sparse round's graph parameters (:class:`RoundParams`)."""
-    if threshold != 0:
-        raise ValueError(
-            f"a sparse round's thresholds are per neighbourhood: threshold must be 0, got "
-            f"{threshold}"
-        )
-    if not 3 <= sites <= graph.MAX_SITES:
-        raise ValueError(f"a sparse round needs 3 to {graph.MAX_SITES} sites, got {sites}")
-    if not 1 <= k <= sites - 2:
-        raise ValueError(f"neighbours must lie in [1, {sites - 2}] with {sites} sites, got {k}")
-    if ring % 2 or ring > sites - 2:
-        raise ValueError(
-            f"the ring's degree must be even and in [0, {sites - 2}] with {sites} sites, got {ring}"
-        )
-    if allowance > max(k, ring) - 1:
-        raise ValueError(
-            f"allowance must lie in [0, max(neighbours, ring) - 1] = [0, {max(k, ring) - 1}] so "
-            f"that every threshold is at least 2, got {allowance}"
-        )
-    bound = graph.failure_bound(sites, colluders, k, allowance, ring)
-    if not bound <= 2.0**-graph.SECURITY_BITS:
-        raise ValueError(
-            f"the sparse graph with k={k} neighbours, a ring of {ring} and allowance {allowance} "
-            f"for {sites} sites and S_C={colluders} colluders fails with probability up to "
-            f"{bound:.3g}, above 2^-{graph.SECURITY_BITS}: choose the graph with "
-            "dpmarket.common.secagg.graph.plan_graph"
-        )
-
-
-@dataclass(frozen=True)
-class RoundParams:
-    """The public parameters of one round, chosen by the aggregator and known to every party.
-
-    Parameters
-    ----------
-    round_id : bytes
-        At least 16 random bytes, fresh per round (:meth:`create` draws 32). Bound into every
-        signature, derived key and associated data, so no message of one round is valid in
-        another.
-    sites : tuple of str
-        The ids of the sites invited to the round (the owners' certificate names). Stored sorted
-        (Python ``str`` order, i.e. by code point); that order decides each pairwise mask's sign
-        and each site's Shamir x coordinate. No duplicates.
-    threshold : int
-        ``t``: the fewest sites that must remain at every stage. ``2 <= t <= len(sites)`` and
-        ``2 t > len(sites) + colluders`` (:func:`min_threshold` is the least such ``t``).
-    vector_length : int
-        ``D``: entries in every site's input vector, ``>= 1``.
-    fixed_point : FixedPoint
-        Encoding of the inputs; ``fixed_point.sites >= len(sites)`` so the sum cannot wrap.
-    colluders : int, default 0
-        ``S_C``: how many sites may collude with the aggregator (share their secrets and sign
-        whatever it asks), ``0 <= S_C <= len(sites) - 1``. Each site refuses a round whose
-        ``S_C`` is below what it requires (its owner's policy, its job).
-    neighbours : int, default 0
-        ``0`` for the complete graph (Bonawitz et al.); ``k >= 1`` for SecAgg+'s sparse graph, in
-        which every site chooses ``k`` random neighbours (:mod:`dpmarket.common.secagg.graph`,
-        :mod:`dpmarket.common.secagg.sparse`). A sparse round has ``threshold = 0``: its thresholds
-        are per neighbourhood, ``t_v = K_v - allowance``.
-    allowance : int, default 0
-        ``Delta``, sparse rounds only: the lost sites every neighbourhood tolerates,
-        ``0 <= Delta <= max(k, ring) - 1``.
-    ring : int, default 0
-        Sparse rounds only: the even degree of the ring added to the k-out graph (every site also
-        joined to the ``ring / 2`` nearest on either side of a random cyclic order), ``0 <= ring
-        <= len(sites) - 2``; 0 for none. ``(len(sites), colluders, neighbours, allowance, ring)``
-        must meet :func:`dpmarket.common.secagg.graph.failure_bound` ``<= 2^-40``.
-
-    Raises
-    ------
-    ValueError
-        If a parameter is out of range, or a sparse graph misses the security target.
-
-    Notes
-    -----
-    **Why t > (n + S_C) / 2.** Each honest site answers the unmasking request once, revealing for
-    every other site ``v`` either its share of ``v``'s self-mask seed (``v`` survived) or its
-    share of ``v``'s pairwise-mask key (``v`` dropped), never both. To learn both secrets of
-    ``v``, and with them ``v``'s input, an aggregator must make two groups of sites reveal: one
-    that believes ``v`` survived (``U3`` with ``v``) and one that believes ``v`` dropped (a
-    ``U3'`` without it). Before it reveals anything, a site checks ``t`` valid signatures, from
-    distinct members of the round, on the very ``U3`` it signed (the ConsistencyCheck round), and
-    an honest site signs one ``U3`` per round. Two sets of ``t`` signers, one for ``U3`` and one
-    for ``U3'``, both drawn from the ``n`` sites, share at least ``2 t - n`` signers, and every
-    shared signer signed two survivor lists, so it is one of the ``S_C`` colluders: the attack
-    needs ``2 t - n <= S_C``, i.e. ``2 t <= n + S_C``. With ``2 t > n + S_C`` every honest site
-    that reveals anything in a round reveals for the same ``U3``, so the aggregator gets at most
-    the colluders' ``S_C < t`` shares of the other secret of any site. The same count holds for
-    the shares themselves (each secret needs ``t`` of them, each honest site gives one kind): at
-    ``n = 5, S_C = 1`` the usual ``t = 3`` lets a curator told ``U3`` apart recover a victim's
-    input (tested); ``t = 4`` does not. ``t >= 2``: with ``t = 1`` every share is the secret.
-
-    References
-    ----------
-    Bonawitz et al. (CCS 2017), Figure 4 (Round 3, ConsistencyCheck) and Section 6 (security
-    against an active adversary controlling the server and some users).
-    """
-
-    round_id: bytes
-    sites: tuple[str, ...]
-    threshold: int
-    vector_length: int
-    fixed_point: FixedPoint
-    colluders: int = 0
-    neighbours: int = 0
-    allowance: int = 0
-    ring: int = 0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.round_id, bytes) or len(self.round_id) < ROUND_ID_BYTES:
-            raise ValueError(f"round_id must be at least {ROUND_ID_BYTES} bytes")
-        sites = tuple(self.sites)
-        for site in sites:
-            if not isinstance(site, str) or not site:
-                raise ValueError(f"site ids must be non-empty strings, got {site!r}")
-        ordered = tuple(sorted(sites))
-        duplicates = sorted({s for s in ordered if ordered.count(s) > 1})
-        if duplicates:
-            raise ValueError(f"duplicate site ids: {duplicates}")
-        object.__setattr__(self, "sites", ordered)
-        n = len(ordered)
-        t, c = self.threshold, self.colluders
-        if isinstance(t, bool) or not isinstance(t, int):
-            raise ValueError(f"threshold must be an int, got {t!r}")
-        if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= max(n - 1, 0):
-            raise ValueError(f"colluders must be an int in [0, n - 1] with n={n} sites, got {c!r}")
-        k, a, r = self.neighbours, self.allowance, self.ring
-        for name, value in (("neighbours", k), ("allowance", a), ("ring", r)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-        if k:
-            _check_sparse(n, t, c, k, a, r)
-        elif a:
-            raise ValueError(f"a complete-graph round has no dropout allowance, got {a}")
-        elif r:
-            raise ValueError(f"a complete-graph round has no ring, got {r}")
-        elif t < 2 or t > n or 2 * t <= n + c:
-            raise ValueError(
-                f"threshold must satisfy 2 <= t <= n and t > (n + S_C) / 2 with n={n} sites and "
-                f"S_C={c} colluders, got t={t}"
-            )
-        d = self.vector_length
-        if isinstance(d, bool) or not isinstance(d, int) or d < 1:
-            raise ValueError(f"vector_length must be an int >= 1, got {d!r}")
-        if not isinstance(self.fixed_point, FixedPoint):
-            raise ValueError(f"fixed_point must be a FixedPoint, got {self.fixed_point!r}")
-        if self.fixed_point.sites < n:
-            raise ValueError(
-                f"fixed_point.sites={self.fixed_point.sites} is below the {n} sites: "
-                "their sum could wrap around the modulus"
-            )
-
-    @classmethod
-    def create(
-        cls,
-        sites: Iterable[str],
-        threshold: int,
-        vector_length: int,
-        fixed_point: FixedPoint,
-        *,
-        colluders: int = 0,
-        neighbours: int = 0,
-        allowance: int = 0,
-        ring: int = 0,
-        random_bytes: RandomBytes = os.urandom,
-    ) -> RoundParams:
-        """Parameters with a fresh 32-byte random ``round_id`` (from ``os.urandom`` by default)."""
-        return cls(
-            round_id=random_bytes(32),
-            sites=tuple(sites),
-            threshold=threshold,
-            vector_length=vector_length,
-            fixed_point=fixed_point,
-            colluders=colluders,
-            neighbours=neighbours,
-            allowance=allowance,
-            ring=ring,
-        )
-
-    @property
-    def sparse(self) -> bool:
-        """Whether the round runs on SecAgg+'s sparse graph (``neighbours > 0``)."""
-        return self.neighbours > 0
-
-    @property
-    def modulus_bits(self) -> int:
-        """``k``: masked vectors and sums are integers modulo ``2^k``."""
-        return self.fixed_point.modulus_bits
-
-    @functools.cached_property
-    def digest(self) -> bytes:
-        """SHA-256 of every parameter (32 bytes), bound into the signed survivor list.
-
-        Two sites that accept signatures on the same ``U3`` thereby agree on the round id, the
-        sites, ``t``, ``S_C``, ``D``, the encoding and (sparse rounds) ``k``, ``Delta`` and the
-        ring, whatever the aggregator told each.
-        """
-        fp = self.fixed_point
-        fields = [
-            _PARAMS_LABEL,
-            self.round_id,
-            str(self.threshold).encode(),
-            str(self.colluders).encode(),
-            str(self.vector_length).encode(),
-            float(fp.clip).hex().encode(),
-            str(fp.resolution_bits).encode(),
-            str(fp.sites).encode(),
-            *(site.encode() for site in self.sites),
-        ]
-        if self.sparse:
-            fields += [b"sparse", str(self.neighbours).encode(), str(self.allowance).encode()]
-            if self.ring:
-                fields += [b"ring", str(self.ring).encode()]
-        return hashlib.sha256(encode_fields(*fields)).digest()
 
 
 @dataclass(frozen=True)
 class KeyAdvertisement:
-    """Round 0 message of one site: its two X25519 public keys, signed.
+    """Round 0 message of one site: its static key (bound to its identity) and its mask key.
 
     Attributes
     ----------
     site : str
     c_public : bytes
-        32-byte X25519 public key for encrypting the Shamir shares sent to this site.
+        The site's static X25519 public key (32 bytes), the same in every round until the site
+        rotates it: with each peer's, it gives the pair key from which the round's share
+        encryption and authentication keys are derived (:mod:`dpmarket.common.secagg.pairkeys`).
     s_public : bytes
-        32-byte X25519 public key for the pairwise masks.
+        32-byte X25519 public key for the pairwise masks, fresh every round.
     signature : bytes
         The site's :class:`~dpmarket.common.secagg.crypto.Signer` signature of
-        :func:`advertisement_message` ``(round_id, site, c_public, s_public, commitment)``.
+        :func:`dpmarket.common.secagg.pairkeys.binding_message` ``(deployment, site, c_public)``:
+        the static key's binding to the site's identity. The round's keys (``s_public``,
+        ``commitment``) are authenticated to each holder by the tag leading the sender's share
+        message (:func:`dpmarket.common.secagg.base.advertisement_tag_message`).
     commitment : bytes, default b""
         Sparse rounds: the 32-byte commitment to the site's graph nonce
         (:func:`dpmarket.common.secagg.graph.nonce_commitment`); empty in complete-graph rounds.
@@ -417,30 +155,6 @@ class UnmaskResponse:
     key_shares: dict[str, Share]
 
 
-@functools.lru_cache(maxsize=64)
-def _encoded_prefix(*fields: bytes) -> bytes:
-    """``encode_fields(*fields)``, kept: the leading fields a round's per-pair messages share (a
-    label, the round id, ...). ``encode_fields(*a) + encode_fields(*b) == encode_fields(*a, *b)``,
-    so a message is its prefix and the encoding of its own fields. Holds public bytes only."""
-    return encode_fields(*fields)
-
-
-def advertisement_message(
-    round_id: bytes, site: str, c_public: bytes, s_public: bytes, commitment: bytes = b""
-) -> bytes:
-    """The bytes a site signs in Round 0 (Bonawitz et al. 2017, Figure 4, Round 0).
-
-    ``encode_fields(label, round_id, site (UTF-8), c_public, s_public)``, and the graph-nonce
-    commitment last in sparse rounds: binding the round id stops the replay of an advertisement
-    from another round; binding the site id stops one site's keys being presented as another's;
-    binding the commitment fixes the site's contribution to the graph seed.
-    """
-    prefix = _encoded_prefix(_ADVERTISE_LABEL, round_id)
-    if commitment:
-        return prefix + encode_fields(site.encode(), c_public, s_public, commitment)
-    return prefix + encode_fields(site.encode(), c_public, s_public)
-
-
 def consistency_message(
     params: RoundParams, survivors: Iterable[str], graph_seed: bytes = b""
 ) -> bytes:
@@ -460,68 +174,7 @@ def consistency_message(
     return encode_fields(*fields)
 
 
-def _pair_info(label: bytes, round_id: bytes, a: str, b: str) -> bytes:
-    """HKDF info for the key of the unordered pair {a, b} in this round."""
-    low, high = (a, b) if a <= b else (b, a)
-    return _encoded_prefix(label, round_id) + encode_fields(low.encode(), high.encode())
-
-
-def _share_associated_data(round_id: bytes, sender: str, recipient: str) -> bytes:
-    prefix = _encoded_prefix(_SHARE_AD_LABEL, round_id)
-    return prefix + encode_fields(sender.encode(), recipient.encode())
-
-
-#: Bytes :func:`_randbelow_from` asks its source for at a time (one call serves a sharing's
-#: coefficients: 66 bytes each for the field of :mod:`dpmarket.common.secagg.shamir`).
-_RANDOM_CHUNK_BYTES = 4096
-
-
-def _randbelow_from(random_bytes: RandomBytes) -> Callable[[int], int]:
-    """Uniform integers in ``[0, bound)`` by rejection sampling from ``random_bytes``.
-
-    The bytes are drawn :data:`_RANDOM_CHUNK_BYTES` at a time and used in order, each once (a
-    call of ``os.urandom`` per coefficient cost as much as the polynomial's evaluation); what is
-    left when the function is dropped is never used.
-    """
-    pool = b""
-    used = 0
-
-    def take(n_bytes: int) -> bytes:
-        nonlocal pool, used
-        if used + n_bytes > len(pool):
-            fresh = random_bytes(max(n_bytes, _RANDOM_CHUNK_BYTES))
-            if len(fresh) < n_bytes:
-                raise ValueError(f"random_bytes returned {len(fresh)} bytes, below {n_bytes}")
-            pool, used = pool[used:] + fresh, 0
-        used += n_bytes
-        return pool[used - n_bytes : used]
-
-    def randbelow(bound: int) -> int:
-        bits = bound.bit_length()
-        n_bytes = (bits + 7) // 8
-        while True:
-            value = int.from_bytes(take(n_bytes), "big") >> (8 * n_bytes - bits)
-            if value < bound:
-                return value
-
-    return randbelow
-
-
-def _check_stage(actual: Stage, expected: Stage, what: str) -> None:
-    if actual is not expected:
-        raise FailedPreconditionError(
-            f"{what} needs stage {expected.value!r}, but the round is at {actual.value!r}"
-        )
-
-
-def _check_vector(vector: ArrayLike, length: int) -> NDArray[np.float64]:
-    values = np.asarray(vector, dtype=np.float64)
-    if values.shape != (length,):
-        raise ValueError(f"input vector must have shape ({length},), got {values.shape}")
-    return values
-
-
-class SecAggSite:
+class SecAggSite(SiteBase):
     """One site's side of a secure-aggregation round (Bonawitz et al. 2017, Figure 4, "User").
 
     Call :meth:`advertise_keys`, :meth:`share_keys`, :meth:`masked_input`,
@@ -538,12 +191,14 @@ class SecAggSite:
     signer : Signer
         Signs this site's key advertisement and its survivor list with its identity key.
     verifier : Verifier
-        Checks every other site's advertisement and survivor-list signature against that site's
-        identity.
+        Checks every other site's static-key binding (once per peer and key: the keyring
+        remembers) and survivor-list signature against that site's identity.
     random_bytes : callable, optional
-        Source of all key material (two X25519 private keys, the self-mask seed, the Shamir
+        Source of all key material (the X25519 mask key, the self-mask seed, the Shamir
         coefficients, the AEAD nonces): ``os.urandom`` by default. Tests inject a deterministic
         source to reproduce a round bit for bit.
+    keyring : PairKeyring, optional
+        The site's long-lived pair keys (:class:`~dpmarket.common.secagg.base.SiteBase`).
 
     Raises
     ------
@@ -553,8 +208,8 @@ class SecAggSite:
     Notes
     -----
     State kept between stages (what a service would have to persist to survive a restart, all of
-    it secret): the two private keys, the self-mask seed ``b_u`` until the masked input is sent,
-    the set ``U1`` with the advertised keys, the derived share-encryption keys, and the shares
+    it secret): the mask private key, the self-mask seed ``b_u`` until the masked input is sent,
+    the set ``U1`` with the advertised keys, the round's pair keys, and the shares
     received from the other sites; then the sets ``U2`` and ``U3`` this site fixed and the
     signature it gave. A site that loses it simply counts as dropped.
 
@@ -566,6 +221,8 @@ class SecAggSite:
     key share of a site it treats as alive.
     """
 
+    _STRANGER = "another site of U1"
+
     def __init__(
         self,
         site: str,
@@ -574,59 +231,35 @@ class SecAggSite:
         signer: Signer,
         verifier: Verifier,
         random_bytes: RandomBytes = os.urandom,
+        keyring: PairKeyring | None = None,
     ) -> None:
-        if site not in params.sites:
-            raise ValueError(f"site {site!r} is not one of the round's sites {params.sites}")
-        if params.sparse:
+        if site in params.sites and params.sparse:
             raise ValueError(
                 "a sparse round runs on dpmarket.common.secagg.sparse.SparseSecAggSite"
             )
-        self.site = site
-        self.params = params
-        self._signer = signer
-        self._verifier = verifier
-        self._random_bytes = random_bytes
-        self._stage = Stage.NEW
-        self._c_private: X25519PrivateKey | None = None
-        self._s_private: X25519PrivateKey | None = None
-        self._self_mask_seed: bytes | None = None
+        super().__init__(
+            site,
+            params,
+            signer=signer,
+            verifier=verifier,
+            random_bytes=random_bytes,
+            keyring=keyring,
+        )
         self._u1: tuple[str, ...] = ()
-        self._u2: tuple[str, ...] = ()
         self._u3: tuple[str, ...] = ()
         self._signature = b""
-        self._s_publics: dict[str, bytes] = {}
-        self._share_keys: dict[str, bytes] = {}
-        # sender -> (share of its self-mask seed, share of its pairwise-mask key), own included.
-        self._held: dict[str, tuple[Share, Share]] = {}
-
-    @property
-    def stage(self) -> Stage:
-        return self._stage
-
-    def abort(self, reason: str) -> SecAggError:
-        """End the round for this site: drop its secrets; every later call fails.
-
-        For checks made outside this object (a peer's certificate refused by the service).
-        Returns the :class:`SecAggError` to raise.
-        """
-        return self._abort(SecAggError(reason))
-
-    def _abort(self, exc: SecAggError) -> SecAggError:
-        self._stage = Stage.ABORTED
-        self._c_private = self._s_private = None
-        self._self_mask_seed = None
-        self._share_keys.clear()
-        self._held.clear()
-        return exc
+        self._ads: dict[str, KeyAdvertisement] = {}
 
     def advertise_keys(self) -> KeyAdvertisement:
-        """Round 0: draw two X25519 key pairs and return their public halves, signed.
+        """Round 0: draw the round's X25519 mask key pair; advertise its public half with the
+        site's static key and that key's identity binding.
 
         Returns
         -------
         KeyAdvertisement
-            ``c_public`` (for the share encryption) and ``s_public`` (for the pairwise masks),
-            32 bytes each, and the signer's signature over :func:`advertisement_message`.
+            ``c_public`` (the static key), ``s_public`` (for the pairwise masks), 32 bytes each,
+            and the static key's binding signature (the same every round; nothing is signed per
+            round: each holder gets this advertisement's tag with the site's shares).
 
         Raises
         ------
@@ -637,21 +270,16 @@ class SecAggSite:
         ----------
         Bonawitz et al. (CCS 2017), Figure 4, Round 0 (AdvertiseKeys).
         """
-        _check_stage(self._stage, Stage.NEW, "advertise_keys")
-        c_private = generate_private_key(self._random_bytes)
-        s_private = generate_private_key(self._random_bytes)
-        c_public, s_public = public_key_bytes(c_private), public_key_bytes(s_private)
-        message = advertisement_message(self.params.round_id, self.site, c_public, s_public)
-        signature = self._signer.sign(message)
-        self._c_private, self._s_private = c_private, s_private
-        self._stage = Stage.ADVERTISED
-        return KeyAdvertisement(self.site, c_public, s_public, signature)
+        check_stage(self._stage, RoundStage.NEW, "advertise_keys")
+        c_public, s_public = self._new_key_pairs()
+        self._own_ad = (c_public, s_public, b"")
+        self._stage = RoundStage.ADVERTISED
+        return KeyAdvertisement(self.site, c_public, s_public, self._static.signature)
 
     def _check_advertisements(
         self, advertisements: Mapping[str, KeyAdvertisement]
     ) -> tuple[str, ...]:
-        assert self._c_private is not None and self._s_private is not None
-        own_keys = (public_key_bytes(self._c_private), public_key_bytes(self._s_private))
+        own_keys = self._own_ad[:2]  # (static, mask) public keys this site advertised
         seen_keys: set[bytes] = set()
         for name, ad in advertisements.items():
             if name not in self.params.sites:
@@ -660,19 +288,8 @@ class SecAggSite:
                 raise SecAggError(f"advertisement filed under {name!r} names site {ad.site!r}")
             if len(ad.c_public) != KEY_BYTES or len(ad.s_public) != KEY_BYTES:
                 raise SecAggError(f"advertisement of {name!r} has a key that is not 32 bytes")
-            if name == self.site:
-                if (ad.c_public, ad.s_public) != own_keys:
-                    raise SecAggError(f"the advertisement of this site ({name!r}) was replaced")
-            else:
-                message = advertisement_message(
-                    self.params.round_id, name, ad.c_public, ad.s_public, ad.commitment
-                )
-                try:
-                    self._verifier.verify(name, message, ad.signature)
-                except Exception as exc:
-                    raise SecAggError(
-                        f"the key advertisement of {name!r} is not signed by {name!r}: {exc}"
-                    ) from None
+            if name == self.site and (ad.c_public, ad.s_public) != own_keys:
+                raise SecAggError(f"the advertisement of this site ({name!r}) was replaced")
             for key in (ad.c_public, ad.s_public):
                 if key in seen_keys:
                     raise SecAggError(f"advertisement of {name!r} repeats a public key")
@@ -684,17 +301,23 @@ class SecAggSite:
                 f"{len(advertisements)} sites advertised keys, below the threshold "
                 f"t={self.params.threshold}"
             )
+        for name in sorted(advertisements):
+            if name != self.site:
+                ad = advertisements[name]
+                self._derive_pair(name, ad.c_public, ad.signature)
         return tuple(sorted(advertisements))
 
     def share_keys(self, advertisements: Mapping[str, KeyAdvertisement]) -> dict[str, bytes]:
         """Round 1: Shamir-share this site's secrets among the advertised sites, encrypted.
 
-        Checks every advertisement (signature through the verifier, the site's own keys
-        unchanged, no public key repeated), draws the self-mask seed ``b_u`` (32 bytes), splits
-        ``b_u`` and the pairwise-mask private key ``s_sk`` (32 bytes) into ``t``-of-``|U1|``
-        shares with ``x`` = the holder's 1-based position in sorted ``U1``, and encrypts each
-        other site's pair of shares with AES-256-GCM under
-        ``HKDF(X25519(c_sk_u, c_pk_v))``, associated data ``(round_id, sender, recipient)``.
+        Checks every advertisement (the site's own keys unchanged, no public key repeated, each
+        static key's binding to its site's identity: verified once per peer and key, then
+        remembered by the keyring), derives the round's keys of every pair, draws the self-mask
+        seed ``b_u`` (32 bytes), splits ``b_u`` and the pairwise-mask private key ``s_sk`` (32
+        bytes) into ``t``-of-``|U1|`` shares with ``x`` = the holder's 1-based position in sorted
+        ``U1``, and sends each other site its pair of shares encrypted with AES-256-GCM under the
+        pair's ``enc`` key of the round, associated data ``(round_id, sender, recipient)``, led
+        by the HMAC of this site's advertisement under the pair's ``adv`` key of the round.
 
         Parameters
         ----------
@@ -704,15 +327,15 @@ class SecAggSite:
         Returns
         -------
         dict of str to bytes
-            Recipient id -> ciphertext of ``2 * 70 + 28 = 168`` bytes, for every site of ``U1``
-            but this one (this site keeps its own shares).
+            Recipient id -> message of ``32 + 2 * 70 + 28 = 200`` bytes (advertisement tag and
+            ciphertext), for every site of ``U1`` but this one (this site keeps its own shares).
 
         Raises
         ------
         SecAggError
             If fewer than ``t`` sites advertised, this site's advertisement is missing or was
-            replaced, a signature does not verify (a substituted key), an advertisement is
-            malformed, or two advertisements share a public key.
+            replaced, a static key's binding does not verify (a substituted key), an
+            advertisement is malformed, or two advertisements share a public key.
         FailedPreconditionError
             If :meth:`advertise_keys` has not been called, or this was called before.
 
@@ -720,161 +343,31 @@ class SecAggSite:
         ----------
         Bonawitz et al. (CCS 2017), Figure 4, Round 1 (ShareKeys).
         """
-        _check_stage(self._stage, Stage.ADVERTISED, "share_keys")
-        assert self._c_private is not None and self._s_private is not None
+        check_stage(self._stage, RoundStage.ADVERTISED, "share_keys")
+        assert self._s_private is not None
         try:
             u1 = self._check_advertisements(advertisements)
         except SecAggError as exc:
             raise self._abort(exc) from None
-        n, t = len(u1), self.params.threshold
-        randbelow = _randbelow_from(self._random_bytes)
-        seed = self._random_bytes(KEY_BYTES)
-        if len(seed) != KEY_BYTES:
-            raise ValueError(f"random_bytes({KEY_BYTES}) returned {len(seed)} bytes")
-        seed_shares = shamir.split_secret(seed, n, t, randbelow=randbelow)
-        key_shares = shamir.split_secret(
-            private_key_bytes(self._s_private), n, t, randbelow=randbelow
-        )
-        round_id = self.params.round_id
-        out: dict[str, bytes] = {}
-        for index, recipient in enumerate(u1):
-            pair = (seed_shares[index], key_shares[index])
-            if recipient == self.site:
-                self._held[recipient] = pair
-                continue
-            ad = advertisements[recipient]
-            key = shared_key(
-                self._c_private,
-                ad.c_public,
-                info=_pair_info(_SHARE_KEY_LABEL, round_id, self.site, recipient),
-            )
-            self._share_keys[recipient] = key
-            out[recipient] = encrypt(
-                key,
-                pair[0].to_bytes() + pair[1].to_bytes(),
-                _share_associated_data(round_id, self.site, recipient),
-                random_bytes=self._random_bytes,
-            )
+        out = self._share_secrets(u1, range(1, len(u1) + 1), self.params.threshold)
         self._u1 = u1
-        self._s_publics = {name: advertisements[name].s_public for name in u1}
-        self._self_mask_seed = seed
-        self._stage = Stage.SHARED
+        self._ads = {name: advertisements[name] for name in u1}
+        self._stage = RoundStage.SHARED
         return out
 
-    def _receive_shares(self, ciphertexts: Mapping[str, bytes]) -> None:
-        own_x = self._u1.index(self.site) + 1
-        for sender, ciphertext in ciphertexts.items():
-            if sender == self.site or sender not in self._u1:
-                raise SecAggError(f"shares from {sender!r}, which is not another site of U1")
-            plaintext = decrypt(
-                self._share_keys[sender],
-                ciphertext,
-                _share_associated_data(self.params.round_id, sender, self.site),
+    def _own_x(self) -> int:
+        return self._u1.index(self.site) + 1
+
+    def _advertisement(self, peer: str) -> tuple[bytes, bytes, bytes]:
+        ad = self._ads[peer]
+        return ad.c_public, ad.s_public, ad.commitment
+
+    def _check_u2(self, u2: frozenset[str]) -> None:
+        if len(u2) < self.params.threshold:
+            raise SecAggError(
+                f"{len(u2)} sites completed key sharing, below the threshold "
+                f"t={self.params.threshold}"
             )
-            if len(plaintext) != _SHARE_PAIR_BYTES:
-                raise SecAggError(f"shares from {sender!r} are {len(plaintext)} bytes")
-            try:
-                seed_share = Share.from_bytes(plaintext[: shamir.SHARE_BYTES])
-                key_share = Share.from_bytes(plaintext[shamir.SHARE_BYTES :])
-            except ValueError as exc:
-                raise SecAggError(f"shares from {sender!r} are malformed: {exc}") from None
-            if seed_share.x != own_x or key_share.x != own_x:
-                raise SecAggError(f"shares from {sender!r} are not addressed to x={own_x}")
-            self._held[sender] = (seed_share, key_share)
-
-    def masked_input(
-        self,
-        ciphertexts: Mapping[str, bytes],
-        vector: ArrayLike,
-        rng: np.random.Generator,
-    ) -> NDArray[np.uint64]:
-        """Round 2: return this site's input, quantized and masked.
-
-        ``y_u = Q(x_u) + PRG(b_u) + sum_{v in U2, v < u} PRG(s_uv) - sum_{v in U2, v > u} PRG(s_uv)
-        (mod 2^k)``, with ``Q`` the stochastic rounding of
-        :func:`~dpmarket.common.secagg.fixedpoint.quantize`, ``s_uv = HKDF(X25519(s_sk_u, s_pk_v))``
-        bound to the round and the pair, and ``PRG`` =
-        :func:`~dpmarket.common.secagg.crypto.prg_words`.
-
-        Parameters
-        ----------
-        ciphertexts : mapping of str to bytes
-            Sender -> the ciphertext it addressed to this site in Round 1, from every site that
-            completed Round 1 (as routed by the aggregator). ``U2`` = these senders and this site.
-            Every one is decrypted and checked now, before anything depends on this site's input.
-        vector : array-like of shape (vector_length,), float
-            This site's input ``x_u``, entries in ``[-clip, clip]``.
-        rng : numpy.random.Generator
-            Coins of the stochastic rounding (CSPRNG-seeded in production; seeded in tests).
-
-        Returns
-        -------
-        ndarray of shape (vector_length,), uint64
-            Entries in ``[0, 2^k)``: uniformly distributed to anyone who lacks ``b_u`` (and, for
-            the sum over ``U2``, the pairwise keys), whatever ``x_u`` is.
-
-        Raises
-        ------
-        ValueError
-            If ``vector`` has the wrong shape, holds NaN/inf or an entry outside ``[-clip, clip]``
-            (the round stays at this stage: the call may be repeated with a valid vector).
-        SecAggError
-            If ``|U2| < t``, a sender is not another site of ``U1``, or a ciphertext fails
-            authentication (altered, or relabelled as another sender's) or holds malformed
-            shares. The round is then aborted for this site.
-        FailedPreconditionError
-            If :meth:`share_keys` has not been called, or this was called before.
-
-        Notes
-        -----
-        **Why the masks cancel.** For a pair ``u < v`` both in ``U2``, ``v`` adds ``PRG(s_uv)``
-        and ``u`` subtracts it (``s_uv = s_vu``: X25519 is symmetric and the HKDF info orders the
-        pair), so they cancel in the sum over ``U2``; the aggregator removes the self masks
-        ``PRG(b_u)`` of the survivors and, for sites of ``U2`` that sent no masked input, their
-        pairwise masks with the survivors, from the secrets reconstructed in Round 4. Masks use
-        only ``U2``: a site lost before or during Round 1 never enters any mask.
-
-        References
-        ----------
-        Bonawitz et al. (CCS 2017), Figure 4, Round 2 (MaskedInputCollection); CAPE paper,
-        Section 3.2 (the ``map`` to ``Z_lambda``).
-        """
-        _check_stage(self._stage, Stage.SHARED, "masked_input")
-        values = _check_vector(vector, self.params.vector_length)
-        quantized = quantize(values, self.params.fixed_point, rng)
-        try:
-            self._receive_shares(ciphertexts)
-            u2 = tuple(sorted({*ciphertexts, self.site}))
-            if len(u2) < self.params.threshold:
-                raise SecAggError(
-                    f"{len(u2)} sites completed key sharing, below the threshold "
-                    f"t={self.params.threshold}"
-                )
-        except SecAggError as exc:
-            raise self._abort(exc) from None
-        assert self._s_private is not None and self._self_mask_seed is not None
-        length, round_id = self.params.vector_length, self.params.round_id
-        masked = quantized
-        adds, subtracts = [self._self_mask_seed], list[bytes]()
-        for peer in u2:
-            if peer == self.site:
-                continue
-            key = shared_key(
-                self._s_private,
-                self._s_publics[peer],
-                info=_pair_info(_MASK_KEY_LABEL, round_id, self.site, peer),
-            )
-            (adds if peer < self.site else subtracts).append(key)
-        MaskAccumulator(length).apply(masked, add=adds, subtract=subtracts)
-        masked &= np.uint64(self.params.fixed_point.modulus - 1)
-        self._u2 = u2
-        # b_u and s_sk are no longer needed here; only their shares leave this site from now on.
-        self._self_mask_seed = None
-        self._s_private = None
-        self._c_private = None
-        self._share_keys.clear()
-        self._stage = Stage.MASKED
-        return masked
 
     def check_consistency(self, survivors: Sequence[str]) -> bytes:
         """Round 3 (ConsistencyCheck): sign the survivor list ``U3`` the aggregator announces.
@@ -905,7 +398,7 @@ class SecAggSite:
         ----------
         Bonawitz et al. (CCS 2017), Figure 4, Round 3 (ConsistencyCheck), user side.
         """
-        _check_stage(self._stage, Stage.MASKED, "check_consistency")
+        check_stage(self._stage, RoundStage.MASKED, "check_consistency")
         try:
             survivor_set = set(survivors)
             if len(survivor_set) != len(survivors):
@@ -924,7 +417,7 @@ class SecAggSite:
         u3 = tuple(sorted(survivor_set))
         signature = self._signer.sign(consistency_message(self.params, u3))
         self._u3, self._signature = u3, signature
-        self._stage = Stage.CHECKED
+        self._stage = RoundStage.CHECKED
         return signature
 
     def _check_signatures(self, signatures: Mapping[str, bytes]) -> None:
@@ -1004,7 +497,7 @@ class SecAggSite:
         ----------
         Bonawitz et al. (CCS 2017), Figure 4, Round 4 (Unmasking), user side.
         """
-        _check_stage(self._stage, Stage.CHECKED, "unmask")
+        check_stage(self._stage, RoundStage.CHECKED, "unmask")
         try:
             survivor_set, dropped_set = set(survivors), set(dropped)
             if len(survivor_set) != len(survivors) or len(dropped_set) != len(dropped):
@@ -1028,11 +521,11 @@ class SecAggSite:
             key_shares={v: self._held[v][1] for v in sorted(dropped_set)},
         )
         self._held.clear()
-        self._stage = Stage.DONE
+        self._stage = RoundStage.DONE
         return response
 
 
-class SecAggAggregator:
+class SecAggAggregator(AggregatorBase):
     """The aggregator's side of a round (Bonawitz et al. 2017, Figure 4, "Server").
 
     Call :meth:`collect_advertisements`, :meth:`route_shares`, :meth:`collect_masked`,
@@ -1056,28 +549,19 @@ class SecAggAggregator:
             raise ValueError(
                 "a sparse round runs on dpmarket.common.secagg.sparse.SparseSecAggAggregator"
             )
-        self.params = params
-        self._stage = Stage.NEW
+        super().__init__(params)
         self._advertisements: dict[str, KeyAdvertisement] = {}
         self._u1: tuple[str, ...] = ()
         self._u2: tuple[str, ...] = ()
-        self._u3: tuple[str, ...] = ()
-        self._dropped: tuple[str, ...] = ()
         self._signatures: dict[str, bytes] = {}
-        self._total: NDArray[np.uint64] | None = None
-
-    @property
-    def stage(self) -> Stage:
-        return self._stage
 
     def _need(self, count: int, what: str) -> None:
         if count < self.params.threshold:
-            self._stage = Stage.ABORTED
+            self._stage = RoundStage.ABORTED
             raise SecAggError(f"{count} {what}, below the threshold t={self.params.threshold}")
 
-    def _fail(self, message: str) -> SecAggError:
-        self._stage = Stage.ABORTED
-        return SecAggError(message)
+    def _s_public(self, site: str) -> bytes:
+        return self._advertisements[site].s_public
 
     def collect_advertisements(
         self, advertisements: Mapping[str, KeyAdvertisement]
@@ -1100,7 +584,7 @@ class SecAggAggregator:
             If fewer than ``t`` sites advertised, a site is not in the round, an advertisement
             is filed under another site's id, or a public key appears twice.
         """
-        _check_stage(self._stage, Stage.NEW, "collect_advertisements")
+        check_stage(self._stage, RoundStage.NEW, "collect_advertisements")
         seen: set[bytes] = set()
         for name, ad in advertisements.items():
             if name not in self.params.sites:
@@ -1114,7 +598,7 @@ class SecAggAggregator:
         self._need(len(advertisements), "sites advertised keys")
         self._u1 = tuple(sorted(advertisements))
         self._advertisements = {name: advertisements[name] for name in self._u1}
-        self._stage = Stage.ADVERTISED
+        self._stage = RoundStage.ADVERTISED
         return dict(self._advertisements)
 
     def route_shares(
@@ -1141,7 +625,7 @@ class SecAggAggregator:
             If fewer than ``t`` sites sent shares, a sender is not in ``U1``, or a sender did not
             address exactly the other sites of ``U1``.
         """
-        _check_stage(self._stage, Stage.ADVERTISED, "route_shares")
+        check_stage(self._stage, RoundStage.ADVERTISED, "route_shares")
         for sender, addressed in from_site.items():
             if sender not in self._u1:
                 raise self._fail(f"shares from {sender!r}, which did not advertise keys")
@@ -1161,7 +645,7 @@ class SecAggAggregator:
             }
             for recipient in self._u2
         }
-        self._stage = Stage.SHARED
+        self._stage = RoundStage.SHARED
         return routed
 
     def collect_masked(
@@ -1187,27 +671,17 @@ class SecAggAggregator:
             If fewer than ``t`` inputs arrived, a site is not in ``U2``, or an input has the
             wrong shape or dtype or an entry ``>= 2^k``.
         """
-        _check_stage(self._stage, Stage.SHARED, "collect_masked")
-        length = self.params.vector_length
-        modulus = np.uint64(self.params.fixed_point.modulus - 1)
-        total = np.zeros(length, dtype=np.uint64)
+        check_stage(self._stage, RoundStage.SHARED, "collect_masked")
+        total = np.zeros(self.params.vector_length, dtype=np.uint64)
         for name, vector in inputs.items():
             if name not in self._u2:
                 raise self._fail(f"masked input from {name!r}, which is not in U2")
-            values = np.asarray(vector)
-            if values.dtype != np.uint64 or values.shape != (length,):
-                raise self._fail(
-                    f"masked input of {name!r} must be uint64 of shape ({length},), got "
-                    f"{values.dtype} of shape {values.shape}"
-                )
-            if values.size and values.max() > modulus:
-                raise self._fail(f"masked input of {name!r} has an entry >= 2^k")
-            total += values
+            total += self._checked_input(name, vector)
         self._need(len(inputs), "masked inputs arrived")
         self._u3 = tuple(sorted(inputs))
         self._dropped = tuple(sorted(set(self._u2) - set(self._u3)))
         self._total = total
-        self._stage = Stage.MASKED
+        self._stage = RoundStage.MASKED
         return self._u3, self._dropped
 
     def collect_signatures(self, signatures: Mapping[str, bytes]) -> dict[str, bytes]:
@@ -1236,7 +710,7 @@ class SecAggAggregator:
         ----------
         Bonawitz et al. (CCS 2017), Figure 4, Round 3 (ConsistencyCheck), server side.
         """
-        _check_stage(self._stage, Stage.MASKED, "collect_signatures")
+        check_stage(self._stage, RoundStage.MASKED, "collect_signatures")
         for name, signature in signatures.items():
             if name not in self._u3:
                 raise self._fail(f"a signature of U3 from {name!r}, which is not a survivor")
@@ -1244,7 +718,7 @@ class SecAggAggregator:
                 raise self._fail(f"the signature of U3 from {name!r} is empty")
         self._need(len(signatures), "survivors signed U3")
         self._signatures = {name: bytes(signatures[name]) for name in sorted(signatures)}
-        self._stage = Stage.CHECKED
+        self._stage = RoundStage.CHECKED
         return dict(self._signatures)
 
     def _reconstruct(
@@ -1297,7 +771,7 @@ class SecAggAggregator:
         ----------
         Bonawitz et al. (CCS 2017), Figure 4, Round 4 (Unmasking), server side.
         """
-        _check_stage(self._stage, Stage.CHECKED, "finish")
+        check_stage(self._stage, RoundStage.CHECKED, "finish")
         assert self._total is not None
         survivors, dropped = set(self._u3), set(self._dropped)
         for name, response in responses.items():
@@ -1307,53 +781,24 @@ class SecAggAggregator:
                 raise self._fail(f"the unmasking response of {name!r} holds the wrong shares")
         self._need(len(responses), "unmasking responses arrived")
         responders = tuple(sorted(responses))
-        length, round_id = self.params.vector_length, self.params.round_id
-        total = self._total.copy()
-        adds: list[bytes] = []
-        subtracts: list[bytes] = []
-        for owner in self._u3:
-            seed = self._reconstruct(
+        seeds = [
+            self._reconstruct(
                 owner,
                 [responses[r].self_mask_shares[owner] for r in responders],
                 responders,
                 "self-mask seed",
             )
-            subtracts.append(seed)
-        for owner in self._dropped:
-            raw = self._reconstruct(
+            for owner in self._u3
+        ]
+        return self._unmasked_sum(
+            seeds,
+            lambda owner: self._reconstruct(
                 owner,
                 [responses[r].key_shares[owner] for r in responders],
                 responders,
                 "pairwise-mask key",
-            )
-            s_private = private_key_from_bytes(raw)
-            if public_key_bytes(s_private) != self._advertisements[owner].s_public:
-                raise self._fail(f"the reconstructed key of {owner!r} does not match its advert")
-            for survivor in self._u3:
-                key = shared_key(
-                    s_private,
-                    self._advertisements[survivor].s_public,
-                    info=_pair_info(_MASK_KEY_LABEL, round_id, owner, survivor),
-                )
-                # The survivor added PRG(s) if owner < survivor and subtracted it otherwise.
-                (subtracts if owner < survivor else adds).append(key)
-        MaskAccumulator(length).apply(total, add=adds, subtract=subtracts)
-        total &= np.uint64(self.params.fixed_point.modulus - 1)
-        try:
-            result = dequantize_sum(total, self.params.fixed_point, len(self._u3))
-        except ValueError as exc:
-            raise self._fail(f"unmasking did not give a valid sum: {exc}") from None
-        self._total = None
-        self._stage = Stage.DONE
-        return result
-
-
-@dataclass
-class _Timer:
-    phases: dict[str, float] = field(default_factory=dict)
-
-    def add(self, phase: str, seconds: float) -> None:
-        self.phases[phase] = self.phases.get(phase, 0.0) + seconds
+            ),
+        )
 
 
 def run_in_process(
@@ -1366,6 +811,7 @@ def run_in_process(
     random_bytes: RandomBytes = os.urandom,
     rng: np.random.Generator | None = None,
     phase_seconds: dict[str, float] | None = None,
+    keyrings: Mapping[str, PairKeyring] | None = None,
 ) -> NDArray[np.float64]:
     """Run one round with every site and the aggregator in this process, one after another.
 
@@ -1397,6 +843,10 @@ def run_in_process(
         aggregator: ``advertise_keys``, ``share_keys``, ``masked_input``, ``consistency_check``,
         ``unmask`` (sites' work and the aggregator's collection in each) and ``finish`` (the
         aggregator's reconstruction and unmasking).
+    keyrings : mapping of str to PairKeyring, optional
+        Each site's long-lived pair keys, to run several rounds between the same sites as a
+        service does (the bindings verified and the pair keys derived once, in the first
+        round). By default each site makes a keyring for this round alone.
 
     Returns
     -------
@@ -1415,35 +865,16 @@ def run_in_process(
         raise ValueError(
             "a sparse round runs in dpmarket.common.secagg.sparse.run_sparse_in_process"
         )
-    drops = dict(drop_at or {})
-    if set(sites) != set(params.sites):
-        raise ValueError(f"inputs are for {sorted(sites)}, the round's sites are {params.sites}")
-    for name, stage in drops.items():
-        if name not in params.sites or stage not in _DROP_STAGES:
-            raise ValueError(f"bad drop {name!r} at {stage!r}; stages are {_DROP_STAGES}")
-    if (signers is None) != (verifier is None):
-        raise ValueError("give both signers and verifier, or neither")
-    if signers is None or verifier is None:
-        keys = {name: ec.generate_private_key(ec.SECP256R1()) for name in params.sites}
-        signers = {name: EcdsaSigner(key) for name, key in keys.items()}
-        verifier = EcdsaVerifier({name: key.public_key() for name, key in keys.items()})
-    if rng is None:
-        from dpmarket.common.privacy.rng import production_rng
-
-        rng = production_rng()
-    timer = _Timer()
+    run = prepare_run(params, sites, _DROP_STAGES, drop_at, signers, verifier, rng, keyrings)
+    timer = PhaseTimer()
 
     def alive(stage: str) -> list[str]:
         """Sites that send their message of ``stage`` (those not dropped at or before it)."""
-        cut = _DROP_STAGES.index(stage)
-        return [n for n in params.sites if n not in drops or _DROP_STAGES.index(drops[n]) > cut]
+        return run.alive(stage, params.sites)
 
     aggregator = SecAggAggregator(params)
     parties = {
-        name: SecAggSite(
-            name, params, signer=signers[name], verifier=verifier, random_bytes=random_bytes
-        )
-        for name in params.sites
+        name: SecAggSite(name, params, **run.site_args(name, random_bytes)) for name in params.sites
     }
 
     start = time.perf_counter()
@@ -1458,7 +889,8 @@ def run_in_process(
 
     start = time.perf_counter()
     masked = {
-        name: parties[name].masked_input(routed[name], sites[name], rng) for name in alive("mask")
+        name: parties[name].masked_input(routed[name], sites[name], run.rng)
+        for name in alive("mask")
     }
     survivors, dropped = aggregator.collect_masked(masked)
     timer.add("masked_input", time.perf_counter() - start)

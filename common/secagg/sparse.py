@@ -8,12 +8,13 @@ instead of all sites. A
 round has six stages; each is one method of :class:`SparseSecAggSite` answered by one method of
 :class:`SparseSecAggAggregator`:
 
-0. advertise: ``advertise_keys`` (unlike SecAgg's, the signed keys also commit to a graph nonce) ->
+0. advertise: ``advertise_keys`` (unlike SecAgg's, the keys also commit to a graph nonce) ->
    ``collect_advertisements`` (U1);
 1. reveal: ``reveal_nonce`` (given every commitment of U1) -> ``collect_nonces`` (the graph seed:
    every site of U1 must reveal);
 2. share: ``share_keys`` (given the nonces: the site fixes the graph, checks its neighbours'
-   signed advertisements and shares ``t_v``-of-``K_v`` among them) -> ``route_shares`` (U2);
+   static-key bindings and shares ``t_v``-of-``K_v`` among them, each message led by the tag of
+   its own advertisement for that neighbour) -> ``route_shares`` (U2);
 3. mask: ``masked_input``, with one acknowledgement per neighbour it masked with
    (``acknowledgements``) -> ``collect_masked`` (U3, the survivors);
 4. consistency check: ``attest`` (a pairwise tag on ``U3`` for each surviving neighbour) ->
@@ -23,21 +24,23 @@ round has six stages; each is one method of :class:`SparseSecAggSite` answered b
 Why every check is there, and what the sparse graph changes in the argument against an actively
 lying curator (thresholds and quorums per neighbourhood, ``t_v = K_v - Delta``; the graph's
 parameters meet a ``2^-40`` failure bound), is in :mod:`dpmarket.common.secagg.graph`. What stays:
-key advertisements signed with the sites' identity keys (checked for every neighbour), the
+key advertisements authenticated to every neighbour (the static key's binding to the site's
+identity, verified once per peer and key, and the per-round tag under the pair's key of the
+round, checked before the site masks with that neighbour: :mod:`dpmarket.common.secagg.pairkeys`),
+the
 consistency round before any unmasking share leaves a site, a site answering each stage once,
 ``S_C`` bound into the parameters (each owner refuses one below its floor, as in complete-graph
 rounds), and ``2 t_v > K_v + c_v`` in every honest neighbourhood (the complete graph's ``2 t > n +
 S_C``), which the graph delivers except with probability ``2^-40``.
 
 What differs from the complete-graph round besides the graph: the survivor list is attested with
-HMAC-SHA256 tags under pairwise keys (from the same X25519 agreement as the share encryption key)
-instead of ECDSA signatures, since each attestation convinces only its addressee, which is all the
-quorum argument needs, and costs microseconds instead of ~64 µs per check; the acknowledgements
-(also tags) bind a survivor's self-mask share to neighbours it really masked with; reconstruction
-uses the first ``t_v`` shares of each secret (a mask key is checked against its advertised public
-key; a wrong self-mask seed makes the sum fail its range check) rather than checking every extra
-share.
-"""
+HMAC-SHA256 tags under pairwise keys (the pair's ``tag`` key of the round, beside its share
+encryption key) instead of ECDSA signatures, since each attestation convinces only its addressee,
+which is all the quorum argument needs, and costs microseconds instead of ~64 µs per check; the
+acknowledgements (also tags) bind a survivor's self-mask share to neighbours it really masked with;
+reconstruction uses the first ``t_v`` shares of each secret (a mask key is checked against its
+advertised public key; a wrong self-mask seed makes the sum fail its range check) rather than
+checking every extra share."""
 
 from __future__ import annotations
 
@@ -46,51 +49,36 @@ import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from numpy.typing import ArrayLike, NDArray
 
 from dpmarket.common.secagg import shamir
+from dpmarket.common.secagg.base import (
+    AggregatorBase,
+    PhaseTimer,
+    RoundStage,
+    SiteBase,
+    check_stage,
+    encoded_prefix,
+    prepare_run,
+)
 from dpmarket.common.secagg.crypto import (
     KEY_BYTES,
-    EcdsaSigner,
-    EcdsaVerifier,
-    MaskAccumulator,
     RandomBytes,
     SecAggError,
     Signer,
     Verifier,
     check_tag,
-    decrypt,
     encode_fields,
-    encrypt,
-    generate_private_key,
     mac_tag,
-    private_key_bytes,
-    private_key_from_bytes,
-    public_key_bytes,
-    shared_key,
-    shared_keys,
 )
-from dpmarket.common.secagg.fixedpoint import dequantize_sum, quantize
 from dpmarket.common.secagg.graph import NeighbourGraph, graph_seed, nonce_commitment
+from dpmarket.common.secagg.pairkeys import PairKeyring, RoundPairKeys
 from dpmarket.common.secagg.protocol import (
-    _MASK_KEY_LABEL,
-    _SHARE_PAIR_BYTES,
     KeyAdvertisement,
     RoundParams,
     SecAggAggregator,
     SecAggSite,
-    Stage,
     UnmaskResponse,
-    _check_stage,
-    _check_vector,
-    _encoded_prefix,
-    _pair_info,
-    _randbelow_from,
-    _share_associated_data,
-    _Timer,
-    advertisement_message,
     consistency_message,
 )
 from dpmarket.common.secagg.shamir import Share
@@ -106,7 +94,6 @@ __all__ = [
     "run_sparse_in_process",
 ]
 
-_PAIR_KEYS_LABEL = b"dpmarket/secagg/v1/sparse-pair-keys"
 _ACK_LABEL = b"dpmarket/secagg/v1/sparse-mask-acknowledgement"
 _ATTEST_LABEL = b"dpmarket/secagg/v1/sparse-survivor-attestation"
 
@@ -117,7 +104,7 @@ SPARSE_DROP_STAGES: tuple[str, ...] = ("advertise", "reveal", "share", "mask", "
 def acknowledgement_message(params: RoundParams, sender: str, recipient: str) -> bytes:
     """What ``sender`` tags for ``recipient`` with its masked input: "my masked input holds our
     pairwise mask". Directed (sender first) so that a tag cannot be reflected to its maker."""
-    prefix = _encoded_prefix(_ACK_LABEL, params.round_id, params.digest)
+    prefix = encoded_prefix(_ACK_LABEL, params.round_id, params.digest)
     return prefix + encode_fields(sender.encode(), recipient.encode())
 
 
@@ -126,7 +113,7 @@ def attestation_message(survivor_list: bytes, sender: str, recipient: str) -> by
     attests (``survivor_list``: :func:`~dpmarket.common.secagg.protocol.consistency_message` of the
     round,
     the list and the graph seed), directed so that a tag cannot be reflected to its maker."""
-    prefix = _encoded_prefix(_ATTEST_LABEL, survivor_list)
+    prefix = encoded_prefix(_ATTEST_LABEL, survivor_list)
     return prefix + encode_fields(sender.encode(), recipient.encode())
 
 
@@ -135,7 +122,7 @@ def _require_sparse(params: RoundParams) -> None:
         raise ValueError("a complete-graph round runs on dpmarket.common.secagg.protocol")
 
 
-class SparseSecAggSite:
+class SparseSecAggSite(SiteBase):
     """One site's side of a SecAgg+ round (the six stages of the module docstring).
 
     Call :meth:`advertise_keys`, :meth:`reveal_nonce`, :meth:`share_keys`, :meth:`masked_input`,
@@ -150,11 +137,14 @@ class SparseSecAggSite:
     params : RoundParams
         A sparse round (``params.neighbours > 0``).
     signer : Signer
-        Signs this site's key advertisement with its identity key.
+        Signs the binding of this site's static key with its identity key.
     verifier : Verifier
-        Checks its neighbours' advertisements against their identities (only neighbours').
+        Checks its neighbours' static-key bindings against their identities (only
+        neighbours', once per peer and key: the keyring remembers).
     random_bytes : callable, optional
         Source of all key material and of the graph nonce (``os.urandom`` by default).
+    keyring : PairKeyring, optional
+        The site's long-lived pair keys (:class:`~dpmarket.common.secagg.base.SiteBase`).
 
     Raises
     ------
@@ -171,6 +161,8 @@ class SparseSecAggSite:
     holds of one site. Why this suffices: :mod:`dpmarket.common.secagg.graph`.
     """
 
+    _STRANGER = "a neighbour in U1"
+
     def __init__(
         self,
         site: str,
@@ -179,35 +171,27 @@ class SparseSecAggSite:
         signer: Signer,
         verifier: Verifier,
         random_bytes: RandomBytes = os.urandom,
+        keyring: PairKeyring | None = None,
     ) -> None:
         _require_sparse(params)
-        if site not in params.sites:
-            raise ValueError(f"site {site!r} is not one of the round's sites {params.sites}")
-        self.site = site
-        self.params = params
-        self._signer = signer
-        self._verifier = verifier
-        self._random_bytes = random_bytes
-        self._stage = Stage.NEW
-        self._c_private: X25519PrivateKey | None = None
-        self._s_private: X25519PrivateKey | None = None
+        super().__init__(
+            site,
+            params,
+            signer=signer,
+            verifier=verifier,
+            random_bytes=random_bytes,
+            keyring=keyring,
+        )
         self._nonce = b""
         self._u1: dict[str, KeyAdvertisement] = {}
         self._seed = b""
         self._graph: NeighbourGraph | None = None
         self._holders: tuple[str, ...] = ()
         self._threshold = 0
-        self._self_mask_seed: bytes | None = None
-        self._enc_keys: dict[str, bytes] = {}
         self._mac_keys: dict[str, bytes] = {}
-        self._held: dict[str, tuple[Share, Share]] = {}
-        self._u2: frozenset[str] = frozenset()
         self._acks: dict[str, bytes] = {}
         self._u3: tuple[str, ...] = ()
-
-    @property
-    def stage(self) -> Stage:
-        return self._stage
+        self._survivor_list = b""
 
     @property
     def graph(self) -> NeighbourGraph | None:
@@ -226,56 +210,46 @@ class SparseSecAggSite:
         masked with. The aggregator forwards each to its neighbour."""
         return dict(self._acks)
 
-    def abort(self, reason: str) -> SecAggError:
-        """End the round for this site (drop its secrets); return the error to raise."""
-        return self._abort(SecAggError(reason))
-
     def _abort(self, exc: SecAggError) -> SecAggError:
-        self._stage = Stage.ABORTED
-        self._c_private = self._s_private = None
-        self._self_mask_seed = None
-        self._enc_keys.clear()
         self._mac_keys.clear()
-        self._held.clear()
-        return exc
+        return super()._abort(exc)
 
     def advertise_keys(self) -> KeyAdvertisement:
-        """Stage 0: two X25519 key pairs and a commitment to a fresh graph nonce, signed.
+        """Stage 0: a fresh X25519 mask key pair and a commitment to a fresh graph nonce, with the
+        site's static key and its identity binding.
 
         Returns
         -------
         KeyAdvertisement
-            ``c_public``, ``s_public`` (32 bytes each), ``commitment``
+            ``c_public`` (the static key), ``s_public`` (32 bytes each), ``commitment``
             (:func:`dpmarket.common.secagg.graph.nonce_commitment` of 32 random bytes) and the
-            signature of :func:`~dpmarket.common.secagg.protocol.advertisement_message` over all of
-            them.
+            static key's binding signature. Each neighbour gets the tag of
+            :func:`~dpmarket.common.secagg.base.advertisement_tag_message` over all of them
+            with this site's shares.
 
         Raises
         ------
         FailedPreconditionError
             If called twice.
         """
-        _check_stage(self._stage, Stage.NEW, "advertise_keys")
-        c_private = generate_private_key(self._random_bytes)
-        s_private = generate_private_key(self._random_bytes)
+        check_stage(self._stage, RoundStage.NEW, "advertise_keys")
+        c_public, s_public = self._new_key_pairs()
         nonce = self._random_bytes(KEY_BYTES)
         if len(nonce) != KEY_BYTES:
+            self._s_private = None
             raise ValueError(f"random_bytes({KEY_BYTES}) returned {len(nonce)} bytes")
         commitment = nonce_commitment(self.params.round_id, self.site, nonce)
-        c_public, s_public = public_key_bytes(c_private), public_key_bytes(s_private)
-        message = advertisement_message(
-            self.params.round_id, self.site, c_public, s_public, commitment
-        )
-        signature = self._signer.sign(message)
-        self._c_private, self._s_private, self._nonce = c_private, s_private, nonce
-        self._stage = Stage.ADVERTISED
-        return KeyAdvertisement(self.site, c_public, s_public, signature, commitment)
+        self._nonce = nonce
+        self._own_ad = (c_public, s_public, commitment)
+        self._stage = RoundStage.ADVERTISED
+        return KeyAdvertisement(self.site, c_public, s_public, self._static.signature, commitment)
 
     def reveal_nonce(self, advertisements: Mapping[str, KeyAdvertisement]) -> bytes:
         """Stage 1: record ``U1`` (every site's keys and commitment); reveal the graph nonce.
 
         The nonce leaves only now, when every contribution to this site's seed is fixed
-        (:mod:`dpmarket.common.secagg.graph`). Signatures are checked at :meth:`share_keys`, for the
+        (:mod:`dpmarket.common.secagg.graph`). Static-key bindings are checked at
+        :meth:`share_keys` and the round's advertisement tags at :meth:`masked_input`, for the
         neighbours only; a forged advertisement of a site that is not a neighbour changes
         nothing this site uses.
 
@@ -297,18 +271,13 @@ class SparseSecAggSite:
         FailedPreconditionError
             Out of order.
         """
-        _check_stage(self._stage, Stage.ADVERTISED, "reveal_nonce")
-        assert self._c_private is not None and self._s_private is not None
+        check_stage(self._stage, RoundStage.ADVERTISED, "reveal_nonce")
+        assert self._s_private is not None
         try:
             own = advertisements.get(self.site)
             if own is None:
                 raise SecAggError(f"the advertisements do not include this site ({self.site!r})")
-            expected = (
-                public_key_bytes(self._c_private),
-                public_key_bytes(self._s_private),
-                nonce_commitment(self.params.round_id, self.site, self._nonce),
-            )
-            if (own.c_public, own.s_public, own.commitment) != expected:
+            if (own.c_public, own.s_public, own.commitment) != self._own_ad:
                 raise SecAggError(f"the advertisement of this site ({self.site!r}) was replaced")
             for name, ad in advertisements.items():
                 if name not in self.params.sites:
@@ -321,18 +290,21 @@ class SparseSecAggSite:
         except SecAggError as exc:
             raise self._abort(exc) from None
         self._u1 = dict(advertisements)
-        self._stage = Stage.REVEALED
+        self._stage = RoundStage.REVEALED
         return self._nonce
 
     def share_keys(self, nonces: Mapping[str, bytes]) -> dict[str, bytes]:
         """Stage 2: fix the graph; share this site's secrets among its neighbours, encrypted.
 
         Derives the seed from every nonce of ``U1`` (each checked against its commitment), builds
-        the graph, checks the signed advertisement of every neighbour in ``U1`` (and that no two
-        holders share a key), splits the self-mask seed ``b_v`` and the mask key ``s_sk``
+        the graph, checks the static-key binding of every neighbour in ``U1`` (once per peer and
+        key: the keyring remembers) and that no two holders share a key, derives the round's keys
+        of each pair, splits the self-mask seed ``b_v`` and the mask key ``s_sk``
         ``t_v``-of-``|N[v] ∩ U1|`` at the holders' x coordinates (their positions among all sites,
-        plus one), and encrypts each neighbour's pair of shares with AES-256-GCM under the first of
-        two keys from ``HKDF(X25519(c_sk_v, c_pk_u))`` (the second authenticates this pair's tags).
+        plus one), and sends each neighbour its pair of shares encrypted with AES-256-GCM under
+        the pair's ``enc`` key of the round, led by the tag of this site's advertisement under
+        its ``adv`` key (the ``tag`` key authenticates this pair's acknowledgements and
+        attestations).
 
         Parameters
         ----------
@@ -342,18 +314,19 @@ class SparseSecAggSite:
         Returns
         -------
         dict of str to bytes
-            Neighbour (in ``U1``) -> ciphertext of 168 bytes.
+            Neighbour (in ``U1``) -> message of 200 bytes (advertisement tag and ciphertext).
 
         Raises
         ------
         SecAggError
             If a nonce is missing or does not open its commitment, fewer than ``t_v`` holders
-            advertised, a neighbour's signature does not verify, or two holders share a key.
+            advertised, a neighbour's static-key binding does not verify, or two holders share a
+            key.
         FailedPreconditionError
             Out of order.
         """
-        _check_stage(self._stage, Stage.REVEALED, "share_keys")
-        assert self._c_private is not None and self._s_private is not None
+        check_stage(self._stage, RoundStage.REVEALED, "share_keys")
+        assert self._s_private is not None
         params = self.params
         try:
             commitments = {name: ad.commitment for name, ad in self._u1.items()}
@@ -377,144 +350,40 @@ class SparseSecAggSite:
                     if key in seen:
                         raise SecAggError(f"advertisement of {name!r} repeats a public key")
                     seen.add(key)
-                if name == self.site:
-                    continue
-                message = advertisement_message(
-                    params.round_id, name, ad.c_public, ad.s_public, ad.commitment
-                )
-                try:
-                    self._verifier.verify(name, message, ad.signature)
-                except Exception as exc:
-                    raise SecAggError(
-                        f"the key advertisement of {name!r} is not signed by {name!r}: {exc}"
-                    ) from None
+            for name in holders:
+                if name != self.site:
+                    ad = self._u1[name]
+                    self._derive_pair(name, ad.c_public, ad.signature)
         except SecAggError as exc:
             raise self._abort(exc) from None
-        randbelow = _randbelow_from(self._random_bytes)
-        b = self._random_bytes(KEY_BYTES)
-        if len(b) != KEY_BYTES:
-            raise ValueError(f"random_bytes({KEY_BYTES}) returned {len(b)} bytes")
         xs = [graph.index(name) + 1 for name in holders]
-        seed_shares = shamir.split_secret_at(b, xs, t, randbelow=randbelow)
-        key_shares = shamir.split_secret_at(
-            private_key_bytes(self._s_private), xs, t, randbelow=randbelow
-        )
-        out: dict[str, bytes] = {}
-        for name, pair in zip(holders, zip(seed_shares, key_shares, strict=True), strict=True):
-            if name == self.site:
-                self._held[name] = pair
-                continue
-            enc_key, mac_key = shared_keys(
-                self._c_private,
-                self._u1[name].c_public,
-                info=_pair_info(_PAIR_KEYS_LABEL, params.round_id, self.site, name),
-                count=2,
-            )
-            self._enc_keys[name], self._mac_keys[name] = enc_key, mac_key
-            out[name] = encrypt(
-                enc_key,
-                pair[0].to_bytes() + pair[1].to_bytes(),
-                _share_associated_data(params.round_id, self.site, name),
-                random_bytes=self._random_bytes,
-            )
+        out = self._share_secrets(holders, xs, t)
         self._seed, self._graph, self._holders, self._threshold = seed, graph, holders, t
-        self._self_mask_seed = b
-        self._stage = Stage.SHARED
+        self._stage = RoundStage.SHARED
         return out
 
-    def _receive_shares(self, ciphertexts: Mapping[str, bytes]) -> None:
+    def _keep_pair_keys(self, holder: str, keys: RoundPairKeys) -> None:
+        self._mac_keys[holder] = keys.tag
+
+    def _own_x(self) -> int:
         assert self._graph is not None
-        own_x = self._graph.index(self.site) + 1
-        for sender, ciphertext in ciphertexts.items():
-            if sender == self.site or sender not in self._enc_keys:
-                raise SecAggError(f"shares from {sender!r}, which is not a neighbour in U1")
-            plaintext = decrypt(
-                self._enc_keys[sender],
-                ciphertext,
-                _share_associated_data(self.params.round_id, sender, self.site),
+        return self._graph.index(self.site) + 1
+
+    def _advertisement(self, peer: str) -> tuple[bytes, bytes, bytes]:
+        ad = self._u1[peer]
+        return ad.c_public, ad.s_public, ad.commitment
+
+    def _check_u2(self, u2: frozenset[str]) -> None:
+        if len(u2) < self._threshold:
+            raise SecAggError(
+                f"{len(u2)} of this site's holders completed key sharing, below its "
+                f"threshold t={self._threshold}"
             )
-            if len(plaintext) != _SHARE_PAIR_BYTES:
-                raise SecAggError(f"shares from {sender!r} are {len(plaintext)} bytes")
-            try:
-                seed_share = Share.from_bytes(plaintext[: shamir.SHARE_BYTES])
-                key_share = Share.from_bytes(plaintext[shamir.SHARE_BYTES :])
-            except ValueError as exc:
-                raise SecAggError(f"shares from {sender!r} are malformed: {exc}") from None
-            if seed_share.x != own_x or key_share.x != own_x:
-                raise SecAggError(f"shares from {sender!r} are not addressed to x={own_x}")
-            self._held[sender] = (seed_share, key_share)
 
-    def masked_input(
-        self,
-        ciphertexts: Mapping[str, bytes],
-        vector: ArrayLike,
-        rng: np.random.Generator,
-    ) -> NDArray[np.uint64]:
-        """Stage 3: this site's input, quantized and masked with its neighbours in ``U2``.
-
-        ``y_v = Q(x_v) + PRG(b_v) + sum_{u in U2_v, u < v} PRG(s_uv) - sum_{u in U2_v, u > v}
-        PRG(s_uv)`` with ``U2_v`` this site and the neighbours whose shares reached it, as in
-        :meth:`dpmarket.common.secagg.protocol.SecAggSite.masked_input`. Also fixes the
-        acknowledgements (:attr:`acknowledgements`) for every neighbour of ``U2_v``.
-
-        Parameters
-        ----------
-        ciphertexts : mapping of str to bytes
-            Sender -> the ciphertext it addressed to this site: from neighbours only.
-        vector : array-like of shape (vector_length,), float
-            Entries in ``[-clip, clip]``.
-        rng : numpy.random.Generator
-            Coins of the stochastic rounding.
-
-        Returns
-        -------
-        ndarray of shape (vector_length,), uint64
-
-        Raises
-        ------
-        ValueError
-            If ``vector`` is malformed or out of range (the stage stays: retry with a valid one).
-        SecAggError
-            If a sender is not a neighbour in ``U1``, a ciphertext fails authentication or holds
-            malformed shares, or ``|U2_v| < t_v``. The round is then aborted for this site.
-        FailedPreconditionError
-            Out of order.
-        """
-        _check_stage(self._stage, Stage.SHARED, "masked_input")
-        values = _check_vector(vector, self.params.vector_length)
-        quantized = quantize(values, self.params.fixed_point, rng)
-        try:
-            self._receive_shares(ciphertexts)
-            u2 = frozenset({*ciphertexts, self.site})
-            if len(u2) < self._threshold:
-                raise SecAggError(
-                    f"{len(u2)} of this site's holders completed key sharing, below its "
-                    f"threshold t={self._threshold}"
-                )
-        except SecAggError as exc:
-            raise self._abort(exc) from None
-        assert self._s_private is not None and self._self_mask_seed is not None
-        params = self.params
-        masked = quantized
-        adds, subtracts = [self._self_mask_seed], list[bytes]()
-        for peer in sorted(u2 - {self.site}):
-            key = shared_key(
-                self._s_private,
-                self._u1[peer].s_public,
-                info=_pair_info(_MASK_KEY_LABEL, params.round_id, self.site, peer),
-            )
-            (adds if peer < self.site else subtracts).append(key)
-            self._acks[peer] = mac_tag(
-                self._mac_keys[peer], acknowledgement_message(params, self.site, peer)
-            )
-        MaskAccumulator(params.vector_length).apply(masked, add=adds, subtract=subtracts)
-        masked &= np.uint64(params.fixed_point.modulus - 1)
-        self._u2 = u2
-        self._self_mask_seed = None
-        self._s_private = self._c_private = None
-        self._enc_keys.clear()
-        self._stage = Stage.MASKED
-        return masked
+    def _masked_with(self, peer: str) -> None:
+        self._acks[peer] = mac_tag(
+            self._mac_keys[peer], acknowledgement_message(self.params, self.site, peer)
+        )
 
     def attest(self, survivors: Sequence[str]) -> dict[str, bytes]:
         """Stage 4 (ConsistencyCheck): attest the survivor list ``U3`` to every surviving
@@ -543,7 +412,7 @@ class SparseSecAggSite:
         FailedPreconditionError
             Out of order, or a second call.
         """
-        _check_stage(self._stage, Stage.MASKED, "attest")
+        check_stage(self._stage, RoundStage.MASKED, "attest")
         assert self._graph is not None
         try:
             survivor_set = set(survivors)
@@ -573,8 +442,8 @@ class SparseSecAggSite:
             peer: mac_tag(self._mac_keys[peer], attestation_message(survivor_list, self.site, peer))
             for peer in sorted((survivor_set & self._u2) - {self.site})
         }
-        self._u3 = u3
-        self._stage = Stage.CHECKED
+        self._u3, self._survivor_list = u3, survivor_list
+        self._stage = RoundStage.CHECKED
         return tags
 
     def unmask(
@@ -616,7 +485,7 @@ class SparseSecAggSite:
         FailedPreconditionError
             Out of order, or a second call.
         """
-        _check_stage(self._stage, Stage.CHECKED, "unmask")
+        check_stage(self._stage, RoundStage.CHECKED, "unmask")
         assert self._graph is not None
         params = self.params
         try:
@@ -642,7 +511,7 @@ class SparseSecAggSite:
                     f"attestations from sites that are not surviving neighbours: {strangers}"
                 )
             valid = 1
-            survivor_list = consistency_message(params, self._u3, self._seed)
+            survivor_list = self._survivor_list  # what this site attested
             for sender in sorted(attestations):
                 message = attestation_message(survivor_list, sender, self.site)
                 if not check_tag(self._mac_keys[sender], message, bytes(attestations[sender])):
@@ -668,11 +537,11 @@ class SparseSecAggSite:
         )
         self._held.clear()
         self._mac_keys.clear()
-        self._stage = Stage.DONE
+        self._stage = RoundStage.DONE
         return response
 
 
-class SparseSecAggAggregator:
+class SparseSecAggAggregator(AggregatorBase):
     """The aggregator's side of a SecAgg+ round (the six stages of the module docstring).
 
     Call :meth:`collect_advertisements`, :meth:`collect_nonces`, :meth:`route_shares`,
@@ -692,30 +561,24 @@ class SparseSecAggAggregator:
 
     def __init__(self, params: RoundParams) -> None:
         _require_sparse(params)
-        self.params = params
-        self._stage = Stage.NEW
+        super().__init__(params)
         self._u1: dict[str, KeyAdvertisement] = {}
         self._graph: NeighbourGraph | None = None
         self._seed = b""
         self._masked_with: dict[str, frozenset[str]] = {}
-        self._u3: tuple[str, ...] = ()
-        self._dropped: tuple[str, ...] = ()
         self._acks: dict[str, dict[str, bytes]] = {}
         self._attesters: tuple[str, ...] = ()
-        self._total: NDArray[np.uint64] | None = None
-
-    @property
-    def stage(self) -> Stage:
-        return self._stage
 
     @property
     def graph(self) -> NeighbourGraph | None:
         """The round's graph, once :meth:`collect_nonces` fixed it."""
         return self._graph
 
-    def _fail(self, message: str) -> SecAggError:
-        self._stage = Stage.ABORTED
-        return SecAggError(message)
+    def _s_public(self, site: str) -> bytes:
+        return self._u1[site].s_public
+
+    def _masked_together(self, dropped: str, survivor: str) -> bool:
+        return dropped in self._masked_with[survivor]
 
     def collect_advertisements(
         self, advertisements: Mapping[str, KeyAdvertisement]
@@ -728,7 +591,7 @@ class SparseSecAggAggregator:
             If fewer than 2 sites advertised, a site is not in the round, an advertisement is
             filed under another site, a key or commitment is not 32 bytes, or a key repeats.
         """
-        _check_stage(self._stage, Stage.NEW, "collect_advertisements")
+        check_stage(self._stage, RoundStage.NEW, "collect_advertisements")
         seen: set[bytes] = set()
         for name, ad in advertisements.items():
             if name not in self.params.sites:
@@ -744,7 +607,7 @@ class SparseSecAggAggregator:
         if len(advertisements) < 2:
             raise self._fail(f"{len(advertisements)} sites advertised keys, below 2")
         self._u1 = {name: advertisements[name] for name in sorted(advertisements)}
-        self._stage = Stage.ADVERTISED
+        self._stage = RoundStage.ADVERTISED
         return dict(self._u1)
 
     def collect_nonces(self, nonces: Mapping[str, bytes]) -> dict[str, bytes]:
@@ -756,7 +619,7 @@ class SparseSecAggAggregator:
             If a site of ``U1`` revealed nothing (the seed cannot leave it out: see
             :mod:`dpmarket.common.secagg.graph`) or a nonce does not open its commitment.
         """
-        _check_stage(self._stage, Stage.ADVERTISED, "collect_nonces")
+        check_stage(self._stage, RoundStage.ADVERTISED, "collect_nonces")
         commitments = {name: ad.commitment for name, ad in self._u1.items()}
         try:
             seed = graph_seed(self.params.digest, nonces, commitments, self.params.round_id)
@@ -767,7 +630,7 @@ class SparseSecAggAggregator:
         self._graph = NeighbourGraph.build(
             params.sites, seed, params.neighbours, params.allowance, params.ring
         )
-        self._stage = Stage.REVEALED
+        self._stage = RoundStage.REVEALED
         return {name: bytes(nonces[name]) for name in sorted(nonces)}
 
     def route_shares(
@@ -791,7 +654,7 @@ class SparseSecAggAggregator:
             If fewer than 2 sites sent shares, a sender is not in ``U1``, or a sender did not
             address exactly its neighbours in ``U1``.
         """
-        _check_stage(self._stage, Stage.REVEALED, "route_shares")
+        check_stage(self._stage, RoundStage.REVEALED, "route_shares")
         assert self._graph is not None
         for sender, addressed in from_site.items():
             if sender not in self._u1:
@@ -814,7 +677,7 @@ class SparseSecAggAggregator:
             for recipient in u2
         }
         self._masked_with = {r: frozenset(senders) for r, senders in routed.items()}
-        self._stage = Stage.SHARED
+        self._stage = RoundStage.SHARED
         return routed
 
     def collect_masked(
@@ -845,21 +708,12 @@ class SparseSecAggAggregator:
             If fewer than 2 inputs arrived, a site is not in ``U2``, an input is malformed, or a
             survivor's acknowledgements do not match its routed shares.
         """
-        _check_stage(self._stage, Stage.SHARED, "collect_masked")
-        length = self.params.vector_length
-        top = np.uint64(self.params.fixed_point.modulus - 1)
-        total = np.zeros(length, dtype=np.uint64)
+        check_stage(self._stage, RoundStage.SHARED, "collect_masked")
+        total = np.zeros(self.params.vector_length, dtype=np.uint64)
         for name, vector in inputs.items():
             if name not in self._masked_with:
                 raise self._fail(f"masked input from {name!r}, which is not in U2")
-            values = np.asarray(vector)
-            if values.dtype != np.uint64 or values.shape != (length,):
-                raise self._fail(
-                    f"masked input of {name!r} must be uint64 of shape ({length},), got "
-                    f"{values.dtype} of shape {values.shape}"
-                )
-            if values.size and values.max() > top:
-                raise self._fail(f"masked input of {name!r} has an entry >= 2^k")
+            values = self._checked_input(name, vector)
             if set(acknowledgements.get(name, {})) != self._masked_with[name]:
                 raise self._fail(f"the acknowledgements of {name!r} do not match its shares")
             total += values
@@ -869,7 +723,7 @@ class SparseSecAggAggregator:
         self._dropped = tuple(sorted(set(self._masked_with) - set(self._u3)))
         self._acks = {name: dict(acknowledgements[name]) for name in self._u3}
         self._total = total
-        self._stage = Stage.MASKED
+        self._stage = RoundStage.MASKED
         return self._u3, self._dropped
 
     def collect_attestations(
@@ -894,7 +748,7 @@ class SparseSecAggAggregator:
         SecAggError
             If an attester is not a survivor, or fewer than 2 attested.
         """
-        _check_stage(self._stage, Stage.MASKED, "collect_attestations")
+        check_stage(self._stage, RoundStage.MASKED, "collect_attestations")
         for name in attestations:
             if name not in self._u3:
                 raise self._fail(f"an attestation of U3 from {name!r}, which is not a survivor")
@@ -915,7 +769,7 @@ class SparseSecAggAggregator:
             }
             out[recipient] = (tags, acks)
         self._attesters = attesters
-        self._stage = Stage.CHECKED
+        self._stage = RoundStage.CHECKED
         return out
 
     def _reconstruct(self, owner: str, shares: list[tuple[str, Share]], what: str) -> bytes:
@@ -957,7 +811,7 @@ class SparseSecAggAggregator:
             holds, a secret has fewer than ``t_v`` shares, a rebuilt mask key does not match its
             advertisement, or the result is not a sum of ``|U3|`` quantized vectors.
         """
-        _check_stage(self._stage, Stage.CHECKED, "finish")
+        check_stage(self._stage, RoundStage.CHECKED, "finish")
         assert self._total is not None and self._graph is not None
         survivors = set(self._u3)
         seed_shares: dict[str, list[tuple[str, Share]]] = {v: [] for v in self._u3}
@@ -976,35 +830,13 @@ class SparseSecAggAggregator:
                 seed_shares[owner].append((name, share))
             for owner, share in response.key_shares.items():
                 key_shares[owner].append((name, share))
-        params = self.params
-        total = self._total.copy()
-        adds: list[bytes] = []
-        subtracts = [
+        seeds = [
             self._reconstruct(owner, seed_shares[owner], "self-mask seed") for owner in self._u3
         ]
-        for owner in self._dropped:
-            raw = self._reconstruct(owner, key_shares[owner], "pairwise-mask key")
-            s_private = private_key_from_bytes(raw)
-            if public_key_bytes(s_private) != self._u1[owner].s_public:
-                raise self._fail(f"the reconstructed key of {owner!r} does not match its advert")
-            for survivor in self._u3:
-                if owner not in self._masked_with[survivor]:
-                    continue
-                key = shared_key(
-                    s_private,
-                    self._u1[survivor].s_public,
-                    info=_pair_info(_MASK_KEY_LABEL, params.round_id, owner, survivor),
-                )
-                (subtracts if owner < survivor else adds).append(key)
-        MaskAccumulator(params.vector_length).apply(total, add=adds, subtract=subtracts)
-        total &= np.uint64(params.fixed_point.modulus - 1)
-        try:
-            result = dequantize_sum(total, params.fixed_point, len(self._u3))
-        except ValueError as exc:
-            raise self._fail(f"unmasking did not give a valid sum: {exc}") from None
-        self._total = None
-        self._stage = Stage.DONE
-        return result
+        return self._unmasked_sum(
+            seeds,
+            lambda owner: self._reconstruct(owner, key_shares[owner], "pairwise-mask key"),
+        )
 
 
 def make_site(
@@ -1014,10 +846,18 @@ def make_site(
     signer: Signer,
     verifier: Verifier,
     random_bytes: RandomBytes = os.urandom,
+    keyring: PairKeyring | None = None,
 ) -> SecAggSite | SparseSecAggSite:
     """The site state object for ``params``: sparse or complete graph."""
     cls = SparseSecAggSite if params.sparse else SecAggSite
-    return cls(site, params, signer=signer, verifier=verifier, random_bytes=random_bytes)
+    return cls(
+        site,
+        params,
+        signer=signer,
+        verifier=verifier,
+        random_bytes=random_bytes,
+        keyring=keyring,
+    )
 
 
 def make_aggregator(params: RoundParams) -> SecAggAggregator | SparseSecAggAggregator:
@@ -1035,6 +875,7 @@ def run_sparse_in_process(
     random_bytes: RandomBytes = os.urandom,
     rng: np.random.Generator | None = None,
     phase_seconds: dict[str, float] | None = None,
+    keyrings: Mapping[str, PairKeyring] | None = None,
 ) -> NDArray[np.float64]:
     """Run one SecAgg+ round with every site and the aggregator in this process.
 
@@ -1053,35 +894,15 @@ def run_sparse_in_process(
         of range, or only one of ``signers`` and ``verifier`` is given.
     """
     _require_sparse(params)
-    drops = dict(drop_at or {})
-    if set(sites) != set(params.sites):
-        raise ValueError(f"inputs are for {sorted(sites)}, the round's sites are {params.sites}")
-    for name, stage in drops.items():
-        if name not in params.sites or stage not in SPARSE_DROP_STAGES:
-            raise ValueError(f"bad drop {name!r} at {stage!r}; stages are {SPARSE_DROP_STAGES}")
-    if (signers is None) != (verifier is None):
-        raise ValueError("give both signers and verifier, or neither")
-    if signers is None or verifier is None:
-        keys = {name: ec.generate_private_key(ec.SECP256R1()) for name in params.sites}
-        signers = {name: EcdsaSigner(key) for name, key in keys.items()}
-        verifier = EcdsaVerifier({name: key.public_key() for name, key in keys.items()})
-    if rng is None:
-        from dpmarket.common.privacy.rng import production_rng
-
-        rng = production_rng()
-    timer = _Timer()
+    run = prepare_run(params, sites, SPARSE_DROP_STAGES, drop_at, signers, verifier, rng, keyrings)
+    timer = PhaseTimer()
 
     def alive(stage: str) -> list[str]:
-        cut = SPARSE_DROP_STAGES.index(stage)
-        return [
-            n for n in params.sites if n not in drops or SPARSE_DROP_STAGES.index(drops[n]) > cut
-        ]
+        return run.alive(stage, params.sites)
 
     aggregator = SparseSecAggAggregator(params)
     parties = {
-        name: SparseSecAggSite(
-            name, params, signer=signers[name], verifier=verifier, random_bytes=random_bytes
-        )
+        name: SparseSecAggSite(name, params, **run.site_args(name, random_bytes))
         for name in params.sites
     }
 
@@ -1105,7 +926,7 @@ def run_sparse_in_process(
 
     start = time.perf_counter()
     masked = {
-        name: parties[name].masked_input(routed[name], sites[name], rng)
+        name: parties[name].masked_input(routed[name], sites[name], run.rng)
         for name in alive("mask")
         if name in routed
     }

@@ -10,11 +10,15 @@ certificate naming the publisher) and an in-process adapter
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from dpmarket.common.sketches.spec import AnySketch, PublishedSketch, SketchSpec
 
-__all__ = ["CatalogEndpoint", "SpecStatus"]
+__all__ = ["CatalogEndpoint", "LedgerReceiptMessage", "SpecStatus"]
+
+#: An owner's ledger receipt as the services carry it (``dpmarket.v1.privacy_pb2.LedgerReceipt``):
+#: opaque here (the kernels use no generated code), read only by the owner's ledger.
+LedgerReceiptMessage = Any
 
 
 @dataclass(frozen=True)
@@ -29,11 +33,16 @@ class SpecStatus:
         Whether the catalogue holds a sketch of this owner under it.
     publications_left : int
         How many more sketches the catalogue accepts from this owner.
+    receipt : LedgerReceipt or None
+        The curator's held receipt of this owner (its last, as presented at a session's open),
+        which the owner checks against its ledger before it charges a publication; None: the
+        curator holds none (or keeps no receipts, in process).
     """
 
     spec: SketchSpec
     published: bool
     publications_left: int
+    receipt: LedgerReceiptMessage | None = None
 
 
 class CatalogEndpoint(Protocol):
@@ -45,10 +54,14 @@ class CatalogEndpoint(Protocol):
         ...
 
     def spec(self, name: str) -> SpecStatus:
-        """A spec and this owner's standing under it (``NotFoundError`` if unknown)."""
+        """A spec, this owner's standing under it and the curator's held receipt of this owner
+        (``NotFoundError`` if unknown)."""
         ...
 
-    def publish(self, spec: str, sketch: AnySketch) -> tuple[PublishedSketch, bool]:
-        """Hand over a sketch (already charged and stored by the owner); return the catalogue
-        entry and whether the catalogue held this very sketch already."""
+    def publish(
+        self, spec: str, sketch: AnySketch, receipt: LedgerReceiptMessage | None = None
+    ) -> tuple[PublishedSketch, bool]:
+        """Hand over a sketch (already charged and stored by the owner) with the owner's ledger
+        receipt signed after its charge (kept by the curator as the owner's last receipt);
+        return the catalogue entry and whether the catalogue held this very sketch already."""
         ...

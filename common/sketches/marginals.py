@@ -32,11 +32,12 @@ peeling exponential mechanisms).
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -54,6 +55,7 @@ from dpmarket.common.validation import check_positive_int
 
 if TYPE_CHECKING:
     import mbi
+
 
 __all__ = [
     "ASSUMED_ROWS",
@@ -806,6 +808,16 @@ class MarginalsMechanism:
         }
 
 
+class CarriedFit(Protocol):
+    """What a sketch needs of the fit its owner published with it: that it can check it belongs
+    to the sketch's release. Implemented by
+    :class:`dpmarket.common.sketches.marginals_fit.MarginalsFit` (typed here as a protocol: that
+    module builds on this one)."""
+
+    def check_release(self, sketch: MarginalsSketch) -> None:
+        """Raise ``ValueError`` unless this fit is of ``sketch``'s release."""
+
+
 @dataclass(frozen=True, eq=False)
 class MarginalsSketch:
     """A released marginals sketch.
@@ -818,6 +830,10 @@ class MarginalsSketch:
         The 1-way marginals of every column, in column order, then the selected 2-way ones.
     selections : tuple of float
         The epsilon of every selection made (one exponential mechanism each), in order.
+    fit : MarginalsFit or None
+        The graphical model and bootstrap its owner fitted to the measurements when it published
+        them (:mod:`dpmarket.common.sketches.marginals_fit`): post-processing carried beside the
+        release, not part of it (no privacy cost; not in :attr:`digest`).
 
     Raises
     ------
@@ -833,11 +849,31 @@ class MarginalsSketch:
     mechanism: MarginalsMechanism
     measurements: tuple[Measurement, ...]
     selections: tuple[float, ...] = ()
+    fit: CarriedFit | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "measurements", tuple(self.measurements))
         object.__setattr__(self, "selections", tuple(float(e) for e in self.selections))
         self.validate()
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 (hex) of the release's content: every measurement's clique, noise scale and
+        noisy values, in order (not the selections' epsilons, nor :attr:`fit`). Two sketches
+        with the same digest give the same fitted model."""
+        h = hashlib.sha256()
+        for m in self.measurements:
+            values = np.ascontiguousarray(m.values, dtype="<f8")
+            h.update(np.asarray(m.clique, dtype="<i8").tobytes())
+            h.update(np.float64(m.sigma).astype("<f8").tobytes())
+            h.update(np.int64(values.size).astype("<i8").tobytes())
+            h.update(values.tobytes())
+        return h.hexdigest()
+
+    def with_fit(self, fit: CarriedFit | None) -> MarginalsSketch:
+        """The same release carrying ``fit`` (its owner's fitted model and bootstrap:
+        :mod:`dpmarket.common.sketches.marginals_fit`), validated."""
+        return MarginalsSketch(self.mechanism, self.measurements, self.selections, fit)
 
     @property
     def feature_map(self) -> MarginalsMap:
@@ -864,7 +900,8 @@ class MarginalsSketch:
         Checks every clique (increasing column indices in range, 1 or 2 columns, a 2-way one
         among the candidates), every value vector's length and finiteness, every scale, that
         the 1-way marginals of all columns come first, and that the measurements and
-        selections add up to at most the mechanism's ``rho``.
+        selections add up to at most the mechanism's ``rho``; and that a :attr:`fit` is of this
+        release (:meth:`~dpmarket.common.sketches.marginals_fit.MarginalsFit.check_release`).
 
         Raises
         ------
@@ -906,6 +943,8 @@ class MarginalsSketch:
                 f"the sketch spends rho = {spent:.6g}, more than its (epsilon, delta) = "
                 f"({mech.epsilon:g}, {mech.delta:g}) allows, rho = {budget:.6g}"
             )
+        if self.fit is not None:
+            self.fit.check_release(self)
 
     @property
     def count_estimate(self) -> float:
@@ -983,36 +1022,156 @@ class MarginalsModel:
         *,
         beliefs: Sequence[tuple[Sequence[str], Sequence[str], ArrayLike]] | None = None,
     ) -> None:
-        self.feature_map = feature_map
-        self.measurements = tuple(measurements)
-        self.mbi_model = model
-        self.total = float(model.total)
-        d = feature_map.n_attributes
-        self._letters = {str(j): _einsum_letter(j) for j in range(d)}
         lib = _mbi()
         # The junction tree of the model's cliques and its calibrated beliefs (counts on every
         # maximal clique, summing to the total): one message-passing pass of the library's
         # oracle, in log space (compiled once per model structure, shared by the bootstrap);
         # or the beliefs :meth:`state` kept.
-        self._tree, _ = lib.junction_tree.make_junction_tree(model.domain, model.cliques)
-        nodes = lib.junction_tree.maximal_cliques(self._tree)
+        tree, _ = lib.junction_tree.make_junction_tree(model.domain, model.cliques)
+        nodes = lib.junction_tree.maximal_cliques(tree)
         if beliefs is None:
             passed = lib.marginal_oracles.message_passing_shafer_shenoy(
-                model.potentials.expand(nodes), self.total
+                model.potentials.expand(nodes), float(model.total)
             )
             beliefs = [
                 (node, passed[tuple(node)].domain.attributes, passed[tuple(node)].values)
                 for node in nodes
             ]
+        self._setup(feature_map, measurements, float(model.total), tree, beliefs)
+        #: ``mbi``'s model (an ``mbi.MarkovRandomField``); None for a model built
+        #: :meth:`from_beliefs`.
+        self.mbi_model: Any = model
+
+    def _setup(
+        self,
+        feature_map: MarginalsMap,
+        measurements: Sequence[Measurement],
+        total: float,
+        tree: Any,
+        beliefs: Sequence[tuple[Sequence[str], Sequence[str], ArrayLike]],
+    ) -> None:
+        """Hold the calibrated junction tree ``tree`` (a networkx graph on tuples of attribute
+        names) and its ``beliefs`` (per node: the node, its table's axes, the table)."""
+        self.feature_map = feature_map
+        self.measurements = tuple(measurements)
+        self.total = float(total)
+        d = feature_map.n_attributes
+        self._letters = {str(j): _einsum_letter(j) for j in range(d)}
+        self._tree = tree
         # Per tree node, its belief and the belief's axes (its own order of the node's variables).
         self._beliefs: dict[tuple[str, ...], NDArray[np.float64]] = {}
         self._axes: dict[tuple[str, ...], str] = {}
         for node, attributes, values in beliefs:
             self._beliefs[tuple(node)] = np.asarray(values, dtype=np.float64)
             self._axes[tuple(node)] = "".join(self._letters[a] for a in attributes)
-        if set(self._beliefs) != {tuple(n) for n in nodes}:
+        if set(self._beliefs) != {tuple(n) for n in tree.nodes}:
             raise ValueError("the beliefs given are not on the model's junction tree's cliques")
         self._cache: dict[tuple[int, ...], NDArray[np.float64]] = {}
+
+    @classmethod
+    def from_beliefs(
+        cls,
+        feature_map: MarginalsMap,
+        measurements: Sequence[Measurement],
+        total: float,
+        beliefs: Sequence[tuple[Sequence[int], Sequence[int], ArrayLike]],
+        edges: Sequence[tuple[int, int]],
+        *,
+        rtol: float = 1e-6,
+    ) -> MarginalsModel:
+        """A model from a calibrated junction tree alone, checked (no ``mbi``, no jax: nothing
+        imported, compiled or fitted), such as an owner's published fit
+        (:class:`dpmarket.common.sketches.marginals_fit.MarginalsFit`).
+
+        Parameters
+        ----------
+        feature_map : MarginalsMap
+        measurements : sequence of Measurement
+            The release the model was fitted to.
+        total : float
+            The model's record count, finite and > 0.
+        beliefs : sequence of (node, axes, table)
+            Per tree node: its columns (distinct indices), its table's axes (the same columns
+            in the table's order) and the table, ndarray of float64 of shape
+            ``cells[axes]``: the model's counts on the node's cells.
+        edges : sequence of (int, int)
+            The tree's edges, as indices into ``beliefs``.
+        rtol : float
+            Relative tolerance of the sums checked (of ``total``).
+
+        Returns
+        -------
+        MarginalsModel
+            Answers as the fitted model whose tree and beliefs these are; :attr:`mbi_model` is
+            None (:meth:`refit` starts cold).
+
+        Raises
+        ------
+        ValueError
+            Naming the first check that fails: a node with an unknown or repeated column, a
+            table of the wrong shape or with a negative, NaN or inf count, a table that does not
+            sum to ``total``, edges that do not form a tree on the nodes, a column whose nodes
+            are not connected (not a junction tree), adjacent tables that disagree on their
+            shared columns (not calibrated: no distribution has these marginals), a measured
+            clique inside no node, or a column in none.
+
+        Notes
+        -----
+        A tree whose every column's nodes are connected (the running intersection property)
+        and whose adjacent tables agree on their shared columns defines one distribution,
+        ``prod_C mu_C / prod_S mu_S``, whose marginals on the nodes are the tables (Lauritzen
+        & Spiegelhalter 1988; Koller & Friedman 2009, Proposition 10.5): what these checks
+        establish is that the tables are a genuine model of the release's structure, not that
+        it is the best fit to the release (refitting checks that).
+        """
+        d = feature_map.n_attributes
+        cells = [int(c) for c in feature_map.cells]
+        total = float(total)
+        if not (math.isfinite(total) and total > 0):
+            raise ValueError(f"a model's total must be finite and > 0, got {total}")
+        named: list[tuple[tuple[str, ...], tuple[str, ...], NDArray[np.float64]]] = []
+        for k, (node, axes, values) in enumerate(beliefs):
+            columns = tuple(int(c) for c in node)
+            order = tuple(int(c) for c in axes)
+            if len(set(columns)) != len(columns) or any(not 0 <= c < d for c in columns):
+                raise ValueError(f"belief {k}: columns must be distinct in [0, {d}), got {columns}")
+            if sorted(order) != sorted(columns):
+                raise ValueError(f"belief {k}: axes {order} are not its columns {columns}")
+            table = np.asarray(values, dtype=np.float64)
+            shape = tuple(cells[c] for c in order)
+            if table.shape != shape:
+                raise ValueError(
+                    f"belief {k} over {order} must have shape {shape}, got {table.shape}"
+                )
+            if not np.isfinite(table).all() or (table < 0).any():
+                raise ValueError(f"belief {k} holds a negative, NaN or inf count")
+            if abs(float(table.sum()) - total) > rtol * total:
+                raise ValueError(
+                    f"belief {k} sums to {float(table.sum()):.9g}, not the total {total:.9g}"
+                )
+            named.append((tuple(str(c) for c in columns), tuple(str(c) for c in order), table))
+        tree = _junction_tree(
+            d, tuple(n for n, _, _ in named), tuple((int(a), int(b)) for a, b in edges)
+        )
+        model = cls.__new__(cls)
+        model.mbi_model = None
+        model._setup(feature_map, measurements, total, tree, [(n, a, t) for n, a, t in named])
+        for u, v in tree.edges:
+            separator = tuple(a for a in u if a in v)
+            letters = "".join(model._letters[a] for a in separator)
+            left = np.einsum(f"{model._axes[u]}->{letters}", model._beliefs[u])
+            right = np.einsum(f"{model._axes[v]}->{letters}", model._beliefs[v])
+            if np.abs(left - right).max(initial=0.0) > rtol * total:
+                raise ValueError(
+                    f"the beliefs on {list(u)} and {list(v)} disagree on their shared columns "
+                    f"{list(separator)}: not a calibrated model"
+                )
+        for m in measurements:
+            if not model.covers(m.clique):
+                raise ValueError(
+                    f"the measured clique {list(m.clique)} lies in no node of the model"
+                )
+        return model
 
     @classmethod
     def fit(
@@ -1055,12 +1214,31 @@ class MarginalsModel:
     @property
     def nbytes(self) -> int:
         """Bytes of the model's float64 tables: its calibrated beliefs, and ``mbi``'s
-        potentials and marginals."""
+        potentials and marginals (when it has an ``mbi`` model)."""
         n = sum(b.nbytes for b in self._beliefs.values())
-        for name in ("potentials", "marginals"):
+        for name in ("potentials", "marginals") if self.mbi_model is not None else ():
             vector = getattr(self.mbi_model, name)
             n += sum(8 * math.prod(vector.tables[c].domain.shape) for c in vector.cliques)
         return int(n)
+
+    def beliefs(self) -> list[tuple[tuple[int, ...], tuple[int, ...], NDArray[np.float64]]]:
+        """The calibrated junction tree's beliefs, in the tree's node order: per node, its
+        columns, its table's axes (columns) and the table (float64, the model's counts on the
+        node's cells; read-only views of the model's own arrays)."""
+        out = []
+        for node, belief in self._beliefs.items():
+            view = belief.view()
+            view.setflags(write=False)
+            axes = _attribute_of(self._letters, self._axes[node])
+            out.append((tuple(int(a) for a in node), tuple(int(a) for a in axes), view))
+        return out
+
+    def tree_edges(self) -> list[tuple[int, int]]:
+        """The junction tree's edges, as indices into :meth:`beliefs` (what
+        :meth:`from_beliefs` takes)."""
+        index = {node: k for k, node in enumerate(self._beliefs)}
+        pairs = ((index[u], index[v]) for u, v in self._tree.edges)
+        return sorted((min(a, b), max(a, b)) for a, b in pairs)
 
     def state(self) -> dict[str, Any]:
         """The fitted model as plain data (what :meth:`from_state` rebuilds it from).
@@ -1075,14 +1253,14 @@ class MarginalsModel:
             of its column's cells).
         """
         out: dict[str, Any] = {
-            "total": float(self.mbi_model.total),
+            "total": float(self._mbi_fitted().total),
             "beliefs": [
                 (node, tuple(_attribute_of(self._letters, self._axes[node])), belief)
                 for node, belief in self._beliefs.items()
             ],
         }
         for name in ("potentials", "marginals"):
-            vector = getattr(self.mbi_model, name)
+            vector = getattr(self._mbi_fitted(), name)
             out[name] = [
                 (
                     tuple(clique),
@@ -1135,11 +1313,20 @@ class MarginalsModel:
     @property
     def mbi_domain(self) -> Any:
         """The model's ``mbi.Domain`` (attributes ``"0"`` … ``"d-1"``)."""
-        return self.mbi_model.domain
+        return _mbi_domain(self.feature_map)
+
+    def _mbi_fitted(self) -> Any:
+        """The ``mbi`` model (ValueError for a model built :meth:`from_beliefs`)."""
+        if self.mbi_model is None:
+            raise ValueError("this model was built from its beliefs: it has no mbi model")
+        return self.mbi_model
 
     @property
     def cliques(self) -> list[tuple[str, ...]]:
-        """The model's cliques, as ``mbi`` names them."""
+        """The model's cliques, as ``mbi`` names them (for a model built :meth:`from_beliefs`,
+        its junction tree's nodes)."""
+        if self.mbi_model is None:
+            return list(self._beliefs)
         return [tuple(c) for c in self.mbi_model.cliques]
 
     @staticmethod
@@ -1151,7 +1338,7 @@ class MarginalsModel:
         """Whether ``clique`` lies inside one of the model's cliques (measuring it does not
         grow the model)."""
         names = set(self.names(clique))
-        return any(names <= set(c) for c in self.mbi_model.cliques)
+        return any(names <= set(c) for c in self.cliques)
 
     def grown_size_mb(self, clique: Sequence[int]) -> float:
         """The size (MB, :func:`model_size_mb`) of the model's junction tree if ``clique`` were
@@ -1324,19 +1511,25 @@ class MarginalsModel:
 
         Notes
         -----
-        Forward sampling along the reverse elimination order of the model's junction tree
-        (as ``mbi``'s ``synthetic_data``, but with the caller's generator): each column is
-        drawn from its conditional given the already drawn columns it shares a junction-tree
-        clique with, which for a junction tree is the conditional given all drawn columns.
+        Forward sampling along the model's junction tree, breadth first from a root of each
+        of its trees (as ``mbi``'s ``synthetic_data`` does along its elimination order, but with
+        the caller's generator): each column is drawn from its conditional given the already
+        drawn columns it shares a junction-tree clique with, which for a junction tree is the
+        conditional given all drawn columns (the nodes holding a column form a subtree whose
+        first node visited holds every drawn column it shares a node with).
         """
-        mbi = _mbi()
+        import networkx as nx
+
         count = check_positive_int(n, "n")
         d = self.feature_map.n_attributes
-        jtree, order = mbi.junction_tree.make_junction_tree(self.mbi_domain, self.cliques)
-        groups = [set(c) for c in jtree.nodes]
+        groups = [set(c) for c in self._beliefs]
+        order: list[str] = []
+        for part in sorted(sorted(c) for c in nx.connected_components(self._tree)):
+            for node in nx.bfs_tree(self._tree, part[0]):
+                order.extend(a for a in sorted(node, key=int) if a not in order)
         out = np.zeros((count, d), dtype=np.int64)
         drawn: list[int] = []
-        for name in order[::-1]:
+        for name in order:
             col = int(name)
             near = {int(a) for g in groups if name in g for a in g}
             parents = [j for j in drawn if j in near]
@@ -1380,6 +1573,42 @@ class MarginalsModel:
                 e = self.feature_map.edges(j)
                 out[:, j] = ((e[:-1] + e[1:]) / 2.0)[cells[:, j]]
         return out
+
+
+@functools.lru_cache(maxsize=64)
+def _junction_tree(
+    d: int, nodes: tuple[tuple[str, ...], ...], edges: tuple[tuple[int, int], ...]
+) -> Any:
+    """The forest of ``edges`` (indices into ``nodes``) on ``nodes`` (tuples of attribute
+    names), checked to be a junction tree of ``d`` columns: distinct nodes, a forest, every
+    column in a node, and each column's nodes connected (the running intersection property).
+    Checked once per structure (a model's bootstrap refits share it); callers do not modify
+    the graph.
+
+    Raises
+    ------
+    ValueError
+        Naming the first property that fails.
+    """
+    import networkx as nx
+
+    if len(set(nodes)) != len(nodes) or not nodes:
+        raise ValueError("a model's beliefs must be on distinct nodes, at least one")
+    tree = nx.Graph()
+    tree.add_nodes_from(nodes)
+    for a, b in edges:
+        if not (0 <= a < len(nodes) and 0 <= b < len(nodes)) or a == b:
+            raise ValueError(f"edge ({a}, {b}) is not between two of the {len(nodes)} nodes")
+        tree.add_edge(nodes[a], nodes[b])
+    if not nx.is_forest(tree) or tree.number_of_edges() != len(edges):
+        raise ValueError("the edges given do not form a forest on the beliefs' nodes")
+    for j in range(d):
+        holding = [n for n in nodes if str(j) in n]
+        if not holding:
+            raise ValueError(f"column {j} is in no node of the model")
+        if not nx.is_connected(tree.subgraph(holding)):
+            raise ValueError(f"the nodes holding column {j} are not connected: not a junction tree")
+    return tree
 
 
 @functools.lru_cache(maxsize=4096)

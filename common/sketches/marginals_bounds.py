@@ -28,7 +28,9 @@ upper bounds every cell it touches, so the interval holds whatever the records' 
 cell too.
 
 Counts become fractions by dividing by the record count, bounded likewise from every measurement's
-total (:func:`total_count`). Pure computation (numpy, scipy): no I/O.
+total (:func:`total_count`). The covariance of two discrete columns measured together is bounded
+the same way from four measured sums (:func:`covariance_bounds`). Pure computation (numpy,
+scipy): no I/O.
 
 References
 ----------
@@ -45,7 +47,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.stats import norm
 
 from dpmarket.common.sketches.marginals import Measurement
 
@@ -55,9 +56,11 @@ __all__ = [
     "CountBounds",
     "Linear",
     "count_bounds",
+    "covariance_bounds",
     "event_count",
     "fraction_bounds",
     "total_count",
+    "unmeasured_covariance_bounds",
 ]
 
 #: Two-sided miss probability of every interval (a 95 % interval).
@@ -285,7 +288,7 @@ def count_bounds(
             raise ValueError(
                 f"weights outside [0, 1] need one measured marginal holding columns {sorted(query)}"
             )
-        z = float(norm.ppf(1.0 - alpha / 2.0))
+        z = _normal_quantile(1.0 - alpha / 2.0)
         value, sd = exact.value(measurements), exact.sd(measurements)
         return CountBounds(value - z * sd, value + z * sd, True, 1)
 
@@ -296,7 +299,7 @@ def count_bounds(
 
     whole = event_count(measurements, cells, inner)
     if whole is not None:  # one measured marginal holds every column
-        z = float(norm.ppf(1.0 - alpha / 2.0))
+        z = _normal_quantile(1.0 - alpha / 2.0)
         up = event_count(measurements, cells, outer)
         assert up is not None
         low = whole.value(measurements) - z * whole.sd(measurements)
@@ -325,14 +328,22 @@ def count_bounds(
             bound = bound - (sub(inner, shared) if shared else total_count(measurements, cells))
             covered |= p
         lowers.append(bound)
-    z_up = float(norm.ppf(1.0 - alpha / (2.0 * len(uppers))))
+    z_up = _normal_quantile(1.0 - alpha / (2.0 * len(uppers)))
     high = min(u.value(measurements) + z_up * u.sd(measurements) for u in uppers)
     low = 0.0
     if lowers:
-        z_low = float(norm.ppf(1.0 - alpha / (2.0 * len(lowers))))
+        z_low = _normal_quantile(1.0 - alpha / (2.0 * len(lowers)))
         low = max(0.0, max(b.value(measurements) - z_low * b.sd(measurements) for b in lowers))
     high = max(high, 0.0)
     return CountBounds(min(low, high), max(low, high), False, len(uppers) + len(lowers))
+
+
+def _normal_quantile(q: float) -> float:
+    """The standard normal quantile ``Phi^{-1}(q)`` (``scipy.stats.norm.ppf``, imported on first
+    use: importing the module stays light)."""
+    from scipy.stats import norm
+
+    return float(norm.ppf(q))
 
 
 def _pairs(query: frozenset[int]) -> list[tuple[int, int]]:
@@ -379,7 +390,7 @@ def fraction_bounds(
     s = len(sketches)
     low = high = n_low = n_high = 0.0
     measured = True
-    z_n = float(norm.ppf(1.0 - TOTAL_SHARE * alpha / (2.0 * s)))
+    z_n = _normal_quantile(1.0 - TOTAL_SHARE * alpha / (2.0 * s))
     for ms in sketches:
         b = count_bounds(ms, cells, weights, alpha=(1.0 - TOTAL_SHARE) * alpha / s)
         low += b.low
@@ -394,3 +405,136 @@ def fraction_bounds(
     if all(((np.asarray(w) >= 0) & (np.asarray(w) <= 1)).all() for w in weights.values()):
         lo, hi = max(lo, 0.0), min(hi, 1.0)
     return lo, hi, measured
+
+
+def covariance_bounds(
+    sketches: Sequence[Sequence[Measurement]],
+    cells: Sequence[int],
+    columns: tuple[int, int],
+    values: tuple[NDArray[np.float64], NDArray[np.float64]],
+    *,
+    alpha: float = ALPHA,
+) -> tuple[float, float] | None:
+    """An interval for the covariance of two discrete columns over the union's records, from
+    the measured marginals that hold both (a variance when the two are the same column).
+
+    Parameters
+    ----------
+    sketches : sequence of sequence of Measurement
+        Each owner's measurements (at least one owner).
+    cells : sequence of int
+        Cells per column.
+    columns : (int, int)
+        ``a`` and ``b`` (equal for a variance).
+    values : (ndarray, ndarray)
+        The value of each cell of ``a`` and of ``b`` (a discrete column's levels), shapes
+        ``(cells[a],)`` and ``(cells[b],)``.
+    alpha : float
+        Two-sided miss probability of the whole interval.
+
+    Returns
+    -------
+    (low, high) or None
+        ``None`` when some owner measured no marginal holding both columns (nothing bounds the
+        covariance from the release then: the model's value is a guess).
+
+    Raises
+    ------
+    ValueError
+        If ``sketches`` is empty.
+
+    Notes
+    -----
+    ``cov = S_xy / n - (S_x / n)(S_y / n)`` with ``S_xy = sum x y``, ``S_x``, ``S_y`` and the
+    record count ``n`` over the union's records: each is a sum over owners of a linear function
+    of that owner's measurements with an unbiased estimate (:func:`event_count`, exact Gaussian
+    noise of known variance, independent across owners). Each of the four lies within its
+    estimate ``-+ z sd`` with ``z`` at ``alpha / 8`` a side, so all four at once with probability
+    at least ``1 - alpha`` (union bound); the covariance then lies in the range interval
+    arithmetic gives over that box (``n`` floored at 1): ``E xy`` and the means from the corners
+    of their ratio boxes, the product of the means from its four corners (a variance's square
+    from 0 when the mean's range straddles it). No model enters, so the graphical model's fit —
+    its bias for a measured pair included — cannot make it miss.
+    """
+    if not sketches:
+        raise ValueError("no sketch to bound from")
+    a, b = columns
+    x, y = (np.asarray(v, dtype=np.float64) for v in values)
+    sums = {
+        "xy": {a: x * x} if a == b else {a: x, b: y},
+        "x": {a: x},
+        "y": {b: y},
+        "n": {},
+    }
+    z = _normal_quantile(1.0 - alpha / 8.0)
+    box: dict[str, tuple[float, float]] = {}
+    for key, weights in sums.items():
+        value = variance = 0.0
+        for ms in sketches:
+            found = event_count(ms, cells, weights)
+            if found is None:
+                return None
+            value += found.value(ms)
+            variance += found.sd(ms) ** 2
+        half = z * math.sqrt(variance)
+        box[key] = (value - half, value + half)
+    n_lo = max(box["n"][0], 1.0)
+    n_hi = max(box["n"][1], n_lo)
+
+    def ratio(key: str) -> tuple[float, float]:
+        corners = [v / n for v in box[key] for n in (n_lo, n_hi)]
+        return min(corners), max(corners)
+
+    exy, mx, my = ratio("xy"), ratio("x"), ratio("y")
+    if a == b:
+        squares = (mx[0] ** 2, mx[1] ** 2)
+        pmin = 0.0 if mx[0] <= 0.0 <= mx[1] else min(squares)
+        pmax = max(squares)
+    else:
+        products = [p * q for p in mx for q in my]
+        pmin, pmax = min(products), max(products)
+    return exy[0] - pmax, exy[1] - pmin
+
+
+def unmeasured_covariance_bounds(
+    sketches: Sequence[Sequence[Measurement]],
+    cells: Sequence[int],
+    columns: tuple[int, int],
+    values: tuple[NDArray[np.float64], NDArray[np.float64]],
+    *,
+    alpha: float = ALPHA,
+) -> tuple[float, float]:
+    """An interval for the covariance of two discrete columns that holds whatever their joint:
+    ``|cov| <= sd_a sd_b`` (Cauchy-Schwarz), each variance at the upper end of its own
+    :func:`covariance_bounds` interval at ``alpha / 2`` (Bonferroni: both hold at once with
+    probability at least ``1 - alpha``).
+
+    Parameters
+    ----------
+    sketches, cells, alpha
+        As :func:`covariance_bounds`.
+    columns : (int, int)
+        ``a`` and ``b``, distinct.
+    values : (ndarray, ndarray)
+        The value of each cell of ``a`` and of ``b``.
+
+    Returns
+    -------
+    (low, high)
+        ``(-s, s)`` with ``s = sqrt(var_a^+ var_b^+)``.
+
+    Notes
+    -----
+    Every column is measured alone in every sketch (its 1-way marginal), so each variance's
+    bound exists. Used where no measured marginal holds the pair: the graphical model's value
+    is then its independence guess, and these bounds are what the release says whatever the
+    joint.
+    """
+    a, b = columns
+    upper = []
+    for j, v in ((a, values[0]), (b, values[1])):
+        found = covariance_bounds(sketches, cells, (j, j), (v, v), alpha=alpha / 2.0)
+        assert found is not None  # every column is measured alone
+        upper.append(max(found[1], 0.0))
+    s = math.sqrt(upper[0] * upper[1])
+    return -s, s

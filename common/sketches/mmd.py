@@ -45,7 +45,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.stats import norm
 
 from dpmarket.common.sketches.feature_maps import DEFAULT_CHUNK_SIZE, RFFMap
 from dpmarket.common.sketches.sketch import SketchLike
@@ -85,6 +84,8 @@ class MMDEstimate:
 def _z(level: float) -> float:
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must lie in (0, 1), got {level}")
+    from scipy.stats import norm  # about a second: on first use, importing the module stays light
+
     return float(norm.ppf(0.5 + level / 2.0))
 
 

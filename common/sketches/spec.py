@@ -514,46 +514,7 @@ class SketchDeclaration:
         description = data.get("description", "")
         if not isinstance(description, str):
             raise InvalidArgumentError(f"{where}: description must be a string")
-        mech = config_table(data.get("mechanism", {}), f"{where}: [mechanism]")
-        check_config_keys(
-            mech,
-            ("noise", "epsilon", "epsilon_range", "delta", "numerator_share"),
-            f"{where}: [mechanism]",
-        )
-        noise = mech.get("noise", "laplace")
-        if noise not in NOISES:
-            raise InvalidArgumentError(
-                f"{where}: mechanism.noise must be one of {NOISES}, got {noise!r}"
-            )
-        epsilon = _positive(mech.get("epsilon", 1.0), f"{where}: mechanism.epsilon")
-        bounds = mech.get("epsilon_range", [epsilon, epsilon])
-        if not isinstance(bounds, list) or len(bounds) != 2:
-            raise InvalidArgumentError(
-                f"{where}: mechanism.epsilon_range must be [low, high], got {bounds!r}"
-            )
-        low = _positive(bounds[0], f"{where}: mechanism.epsilon_range[0]")
-        high = _positive(bounds[1], f"{where}: mechanism.epsilon_range[1]")
-        _epsilon_range(epsilon, low, high, f"{where}: [mechanism]")
-        delta = config_number(
-            mech.get("delta", DEFAULT_DELTA if noise == "gaussian" else 0.0),
-            f"{where}: mechanism.delta",
-        )
-        if noise == "gaussian" and not 0 < delta < 1:
-            raise InvalidArgumentError(
-                f"{where}: Gaussian noise needs 0 < mechanism.delta < 1, got {delta!r}"
-            )
-        if noise == "laplace" and delta != 0:
-            raise InvalidArgumentError(
-                f"{where}: Laplace noise is pure DP: mechanism.delta must be 0, got {delta!r}"
-            )
-        share = config_number(
-            mech.get("numerator_share", DEFAULT_NUMERATOR_SHARE),
-            f"{where}: mechanism.numerator_share",
-        )
-        if not 0 < share < 1:
-            raise InvalidArgumentError(
-                f"{where}: mechanism.numerator_share must lie in (0, 1), got {share!r}"
-            )
+        noise, epsilon, (low, high), delta, share = _mechanism(data.get("mechanism", {}), where)
         domain = _domain(data.get("columns"), where, schema)
         maps_table = config_table(data.get("maps", {}), f"{where}: [maps]")
         check_config_keys(maps_table, MAP_KINDS, f"{where}: [maps]")
@@ -781,3 +742,55 @@ def _marginals_parameters(table: Mapping[str, Any], domain: Domain, where: str) 
     except (TypeError, ValueError) as exc:
         raise InvalidArgumentError(f"{where}: {exc}") from None
     return out
+
+
+def _mechanism(table: Any, where: str) -> tuple[Noise, float, tuple[float, float], float, float]:
+    """A declaration's ``[mechanism]`` (:meth:`SketchDeclaration.from_mapping`): its noise,
+    default epsilon, epsilon range, delta and numerator share, each checked.
+
+    Raises
+    ------
+    InvalidArgumentError
+        Naming ``where`` and the key.
+    """
+    mech = config_table(table, f"{where}: [mechanism]")
+    check_config_keys(
+        mech,
+        ("noise", "epsilon", "epsilon_range", "delta", "numerator_share"),
+        f"{where}: [mechanism]",
+    )
+    noise = mech.get("noise", "laplace")
+    if noise not in NOISES:
+        raise InvalidArgumentError(
+            f"{where}: mechanism.noise must be one of {NOISES}, got {noise!r}"
+        )
+    epsilon = _positive(mech.get("epsilon", 1.0), f"{where}: mechanism.epsilon")
+    bounds = mech.get("epsilon_range", [epsilon, epsilon])
+    if not isinstance(bounds, list) or len(bounds) != 2:
+        raise InvalidArgumentError(
+            f"{where}: mechanism.epsilon_range must be [low, high], got {bounds!r}"
+        )
+    low = _positive(bounds[0], f"{where}: mechanism.epsilon_range[0]")
+    high = _positive(bounds[1], f"{where}: mechanism.epsilon_range[1]")
+    _epsilon_range(epsilon, low, high, f"{where}: [mechanism]")
+    delta = config_number(
+        mech.get("delta", DEFAULT_DELTA if noise == "gaussian" else 0.0),
+        f"{where}: mechanism.delta",
+    )
+    if noise == "gaussian" and not 0 < delta < 1:
+        raise InvalidArgumentError(
+            f"{where}: Gaussian noise needs 0 < mechanism.delta < 1, got {delta!r}"
+        )
+    if noise == "laplace" and delta != 0:
+        raise InvalidArgumentError(
+            f"{where}: Laplace noise is pure DP: mechanism.delta must be 0, got {delta!r}"
+        )
+    share = config_number(
+        mech.get("numerator_share", DEFAULT_NUMERATOR_SHARE),
+        f"{where}: mechanism.numerator_share",
+    )
+    if not 0 < share < 1:
+        raise InvalidArgumentError(
+            f"{where}: mechanism.numerator_share must lie in (0, 1), got {share!r}"
+        )
+    return noise, epsilon, (low, high), delta, share

@@ -15,13 +15,15 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from dpmarket.common.market.pricing import OwnerPrices
+from dpmarket.common.market.terms import FREE
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.schema import Schema
 from dpmarket.common.summarization.hashes import HashAdvert
 from dpmarket.common.summarization.rff import RFFParams
 
 if TYPE_CHECKING:
-    from dpmarket.common.summarization.terms import OwnerTerms
+    from dpmarket.common.summarization.terms import OwnerAccess, OwnerTerms
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,12 @@ class OwnerInfo:
     schema : Schema or None
         The public schema the owner checked its table against when it started (its features
         are the schema's columns but the label); ``None`` when it declared none.
+    prices : OwnerPrices
+        The owner's published prices (its policy's ``[prices]``); default free.
+    access : OwnerAccess or None
+        What the owner's policy lets a session's method ask of it (the flags of its
+        ``[access]`` the owner checks at OpenSession, :mod:`dpmarket.owner.terms`); None when
+        the owner does not say (an owner without a ledger, or of an older version).
     """
 
     owner_id: str
@@ -43,6 +51,8 @@ class OwnerInfo:
     num_features: int
     has_labels: bool
     schema: Schema | None = None
+    prices: OwnerPrices = FREE
+    access: OwnerAccess | None = None
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.stats import norm
-from sklearn.metrics.pairwise import rbf_kernel as _sk_rbf_kernel
 
 from dpmarket.common.validation import check_matrix, check_positive_int, check_vector
 
@@ -43,6 +41,7 @@ __all__ = [
     "objective_j",
     "rbf_kernel",
     "rff_greedy",
+    "suggested_gamma",
 ]
 
 
@@ -162,10 +161,12 @@ def rbf_kernel(x: ArrayLike, y: ArrayLike, gamma: float) -> NDArray[np.float64]:
     Summarization paper, Section 3 ("We assume an RBF kernel ... ``k(Delta) = exp(-gamma
     Delta**2)``"); computed by ``sklearn.metrics.pairwise.rbf_kernel``.
     """
+    from sklearn.metrics.pairwise import rbf_kernel as sk_rbf_kernel  # ~1 s: on first use
+
     g = _check_gamma(gamma)
     xa = check_matrix(x, "x")
     ya = check_matrix(y, "y", n_features=xa.shape[1])
-    return np.asarray(_sk_rbf_kernel(xa, ya, gamma=g), dtype=np.float64)
+    return np.asarray(sk_rbf_kernel(xa, ya, gamma=g), dtype=np.float64)
 
 
 def mmd2(x: ArrayLike, y: ArrayLike, gamma: float, *, chunk_size: int = 4096) -> float:
@@ -299,6 +300,8 @@ def mmd2_to_population(
     value = cross + float(rows.sum()) / (n * (n - 1))
     v_statistic = max(cross + (float(rows.sum()) + n) / (n * n), 0.0)
     se = math.sqrt(float(np.var(2.0 * (g_loo - f), ddof=1)) / n)
+    from scipy.stats import norm  # on first use: importing the module stays light
+
     z = float(norm.ppf(0.5 + level / 2.0))
     return PopulationMMD(value, se, value - z * se, value + z * se, level, v_statistic)
 
@@ -927,8 +930,7 @@ def check_kernel_width(validation: ArrayLike, gamma: float, *, max_points: int =
     x = check_matrix(validation, "validation set")[: check_positive_int(max_points, "max_points")]
     if x.shape[0] < 2:
         return 1.0
-    sq = np.sum((x[:, None, :] - x[None, :, :]) ** 2, axis=-1)[np.triu_indices(x.shape[0], 1)]
-    median_sq = float(np.median(sq))
+    median_sq = _median_squared_distance(x)
     median_k = float(np.exp(-gamma * median_sq))
     if median_k < KERNEL_DEGENERATE_TOLERANCE or median_k > 1.0 - KERNEL_DEGENERATE_TOLERANCE:
         hint = f"around 1 / {median_sq:.3g} = {1 / median_sq:.3g}" if median_sq > 0 else "larger"
@@ -938,6 +940,54 @@ def check_kernel_width(validation: ArrayLike, gamma: float, *, max_points: int =
             f"the same. Use a gamma {hint}, or rescale the features"
         )
     return median_k
+
+
+def _median_squared_distance(x: NDArray[np.floating]) -> float:
+    """The median of ``||x_i - x_j||^2`` over pairs ``i < j`` of the rows of ``x`` (>= 2 rows)."""
+    sq = np.sum((x[:, None, :] - x[None, :, :]) ** 2, axis=-1)[np.triu_indices(x.shape[0], 1)]
+    return float(np.median(sq))
+
+
+def suggested_gamma(validation: ArrayLike, *, max_points: int = 500) -> float:
+    """The kernel width suited to a validation set: ``1 / median ||x - y||^2`` (the median
+    heuristic), what :func:`check_kernel_width`'s refusal suggests.
+
+    With it the median kernel value between validation points is ``exp(-1) = 0.37``, far from
+    both degenerate ends; it is the value the curator names when it refuses a ``gamma`` (so a
+    consumer that leaves ``gamma`` out, in its console, gets what the refusal would suggest).
+
+    Parameters
+    ----------
+    validation : array-like of shape (m, n_features)
+        In the features' own units; the first ``max_points`` are used (deterministic).
+    max_points : int
+        Points used, >= 2.
+
+    Returns
+    -------
+    float
+        ``gamma`` in 1 / squared feature units, > 0.
+
+    Raises
+    ------
+    ValueError
+        If there are fewer than 2 points, or the median squared distance is 0 (most points
+        repeat: no width tells them apart).
+
+    References
+    ----------
+    Gretton et al., "A kernel two-sample test", JMLR 2012, Section 8 (the median heuristic).
+    """
+    x = check_matrix(validation, "validation set")[: check_positive_int(max_points, "max_points")]
+    if x.shape[0] < 2:
+        raise ValueError(f"a kernel width needs at least 2 validation points, got {x.shape[0]}")
+    median_sq = _median_squared_distance(x)
+    if not median_sq > 0:
+        raise ValueError(
+            "the median squared distance between validation points is 0 (most points repeat): "
+            "no kernel width tells them apart; give gamma explicitly"
+        )
+    return 1.0 / median_sq
 
 
 def check_validation_set(validation: ArrayLike, gamma: float) -> float:

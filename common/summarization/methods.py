@@ -13,12 +13,12 @@ method          configuration              what it reads beyond p, d and gamma
 ``hashes``      :class:`HashesConfig`      the candidates allocation; hashes, no re-ranking
 ==============  =========================  ====================================================
 
-Every field carries its meaning in its metadata (:class:`Param`: a one-line help, its unit and
-its source in the papers); the classes' ``Parameters`` documentation, the ``dpmarket request``
-options and the range checks are generated from it, so that none of them can drift from the
-fields. Fields read by several methods live on a shared base (:class:`H2Fields`,
-:class:`AuctionFields`, :class:`GaussianFields`, :class:`AllocationFields`); the concrete classes
-are registered by name in :data:`METHOD_CONFIGS`.
+Every field carries its meaning in its metadata (:class:`Param`: a one-line help, its unit and its
+source in the papers); the classes' ``Parameters`` documentation, the ``dpmarket consumer request``
+options and the range checks are generated from it, so that none of them can drift from the fields.
+Fields read by several methods live on a shared base (:class:`H2Fields`, :class:`AuctionFields`,
+:class:`GaussianFields`, :class:`AllocationFields`); the concrete classes are registered by name in
+:data:`METHOD_CONFIGS`.
 """
 
 from __future__ import annotations
@@ -117,8 +117,8 @@ class Param:
     short : str, optional
         A short command-line flag (``"-d"``).
     brief : str, optional
-        A few words for a listing where :attr:`help` is too long (``dpmarket request --help``'s
-        basics).
+        A few words for a listing where :attr:`help` is too long
+        (``dpmarket consumer request --help``'s basics).
     """
 
     help: str

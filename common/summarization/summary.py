@@ -10,12 +10,15 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from dpmarket.common.market.pricing import Quote
+from dpmarket.common.market.terms import NO_REWARD, RewardOffer, quote_from_json, quote_to_json
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.schema import Schema
 from dpmarket.common.summarization.methods import Method, SummarizationConfig
 from dpmarket.common.summarization.session_ledger import SessionLedger
 
-Stage = Literal["setup", "rounds", "done", "failed"]
+#: Where a session is, as its progress events report it (WatchSession).
+SessionStage = Literal["setup", "rounds", "done", "failed"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,12 @@ class SessionReport:
     left_out : dict of str to str
         Every owner the session ran without, with a public reason (:data:`LEFT_OUT_REASONS`):
         excluded by the consumer, refused by its budget, unreachable, or dropped mid-session.
+    quote : Quote or None
+        The quote the session was accepted under (:mod:`dpmarket.common.market.terms`): the most
+        it could cost; None for a session that failed before it was quoted.
+    cost : int or None
+        What the session cost, micro-credits, as its signed settlement statement states it
+        (:mod:`dpmarket.curator.settlement`); None while it is not settled.
     """
 
     method: Method
@@ -62,6 +71,8 @@ class SessionReport:
     error: str = ""
     owner_spend: dict[str, SessionSpend] = field(default_factory=dict)
     left_out: dict[str, str] = field(default_factory=dict)
+    quote: Quote | None = None
+    cost: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The report as the JSON object the curator stores and ``report.json`` holds: every
@@ -74,6 +85,7 @@ class SessionReport:
             round_seconds=list(self.round_seconds),
             owner_spend={owner: asdict(spend) for owner, spend in self.owner_spend.items()},
             left_out=dict(self.left_out),
+            quote=None if self.quote is None else quote_to_json(self.quote),
         )
         return data
 
@@ -93,6 +105,8 @@ class SessionReport:
         values["owner_spend"] = {
             owner: SessionSpend(**spend) for owner, spend in values.get("owner_spend", {}).items()
         }
+        quoted = values.get("quote")
+        values["quote"] = None if quoted is None else quote_from_json(quoted)
         return cls(**values)
 
 
@@ -178,7 +192,7 @@ class SummaryResult:
 class ProgressEvent:
     """One step of a session, for progress display and the WatchSession stream."""
 
-    stage: Stage
+    stage: SessionStage
     round: int
     total_rounds: int
     points_accessed: int
@@ -217,6 +231,13 @@ class SessionRequest:
     unread : dict of str to value
         Parameters of other methods the request carried (the wire carries every method's):
         bounded by the curator's policy like the method's own, then ignored.
+    max_cost : int or None
+        The most the consumer pays, micro-credits (``request --max-cost``); None: no cap. A
+        quote above it is refused before anything is released or charged
+        (:func:`~dpmarket.common.market.pricing.check_cap`).
+    reward : RewardOffer
+        A value-based reward split by the private payout release
+        (:class:`~dpmarket.common.market.terms.RewardOffer`); default none.
 
     Notes
     -----
@@ -231,6 +252,8 @@ class SessionRequest:
     schema: Schema | None = None
     feature_names: tuple[str, ...] = ()
     unread: dict[str, Any] = field(default_factory=dict)
+    max_cost: int | None = None
+    reward: RewardOffer = NO_REWARD
 
     @property
     def seed_points(self) -> NDArray[np.float64]:

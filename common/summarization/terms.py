@@ -19,6 +19,7 @@ import enum
 import functools
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dpmarket.common.privacy.accounting import PrivacyEvent, pld_epsilon
 from dpmarket.common.summarization.auction import iteration_limit
@@ -40,12 +41,20 @@ from dpmarket.common.summarization.methods import (
 )
 from dpmarket.common.validation import check_positive_int
 
+if TYPE_CHECKING:
+    from dpmarket.common.market.terms import MarketTerms
+
 __all__ = [
     "METHOD_STEPS",
+    "MIN_NOISE_EPSILON",
+    "SERVED_AS",
+    "MethodOffer",
+    "OwnerAccess",
     "OwnerTerms",
     "SessionMethod",
     "Step",
     "TermsEpsilon",
+    "access_refusal",
     "approximate_delta",
     "owner_terms",
 ]
@@ -110,6 +119,97 @@ METHOD_STEPS: dict[SessionMethod, tuple[Step, ...]] = {
 }
 
 
+#: The session method a summarization method runs at an owner, as far as what it asks of the
+#: owner's policy goes (the candidates method's counts allocation and hashes mode ask the same
+#: access as its sketch allocation).
+SERVED_AS: dict[str, SessionMethod] = {
+    "uniform": SessionMethod.UNIFORM,
+    "candidates": SessionMethod.CANDIDATES_SKETCH,
+    "private": SessionMethod.PRIVATE,
+    "rounds": SessionMethod.ROUNDS,
+    "greedy": SessionMethod.GREEDY,
+}
+
+
+@dataclass(frozen=True)
+class OwnerAccess:
+    """The flags of an owner's policy that decide which summarization methods it serves,
+    published in its description so that a consumer learns, before it asks, which methods a
+    deployment serves (they are the owner's terms, not its data).
+
+    Attributes
+    ----------
+    allow_exact_bids : bool
+        ``access.allow_exact_bids``: the per-round methods (private, rounds, greedy).
+    allow_steered_selection : bool
+        ``access.allow_steered_selection``: the candidates method (and its hashes mode).
+    allow_non_private : bool
+        ``access.allow_non_private``: a non-private method (greedy).
+    """
+
+    allow_exact_bids: bool = False
+    allow_steered_selection: bool = False
+    allow_non_private: bool = False
+
+
+@dataclass(frozen=True)
+class MethodOffer:
+    """A summarization method as a deployment serves it (the curator's ``ListMethods``:
+    :meth:`dpmarket.curator.sessions.SessionManager.methods`).
+
+    Attributes
+    ----------
+    method : str
+    served : bool
+        The curator's policy serves it and no owner is known to refuse it.
+    reason : str
+        Why not, or what to know ("" when the curator and every owner serve it).
+    serving, refusing : tuple of str
+        The owners that would serve it (their published access allows it, or they publish
+        none), and those that refuse it.
+    """
+
+    method: str
+    served: bool
+    reason: str = ""
+    serving: tuple[str, ...] = ()
+    refusing: tuple[str, ...] = ()
+
+
+def access_refusal(method: str, access: OwnerAccess) -> str | None:
+    """Why an owner whose policy has ``access`` refuses a session of the summarization
+    ``method`` when it opens (the checks of :mod:`dpmarket.owner.terms` and its ledger's
+    refusal of a non-private method), or None when its access lets the method run.
+
+    Parameters
+    ----------
+    method : str
+        A summarization method (:data:`SERVED_AS`).
+    access : OwnerAccess
+        The owner's published access flags.
+
+    Returns
+    -------
+    str or None
+        The policy flags it leaves off, e.g. ``"access.allow_exact_bids off"``.
+
+    Raises
+    ------
+    KeyError
+        For an unknown method.
+    """
+    session = SERVED_AS[method]
+    steps = set(METHOD_STEPS[session])
+    missing = []
+    if Step.ROUNDS in steps and not access.allow_exact_bids:
+        missing.append("access.allow_exact_bids")
+    if {Step.CANDIDATES, Step.HASHES} & steps and not access.allow_steered_selection:
+        missing.append("access.allow_steered_selection")
+    if session is SessionMethod.GREEDY and not access.allow_non_private:
+        missing.append("access.allow_non_private")
+    return None if not missing else f"{' and '.join(missing)} off"
+
+
 class TermsEpsilon(enum.Enum):
     """What a method's terms must state as epsilon, from what its steps release."""
 
@@ -122,6 +222,14 @@ class TermsEpsilon(enum.Enum):
     #: Exact statistics to every owner: infinite (non-private).
     NON_PRIVATE = "inf: non-private"
 
+
+#: The smallest epsilon terms may state for an owner's own Laplace count
+#: (:attr:`TermsEpsilon.OWNER_NOISE`): one micro-epsilon, the market's unit of epsilon
+#: (:data:`dpmarket.common.market.money.EPSILON_UNITS`), so the count's noise scale
+#: ``1 / epsilon`` (sensitivity 1) is at most 10^6, finite. Below it (5e-324 gives a scale of
+#: inf) the count cannot be drawn, and terms accepted there would charge a session that
+#: releases nothing; they are refused before anything is charged.
+MIN_NOISE_EPSILON = 1e-6
 
 #: What each method's epsilon must be (checked by :class:`OwnerTerms`).
 METHOD_EPSILON: dict[SessionMethod, TermsEpsilon] = {
@@ -158,12 +266,17 @@ class OwnerTerms:
     description : str
         What the epsilon pays for, for the curator's report; decides nothing and is not sent to
         the owners (an owner describes a session by its method).
+    market : MarketTerms or None
+        One owner's part of the session's quote and settlement
+        (:class:`~dpmarket.common.market.terms.MarketTerms`), set per owner when the session
+        opens; None: the session carries no quote (accepted only by a free owner).
 
     Raises
     ------
     ValueError
         If ``method`` is not a :class:`SessionMethod`, ``epsilon`` is not what the method
-        releases (:data:`METHOD_EPSILON`: 0, finite and > 0, or infinite), ``delta`` is outside
+        releases (:data:`METHOD_EPSILON`: 0, finite and > 0 (at least
+        :data:`MIN_NOISE_EPSILON` for the owner's Laplace count), or infinite), ``delta`` is outside
         ``[0, 1)`` (or not 0 with ``epsilon`` 0), or ``max_rounds`` is not >= 1 for a
         per-round method and 0 for the others.
     """
@@ -173,6 +286,7 @@ class OwnerTerms:
     delta: float
     max_rounds: int = 0
     description: str = ""
+    market: MarketTerms | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, SessionMethod):
@@ -196,6 +310,12 @@ class OwnerTerms:
         ):
             raise ValueError(
                 f"the {name} method needs a finite epsilon > 0 ({rule.value}), got {eps:g}"
+            )
+        if rule is TermsEpsilon.OWNER_NOISE and eps < MIN_NOISE_EPSILON:
+            raise ValueError(
+                f"the {name} method draws the owner's Laplace count at its epsilon: it must be "
+                f"at least {MIN_NOISE_EPSILON:g} (noise scale 1/epsilon at most "
+                f"{1 / MIN_NOISE_EPSILON:g}), got {eps:g}; ask for a larger epsilon"
             )
         if rule is TermsEpsilon.NON_PRIVATE and not math.isinf(eps):
             raise ValueError(
@@ -226,6 +346,15 @@ class OwnerTerms:
         them; the epsilon pays for what the curator releases, not for the bids it sees).
         An owner serves them only if its policy says so (``access.allow_exact_bids``)."""
         return Step.ROUNDS in METHOD_STEPS[self.method]
+
+    @property
+    def steered_selection(self) -> bool:
+        """The session's steps send rows (or their hashes) that the owner picks by their score
+        along an embedding the curator sends (the validation embedding, in h1's features whose
+        parameters the curator draws): the candidates methods and their hashes mode. Which rows
+        are picked says how they compare with the rows not sent, which no epsilon charges; an
+        owner serves them only if its policy says so (``access.allow_steered_selection``)."""
+        return bool({Step.CANDIDATES, Step.HASHES} & set(METHOD_STEPS[self.method]))
 
     @property
     def steps(self) -> tuple[Step, ...]:

@@ -121,10 +121,10 @@ class Allocator:
         if spec is None:
             return "counts", (
                 "no published sketch to read (the curator names no allocation spec: "
-                f"serve-curator --allocation-sketch-spec NAME): {charged}"
+                f"curator serve --allocation-sketch-spec NAME): {charged}"
             )
         return "counts", (
-            f"no sketch published under {spec} by {', '.join(missing)} (dpmarket sketch publish "
+            f"no sketch published under {spec} by {', '.join(missing)} (dpmarket owner publish "
             f"--spec {spec}): {charged}"
         )
 

@@ -37,6 +37,7 @@ from dpmarket.common.summarization.session_ledger import (
     SessionLedger,
     SketchCost,
 )
+from dpmarket.common.summarization.terms import OwnerTerms
 from dpmarket.curator.summarization.allocation import (
     Allocation,
     Allocator,
@@ -70,6 +71,10 @@ class AllocatedStrategy(Strategy[A]):
         """The most owner points the method reads, and whether it starts with a uniform
         sample."""
         raise NotImplementedError
+
+    def points_bound(self, terms: OwnerTerms) -> int:
+        """The whole candidate budget: the allocation may give it all to one owner."""
+        return self.allocator.budget.total
 
     @property
     def allocation(self) -> Literal["sketch", "counts"]:

@@ -2,7 +2,7 @@
 
 A :class:`SummarizationSession` drives any sequence of
 :class:`dpmarket.common.summarization.endpoints.OwnerEndpoint`
-objects: in-process owners (``dpmarket simulate``, tests, benchmarks) or gRPC clients (the
+objects: in-process owners (``dpmarket lab simulate``, tests, benchmarks) or gRPC clients (the
 curator service). Given the same seed and owners it makes the same random draws in the same order,
 so both runs return the same summary bit for bit.
 
@@ -24,6 +24,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
+from dpmarket.common.market.pricing import Quote, check_cap
+from dpmarket.common.market.terms import session_quote
 from dpmarket.common.privacy.ledger import PrivacyLedger
 from dpmarket.common.schema import disagreement
 from dpmarket.common.summarization.endpoints import OwnerEndpoint
@@ -128,19 +130,28 @@ class SummarizationSession:
         return self.state.points_accessed
 
     # ----------------------------------------------------------------------------------- setup
-    async def prepare(self, *, check_terms: Callable[[OwnerTerms], None] | None = None) -> None:
+    async def prepare(
+        self,
+        *,
+        check_terms: Callable[[OwnerTerms], None] | None = None,
+        quote_only: bool = False,
+    ) -> None:
         """Check the request against the owners and open the session at every owner.
 
         Asks every owner for its dataset description; checks that the owners and the consumer
         declare one schema (or, without schemas, the feature counts), the summary size and the
         kernel width; derives the session's terms (what it spends of each owner's privacy,
         :func:`~dpmarket.common.summarization.terms.owner_terms`) and lets ``check_terms`` (the
-        curator's policy) refuse them; draws h1's parameters and opens the session at every owner
-        with the terms, which each owner checks against its own policy. Nothing is released or
-        charged: h1's parameters are public randomness. Owners that do not answer or refuse the
-        terms are left out (and named in the report), and the session opens only if as many owners
-        remain as it requires (every owner it asks, unless ``min_owners`` says otherwise). On
-        failure, sessions already opened are closed.
+        curator's policy) refuse them; quotes the session's maximum cost from every owner's
+        published prices (:meth:`quote`) and refuses a quote above the consumer's cap
+        (``request.max_cost``); draws h1's parameters and opens the session at every owner
+        with the terms and its line of the quote, which each owner checks against its own
+        policy and prices. Nothing is released or charged: h1's parameters are public
+        randomness. With ``quote_only``, stops once the quote is known (no owner is opened).
+        Owners that do not answer or refuse the terms are left out (and named in the report),
+        and the session opens only if as many owners remain as it requires (every owner it
+        asks, unless ``min_owners`` says otherwise). On failure, sessions already opened are
+        closed.
 
         Raises
         ------
@@ -155,14 +166,21 @@ class SummarizationSession:
             differs), owners' policies refuse the terms and fewer owners remain than the
             session requires, or the owners' policies allow fewer raw points than the summary
             size.
+        CostCapExceededError
+            (``FAILED_PRECONDITION``) If the quote exceeds ``request.max_cost``: no owner has
+            been opened, nothing is released or charged.
+        QuoteRefusedError
+            (``FAILED_PRECONDITION``) If the method is non-private and an owner prices epsilon.
         """
         try:
-            await self._prepare(check_terms)
+            await self._prepare(check_terms, quote_only)
         except BaseException:
             await self.state.close_owner_sessions()
             raise
 
-    async def _prepare(self, check_terms: Callable[[OwnerTerms], None] | None) -> None:
+    async def _prepare(
+        self, check_terms: Callable[[OwnerTerms], None] | None, quote_only: bool
+    ) -> None:
         state = self.state
         infos = await state.gather(range(len(state.slots)), lambda i: state.endpoint(i).info())
         for index, info in infos.items():
@@ -199,9 +217,38 @@ class SummarizationSession:
         state.terms = terms
         if check_terms is not None:
             check_terms(terms)
+        state.quote = self._quote(terms)
+        # The consumer's cap, before any owner is opened: a request above it releases and
+        # charges nothing anywhere.
+        check_cap(state.quote, self.request.max_cost)
+        if quote_only:
+            return
         await self._offer.open(terms)
         state.emit("setup", f"h1 shared with {len(state.active())} owner(s)")
         state.prepared = True
+
+    def _quote(self, terms: OwnerTerms) -> Quote:
+        """The session's maximum cost from every answering owner's published prices: each
+        owner charged at ``min(its size, the method's bound)`` raw points read
+        (:meth:`Strategy.points_bound`), the terms' epsilon and the payout's, plus the most the
+        consumer's reward pays (:func:`~dpmarket.common.market.terms.session_quote`)."""
+        state = self.state
+        active = state.active()
+        bound = self.strategy.points_bound(terms)
+        state.settlement = self.request.reward.settlement(
+            state.config.summary_size, int(state.validation.shape[0])
+        )
+        return session_quote(
+            {state.owner_name(i): state.info(i).prices for i in active},
+            {state.owner_name(i): min(state.info(i).num_points, bound) for i in active},
+            terms.epsilon,
+            state.settlement,
+        )
+
+    @property
+    def quote(self) -> Quote | None:
+        """The session's quote (None before :meth:`prepare` computed it)."""
+        return self.state.quote
 
     # -------------------------------------------------------------------------------- running
     async def run(self) -> SummaryResult:
@@ -252,15 +299,6 @@ class SummarizationSession:
         state = self.state
         cfg = state.config
         k = len(state.slots)
-        ledger = SessionLedger()
-        if any(led.entries for led in state.ledgers.values()):
-            ledger = SessionLedger(
-                validation=state.ledgers["validation"].report(),
-                owners=state.ledgers["owners"].report(),
-            )
-        ledger = self.strategy.ledger(ledger)
-        if state.terms is not None:
-            ledger = dataclasses.replace(ledger, owner_terms=TermsReport.from_terms(state.terms))
         return SessionReport(
             method=cfg.method,
             summary_size=summary_size,
@@ -270,7 +308,7 @@ class SummarizationSession:
             all_owners_bound=k * cfg.summary_size,
             paper_bound=self.strategy.paper_bound(),
             dropped_owners=state.dropped(),
-            ledger=ledger,
+            ledger=self.ledger_report(),
             wall_time_seconds=elapsed,
             rejected_points=state.rejected_points,
             round_seconds=tuple(state.round_seconds),
@@ -279,7 +317,23 @@ class SummarizationSession:
                 state.owner_name(i): slot.spent for i, slot in enumerate(state.slots) if slot.spent
             },
             left_out=state.left_out(),
+            quote=state.quote,
         )
+
+    def ledger_report(self) -> SessionLedger:
+        """The session's privacy ledger as its report states it: every charge so far (a payout
+        release charged after the run included) and the method's parts."""
+        state = self.state
+        ledger = SessionLedger()
+        if any(led.entries for led in state.ledgers.values()):
+            ledger = SessionLedger(
+                validation=state.ledgers["validation"].report(),
+                owners=state.ledgers["owners"].report(),
+            )
+        ledger = self.strategy.ledger(ledger)
+        if state.terms is not None:
+            ledger = dataclasses.replace(ledger, owner_terms=TermsReport.from_terms(state.terms))
+        return ledger
 
     def _result(self, summary: SummaryState, elapsed: float) -> SummaryResult:
         state = self.state

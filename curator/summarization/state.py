@@ -29,6 +29,8 @@ from dpmarket.common.errors import (
     UnavailableError,
 )
 from dpmarket.common.ids import short_id
+from dpmarket.common.market.pricing import Quote
+from dpmarket.common.market.statement import SettlementTerms
 from dpmarket.common.privacy.ledger import (
     UNKNOWN_NOT_RETURNED,
     UNKNOWN_UNREACHABLE,
@@ -65,7 +67,7 @@ T = TypeVar("T")
 ProgressCallback = Callable[[ProgressEvent], None]
 
 #: A step whose work is a pass over the owner's table (its deadline scales with the table).
-Stage = Literal["call", "open", "bid", "count", "candidates", "sample"]
+OwnerStep = Literal["call", "open", "bid", "count", "candidates", "sample"]
 #: Seconds per declared row a pass over an owner's table is allowed, on top of the call timeout:
 #: 50 us, 20,000 rows/s, several times below the h1 throughput ``make bench`` measures on one
 #: loaded core (bench/owner_scale.py), so that a slow owner is not dropped for its size.
@@ -74,14 +76,14 @@ SECONDS_PER_ROW = 50e-6
 PROGRESS_GRACE = 10.0
 
 
-def stage_deadline(call_timeout: float, rows: int, stage: Stage) -> float:
+def stage_deadline(call_timeout: float, rows: int, stage: OwnerStep) -> float:
     """Seconds an owner has to answer a call of ``stage`` before its progress is asked for:
     the call timeout, plus :data:`SECONDS_PER_ROW` per declared row for a pass over its table.
 
     Parameters
     ----------
     call_timeout : float
-        Seconds, > 0 (``serve-curator --owner-timeout``).
+        Seconds, > 0 (``curator serve --owner-timeout``).
     rows : int
         The owner's declared row count (``GetOwnerInfo``: public).
     stage : str
@@ -108,6 +110,9 @@ class OwnerSlot:
     spent: SessionSpend | None = None
     #: Why the session runs without the owner, in public words (``LEFT_OUT_REASONS``).
     left_out: str = ""
+    #: A refusal of the session's terms by the owner's policy (not its budget), in the owner's
+    #: own text, which depends on the terms and the policy only (it names the policy key).
+    refusal: str = ""
 
 
 @dataclass
@@ -266,6 +271,10 @@ class SessionState:
             "owners": PrivacyLedger(delta_tilde=delta_owners, on_charge=context.on_charge),
         }
         self.terms: OwnerTerms | None = None
+        #: The session's quote and settlement terms (:mod:`dpmarket.common.market.terms`), set
+        #: when it is prepared, before any owner is opened.
+        self.quote: Quote | None = None
+        self.settlement: SettlementTerms | None = None
         self.rff: RFFParams | None = None
         self.start = time.perf_counter()
         self.total_rounds = 1
@@ -312,7 +321,7 @@ class SessionState:
         call: Callable[[int], Awaitable[T]],
         *,
         refusals: Literal["drop", "raise", "leave_out"] = "drop",
-        stage: Stage = "call",
+        stage: OwnerStep = "call",
     ) -> dict[int, T]:
         """Call owners concurrently; drop those that are unavailable; return the answers by index.
 
@@ -367,6 +376,8 @@ class SessionState:
                 budget = isinstance(answer, BudgetRefusedError)
                 reason = "budget refused" if budget else "refused the session"
                 self.drop(index, f"refused the session's terms: {text}", reason)
+                if not budget:
+                    self.slots[index].refusal = text
             elif refusals in ("raise", "leave_out"):
                 raise public from answer
             else:
@@ -462,7 +473,11 @@ class SessionState:
         UnavailableError
             If an owner that was left out could not be reached (a retry may find it).
         FailedPreconditionError
-            If the owners left out refused the session (their budget or policy).
+            If the owners left out refused the session (their budget or policy). A refusal by
+            an owner's policy is quoted once per distinct text, after the owners that gave it:
+            it names the policy key and what to do (e.g. ``access.allow_steered_selection``),
+            and depends on the terms and the policy only (never a budget figure, nor an
+            address).
         """
         active = len(self.active())
         required = self.required_owners
@@ -477,10 +492,15 @@ class SessionState:
         )
         needs = f"all {asked}" if self.min_owners == 0 else f"at least {required}"
         cls = UnavailableError if reachable < asked else FailedPreconditionError
+        said: dict[str, list[str]] = {}
+        for i, slot in enumerate(self.slots):
+            if not slot.active and slot.refusal:
+                said.setdefault(slot.refusal, []).append(self.owner_name(i))
+        refusals = "".join(f". {', '.join(who)}: {text}" for text, who in said.items())
         raise cls(
             f"{reachable} of the {asked} owner(s) this request asks were reachable and {active} "
             f"can take part; the request needs {needs} (--min-owners N lets it run with N); "
-            f"left out: {left}"
+            f"left out: {left}{refusals}"
         )
 
     def left_out(self) -> dict[str, str]:

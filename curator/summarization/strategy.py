@@ -17,6 +17,7 @@ from typing import Generic, Literal, TypeVar
 from dpmarket.common.summarization.methods import SummarizationConfig
 from dpmarket.common.summarization.rff import RFFParams
 from dpmarket.common.summarization.session_ledger import SessionLedger
+from dpmarket.common.summarization.terms import OwnerTerms
 from dpmarket.curator.summarization.state import SessionState, SummaryState
 
 __all__ = ["Strategy"]
@@ -55,6 +56,15 @@ class Strategy(Generic[C]):
     def choose(self) -> None:
         """Decide what the session's terms depend on, once the owners have described
         themselves (the candidates method: its allocation). Nothing by default."""
+
+    def points_bound(self, terms: OwnerTerms) -> int:
+        """The most raw points the session may read from any one owner under ``terms``, before
+        the owner's own size and policy cap it: one per Bid round for the per-round methods
+        (``terms.max_rounds``), else p (the uniform sample's share). The quote charges each
+        owner at ``min(this, its size)``, and the owner releases no more."""
+        if terms.exact_bids:
+            return terms.max_rounds
+        return self.config.summary_size
 
     @property
     def sketch_allocation(self) -> bool:

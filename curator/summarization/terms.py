@@ -10,8 +10,10 @@ its own ledger before its first release.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from dpmarket.common.errors import FailedPreconditionError
+from dpmarket.common.market.terms import MarketTerms
 from dpmarket.common.summarization.rff import draw_rff_params
 from dpmarket.common.summarization.terms import OwnerTerms, owner_terms
 from dpmarket.curator.summarization.state import SessionState
@@ -67,10 +69,21 @@ class Offer:
         state.rff = rff
         seeds = state.rng.integers(0, 2**63 - 1, size=len(state.slots))
 
+        def owner_terms(i: int) -> OwnerTerms:
+            # Each owner gets its own line of the quote (never another owner's prices).
+            if state.quote is None or state.settlement is None:
+                return terms
+            market = MarketTerms.of(state.quote, state.owner_name(i), state.settlement)
+            return dataclasses.replace(terms, market=market)
+
         async def open_one(i: int) -> tuple[int, int]:
             state.slots[i].opened = True
             return await state.endpoint(i).open_session(
-                state.owner_session_id, rff, int(seeds[i]), consumer=state.consumer, terms=terms
+                state.owner_session_id,
+                rff,
+                int(seeds[i]),
+                consumer=state.consumer,
+                terms=owner_terms(i),
             )
 
         # An owner whose policy refuses the terms is left out, charged nothing; the session

@@ -27,6 +27,7 @@ code.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from decimal import Decimal
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -35,6 +36,10 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.market.money import credits_cap
+from dpmarket.common.market.pricing import Quote
+from dpmarket.common.market.terms import NO_REWARD, RewardOffer
 from dpmarket.common.schema import Schema
 from dpmarket.common.sketches.spec import SketchSpec
 from dpmarket.common.summarization.methods import SummarizationConfig
@@ -43,10 +48,10 @@ from dpmarket.consumer.catalogue import Exploration, ExploreOptions, Ranking, ex
 from dpmarket.consumer.client import CapeFit, CapeMean, CapeNetwork, CuratorClient
 from dpmarket.consumer.explore import Query
 from dpmarket.consumer.report import MMDCurve, SummaryEvaluation, evaluate_summary, summary_curve
-from dpmarket.owner.data import PointSet
 from dpmarket.owner.publishing import Publishing
 from dpmarket.owner.statement import LedgerStatement
 from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.tables import PointSet
 from dpmarket.runtime.transport import TransportSecurity
 
 __all__ = [
@@ -179,6 +184,8 @@ class Consumer:
         feature_names: Sequence[str] = (),
         on_progress: Callable[[ProgressEvent], None] | None = None,
         request_id: str | None = None,
+        max_cost: str | int | Decimal | None = None,
+        reward: RewardOffer | None = None,
     ) -> SummaryResult:
         """A summary of ``config.summary_size`` owner points matching ``validation``.
 
@@ -203,6 +210,16 @@ class Consumer:
             Receives every :class:`ProgressEvent`.
         request_id : str, optional
             Idempotency key (default: a fresh one; a retry never opens a second session).
+        max_cost : str, int or Decimal, optional
+            The most the session may cost, in credits (``"12.5"``; not a float): the curator
+            quotes the request from every owner's prices before anything is released, and a
+            quote above the cap is refused (``FailedPreconditionError``), nothing released or
+            charged anywhere. The quote is ``result.report.quote``, the settled cost
+            ``result.report.cost`` (micro-credits).
+        reward : RewardOffer, optional
+            A value-based reward (:class:`~dpmarket.common.market.terms.RewardOffer`: rule,
+            micro-credits, payout epsilon) split among the owners by the private payout
+            release.
 
         Returns
         -------
@@ -213,12 +230,16 @@ class Consumer:
 
         Raises
         ------
+        dpmarket.common.errors.InvalidArgumentError
+            If ``config`` is not a :class:`SummarizationConfig` (a dict of options, say: build
+            the method's class, or :func:`~dpmarket.common.summarization.methods.method_config`).
         SessionFailedError
             If the session failed (its ``report`` holds what it spent).
         dpmarket.common.errors.DPMarketError
             If the curator refused the request (a parameter outside its policy, an owner's
             policy refusing the terms, ...).
         """
+        config = _method(config)
         points = np.asarray(validation, dtype=np.float64)
         seeds = np.zeros((0, points.shape[-1])) if seed_set is None else seed_set
         return self.client.summarize(
@@ -231,6 +252,49 @@ class Consumer:
             selection=selection,
             schema=schema,
             feature_names=feature_names,
+            max_cost=credits_cap(max_cost),
+            reward=reward or NO_REWARD,
+        )
+
+    def quote(
+        self,
+        config: SummarizationConfig,
+        validation: ArrayLike,
+        seed_set: ArrayLike | None = None,
+        *,
+        selection: OwnerSelection | None = None,
+        schema: Schema | None = None,
+        feature_names: Sequence[str] = (),
+        max_cost: str | int | Decimal | None = None,
+        reward: RewardOffer | None = None,
+    ) -> Quote:
+        """The most :meth:`summarize` with these arguments would cost, without running it:
+        nothing is released or charged, no session is created.
+
+        Returns
+        -------
+        Quote
+            One line per owner (its limits and its charge at them, micro-credits) and
+            ``total``, the maximum cost in micro-credits.
+
+        Raises
+        ------
+        dpmarket.common.errors.DPMarketError
+            As :meth:`summarize` before its session opens (``FailedPreconditionError`` for a
+            quote above ``max_cost``).
+        """
+        config = _method(config)
+        points = np.asarray(validation, dtype=np.float64)
+        seeds = np.zeros((0, points.shape[-1])) if seed_set is None else seed_set
+        return self.client.quote_session(
+            config,
+            points,
+            np.asarray(seeds, dtype=np.float64),
+            selection=selection,
+            schema=schema,
+            feature_names=feature_names,
+            max_cost=credits_cap(max_cost),
+            reward=reward or NO_REWARD,
         )
 
     @staticmethod
@@ -280,30 +344,214 @@ class Consumer:
         return explore(self.client, query, spec=spec, owners=owners, options=options)
 
     def rank_owners(
-        self, validation: ArrayLike, *, spec: str | None = None, owners: Sequence[str] = ()
+        self,
+        validation: ArrayLike,
+        *,
+        spec: str | None = None,
+        owners: Sequence[str] = (),
+        schema: Schema | None = None,
     ) -> Ranking:
-        """Owners ranked by the MMD between ``validation`` (shape (m, d), the spec's columns in
-        order; it never leaves this process) and their RFF sketches
-        (:func:`dpmarket.consumer.catalogue.rank`)."""
-        return rank(self.client, np.asarray(validation, dtype=np.float64), spec=spec, owners=owners)
+        """Owners ranked by the MMD between ``validation`` and their RFF sketches
+        (:func:`dpmarket.consumer.catalogue.rank`); it never leaves this process.
+
+        Parameters
+        ----------
+        validation : array-like of shape (m, d) or (m, d - 1)
+            D_v in the spec's column order; or, when the spec's columns include the label of
+            ``schema``, the features alone (the array :meth:`summarize` takes): each row then
+            counts once per value of the label
+            (:func:`~dpmarket.consumer.catalogue.label_completed`).
+        spec : str, optional
+            An RFF spec (default: the only one).
+        owners : sequence of str
+            Rank only these owners.
+        schema : Schema, optional
+            The consumer's schema, whose label the spec's extra column is.
+
+        Returns
+        -------
+        Ranking
+            Owners best first, each MMD² with its interval.
+
+        Raises
+        ------
+        dpmarket.common.errors.InvalidArgumentError
+            If ``validation`` has neither the spec's columns nor all but the label (the message
+            names the spec and its columns), or a record lies outside the spec's domain.
+        dpmarket.consumer.catalogue.SpecChoiceError
+            If no spec is named and the catalogue has not exactly one RFF spec.
+        """
+        label = schema.label if schema is not None else None
+        points = np.asarray(validation, dtype=np.float64)
+        return rank(self.client, points, spec=spec, owners=owners, label=label)
 
     # ------------------------------------------------------------------------------ CAPE
-    def cape_mean(self, spec: CapeMeanSpec, *, seed: int | None = None, **kw: Any) -> CapeMean:
+    def cape_mean(
+        self,
+        spec: CapeMeanSpec,
+        *,
+        seed: int | None = None,
+        request_id: str | None = None,
+        timeout: float = 600.0,
+        schema: Schema | None = None,
+        min_owners: int = 0,
+        max_cost: str | int | Decimal | None = None,
+    ) -> CapeMean:
         """The mean of some columns across the owners (CAPE; ``EstimateCapeMean``), with its
-        intervals (:meth:`CuratorClient.estimate_cape_mean`)."""
-        return self.client.estimate_cape_mean(spec, seed=seed, **kw)
+        intervals (:meth:`CuratorClient.estimate_cape_mean`).
 
-    def cape_fit(self, spec: CapeJobSpec, *, seed: int | None = None, **kw: Any) -> CapeFit:
+        Parameters
+        ----------
+        spec : CapeMeanSpec
+            The columns, their bounds and the guarantee (epsilon, delta).
+        seed : int, optional
+            Seeds the owners' noise (reproducible; the curator must allow seeded jobs).
+        request_id : str, optional
+            Idempotency key (default: a fresh one; a retry with the same key returns the same
+            answer and charges nothing new).
+        timeout : float
+            Deadline of the job, seconds.
+        schema : Schema, optional
+            The consumer's schema: the curator refuses owners that declare another before
+            anything is charged.
+        min_owners : int
+            The fewest owners the job may open with (0: every owner the curator serves).
+        max_cost : str, int or Decimal, optional
+            The most the job may cost, in credits (``"12.5"``, ``5``; not a float), as
+            :meth:`summarize`'s: a quote above it is refused before any owner opens the job.
+
+        Returns
+        -------
+        CapeMean
+            The mean of each column, in the spec's order, and the job's report (sites, noise,
+            epsilon and delta per site, each owner's spend, quote and cost in micro-credits).
+
+        Raises
+        ------
+        ValueError
+            If ``max_cost`` is not an amount of credits
+            (:func:`~dpmarket.common.market.money.parse_credits`).
+        dpmarket.common.errors.DPMarketError
+            The error matching the curator's status (``FailedPreconditionError`` for a quote
+            above ``max_cost`` or an owner's policy refusing the job, nothing charged).
+        """
+        return self.client.estimate_cape_mean(
+            spec,
+            seed=seed,
+            request_id=request_id,
+            timeout=timeout,
+            schema=schema,
+            min_owners=min_owners,
+            max_cost=credits_cap(max_cost),
+        )
+
+    def cape_fit(
+        self,
+        spec: CapeJobSpec,
+        *,
+        seed: int | None = None,
+        request_id: str | None = None,
+        timeout: float = 600.0,
+        schema: Schema | None = None,
+        min_owners: int = 0,
+        max_cost: str | int | Decimal | None = None,
+    ) -> CapeFit:
         """A linear or logistic regression fitted by capeFM across the owners (``FitCape``;
-        :meth:`CuratorClient.fit_cape`)."""
-        return self.client.fit_cape(spec, seed=seed, **kw)
+        :meth:`CuratorClient.fit_cape`).
+
+        Parameters
+        ----------
+        spec : CapeJobSpec
+            The regression (features, label, bounds, guarantee).
+        seed, request_id, timeout, schema, min_owners, max_cost
+            As :meth:`cape_mean` (``max_cost`` in credits).
+
+        Returns
+        -------
+        CapeFit
+            The coefficients on the raw feature columns, the intercept and the job's report.
+
+        Raises
+        ------
+        ValueError
+            If ``max_cost`` is not an amount of credits.
+        dpmarket.common.errors.DPMarketError
+            As :meth:`cape_mean`.
+        """
+        return self.client.fit_cape(
+            spec,
+            seed=seed,
+            request_id=request_id,
+            timeout=timeout,
+            schema=schema,
+            min_owners=min_owners,
+            max_cost=credits_cap(max_cost),
+        )
 
     def cape_train(
-        self, spec: CapeTrainingSpec, *, seed: int | None = None, **kw: Any
+        self,
+        spec: CapeTrainingSpec,
+        *,
+        seed: int | None = None,
+        request_id: str | None = None,
+        timeout: float = 1800.0,
+        schema: Schema | None = None,
+        min_owners: int = 0,
+        max_cost: str | int | Decimal | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> CapeNetwork:
         """A 2-layer network trained by CAPE gradient descent across the owners
-        (``TrainCape``; :meth:`CuratorClient.train_cape`)."""
-        return self.client.train_cape(spec, seed=seed, **kw)
+        (``TrainCape``; :meth:`CuratorClient.train_cape`).
+
+        Parameters
+        ----------
+        spec : CapeTrainingSpec
+            The columns, bounds, hyper-parameters and budget.
+        seed, request_id, timeout, schema, min_owners, max_cost
+            As :meth:`cape_mean` (``max_cost`` in credits; ``timeout`` covers every iteration).
+        on_progress : callable, optional
+            ``on_progress(done, total)`` after every iteration (best effort).
+
+        Returns
+        -------
+        CapeNetwork
+            The trained parameters and the job's report.
+
+        Raises
+        ------
+        ValueError
+            If ``max_cost`` is not an amount of credits.
+        dpmarket.common.errors.DPMarketError
+            As :meth:`cape_mean`.
+        """
+        return self.client.train_cape(
+            spec,
+            seed=seed,
+            request_id=request_id,
+            timeout=timeout,
+            schema=schema,
+            min_owners=min_owners,
+            on_progress=on_progress,
+            max_cost=credits_cap(max_cost),
+        )
+
+
+def _method(config: object) -> SummarizationConfig:
+    """``config`` if it is a summarization method's configuration.
+
+    Raises
+    ------
+    InvalidArgumentError
+        Naming what was given and what to pass instead.
+    """
+    if isinstance(config, SummarizationConfig):
+        return config
+    raise InvalidArgumentError(
+        f"config must be a summarization method's configuration (a SummarizationConfig), got "
+        f"{type(config).__name__} {config!r}: pass e.g. CandidatesConfig(summary_size=20) from "
+        "dpmarket.common.summarization.methods, or method_config('candidates', **options) to "
+        "build one from a mapping"
+    )
 
 
 # ---------------------------------------------------------------------------------- owners
@@ -325,7 +573,8 @@ def ledger(
     Raises
     ------
     dpmarket.owner.ledger.LedgerMissingError
-        If the directory holds no ledger.
+        If the directory holds no ledger (a :class:`~dpmarket.common.errors.NotFoundError`, and
+        a ``FileNotFoundError``).
     """
     from dpmarket.owner.ledger import OwnerLedger
     from dpmarket.owner.statement import ledger_statement

@@ -37,9 +37,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from dpmarket.common.market.money import credits_text
 from dpmarket.consumer.history import SessionHistory
 from dpmarket.curator.store import CuratorRecords
 from dpmarket.owner.cli import short_session
+from dpmarket.owner.earnings import Earnings
 from dpmarket.owner.ledger import OwnerLedger
 from tests.console.clinics import SIGN_IN, deploy, environment, stop
 
@@ -98,6 +100,24 @@ class Console:
         request = urllib.request.Request(self.url + path, data=body.encode("utf-8"))
         request.add_header("Content-Type", f"multipart/form-data; boundary={boundary}")
         return self.send(request, token)
+
+    def post_file(self, path: str, fields: dict[str, str], upload: Path) -> tuple[int, str]:
+        """POST ``fields`` and the file ``upload`` (as ``validation``), as a program would."""
+        boundary = uuid.uuid4().hex
+        parts = [
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+            for k, v in fields.items()
+        ]
+        parts.append(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="validation"; '
+            f'filename="{upload.name}"\r\nContent-Type: text/csv\r\n\r\n'.encode()
+            + upload.read_bytes()
+            + b"\r\n"
+        )
+        body = b"".join(parts) + f"--{boundary}--\r\n".encode()
+        request = urllib.request.Request(self.url + path, data=body)
+        request.add_header("Content-Type", f"multipart/form-data; boundary={boundary}")
+        return self.send(request, self.token)
 
     def send(self, request: urllib.request.Request, token: str | None) -> tuple[int, str]:
         if token is not None:
@@ -256,6 +276,51 @@ def test_the_consumer_finds_its_last_summarys_share_and_the_catalogue(
     _shot(page, "console-consumer.png")
 
 
+def test_the_forms_offer_only_published_sketches(
+    consoles: dict[str, Console], browser: Any
+) -> None:
+    page = _signed_in(browser, consoles["consumer"])
+    page.goto(f"{consoles['consumer'].url}/consumer")
+    # The tutorial's sketches.toml declares clinics/race, which no clinic publishes: the
+    # catalogue's specs say so, and no form offers it (it would answer nothing).
+    declared = page.locator("#catalogue details li", has_text="clinics/race")
+    assert "not published by any owner" in (declared.text_content() or "")
+    offered = page.locator("#explore select[name=spec] option").evaluate_all(
+        "options => options.map(o => o.value)"
+    )
+    assert "clinics/race" not in offered
+    assert {"clinics/hist", "clinics/rff", "clinics/marginals"} <= set(offered)
+    # The control: the same catalogue lists the declared spec (what the form offered before).
+    specs = page.locator("#catalogue details li").all_text_contents()
+    assert any(t.startswith("clinics/race") for t in specs)
+
+
+def test_a_cli_session_shows_under_one_id_with_its_mmd_curve(
+    deployment: Path, consoles: dict[str, Console], browser: Any
+) -> None:
+    # The tutorial's `dpmarket consumer request`, recorded in the consumer's data directory.
+    (record,) = [
+        r for r in SessionHistory(deployment / "consumer").entries() if r.source == "request"
+    ]
+    assert record.session_id and record.mmd_curve["sizes"][-1] == 20
+    consumer = consoles["consumer"]
+    page = _signed_in(browser, consumer)
+    page.goto(f"{consumer.url}/consumer")
+    link = page.locator("#sessions a", has_text=record.session_id[:8])
+    assert link.count() == 1
+    link.click()
+    page.wait_for_selector("#session")
+    # One id: the list's is the session page's, and the page gives the whole id `request`
+    # printed (`session ID created`); the control: the record's own key, a second name, is not
+    # shown.
+    assert page.locator("#session-id").inner_text() == record.session_id[:8]
+    assert record.session_id in page.locator("#session").inner_text()
+    assert record.key not in page.locator("main").inner_text()
+    # The MMD curve of the CLI's summary, drawn from the record (not the "no curve" note).
+    assert page.locator("#session svg.plot").count() == 2
+    assert page.locator("#no-curve").count() == 0
+
+
 def test_a_catalogue_answer_comes_with_its_interval(
     consoles: dict[str, Console], browser: Any
 ) -> None:
@@ -277,6 +342,153 @@ def test_a_catalogue_answer_comes_with_its_interval(
     assert plot.count() == 1 and "95 %" in plot.inner_html()
 
 
+def test_a_count_answer_reads_in_records_as_the_cli_prints_it(
+    consoles: dict[str, Console], browser: Any
+) -> None:
+    page = _signed_in(browser, consoles["consumer"])
+    page.goto(f"{consoles['consumer'].url}/consumer")
+    page.select_option("#explore select[name=query]", "count")
+    page.fill("#explore input[name=where]", "bmi>=30; high=1")
+    page.click("#explore button[type=submit]")
+    page.wait_for_selector("#answer-rows")
+    rows = page.locator("#answer-rows tbody tr").all()
+    cells = [[c.inner_text() for c in r.locator("td").all()] for r in rows]
+    (count, fraction) = cells
+    n = float(page.locator("#count-line").inner_text().rsplit("n ≈ ", 1)[1].rstrip("."))
+    # The first row is the count, in records (the CLI's "count ≈ ..."): its interval reaches
+    # beyond a fraction's [0, 1]; the second, the fraction it is n times.
+    assert count[0].startswith("records with bmi >= 30 and high = 1")
+    low, high = (float(x) for x in count[3].strip("[]").split(","))
+    assert high > 1 and 0 <= low <= high <= n + 1  # (both as printed, rounded)
+    # (n as the page prints it, to the record: within 0.5 of 400-odd records)
+    assert float(count[1]) == pytest.approx(float(fraction[1]) * n, rel=5e-3)
+    assert page.locator("#count-line").inner_text().startswith("Count ≈ ")
+    # The control: the fraction row still reads in [0, 1] (what the page showed alone).
+    flow, fhigh = (float(x) for x in fraction[3].strip("[]").split(","))
+    assert 0 <= flow <= fhigh <= 1 and "(the fraction)" in fraction[0]
+
+
+def test_answers_can_be_reopened_by_their_address(
+    deployment: Path, consoles: dict[str, Console], browser: Any
+) -> None:
+    consumer = consoles["consumer"]
+    page = _signed_in(browser, consumer)
+    page.goto(f"{consumer.url}/consumer")
+    page.select_option("#explore select[name=query]", "cdf")
+    page.select_option("#explore select[name=column]", ["bmi"])
+    page.fill("#explore input[name=points]", "25, 30")
+    page.click("#explore button[type=submit]")
+    page.wait_for_selector("#answer-rows")
+    # The question is in the address (a GET: it changes and charges nothing)...
+    address = page.url
+    assert address.startswith(f"{consumer.url}/consumer/explore?query=cdf")
+    assert "column=bmi" in address and "csrf" not in address
+    labels = page.locator("#answer-rows tbody td:first-child").all_inner_texts()
+    assert labels == ["P[bmi <= 25]", "P[bmi <= 30]"]
+    # ... so it reopens, in another tab too, with the same answer (was 405).
+    other = page.context.new_page()
+    response = other.goto(address)
+    assert response is not None and response.status == 200
+    assert other.locator("#answer-rows tbody td:first-child").all_inner_texts() == labels
+    # A ranking (it reads an uploaded file): the POST redirects to the answer's own address.
+    page.goto(f"{consumer.url}/consumer")
+    page.set_input_files("#rank input[name=validation]", str(deployment.parent / "validation.csv"))
+    page.click("#rank button[type=submit]")
+    page.wait_for_url(f"{consumer.url}/consumer/rankings/*")
+    owners = page.locator("table tbody tr td:nth-child(2)").all_inner_texts()
+    assert sorted(owners) == ["middle", "senior", "young"]
+    reopened = other.goto(page.url)
+    assert reopened is not None and reopened.status == 200
+    assert other.locator("table tbody tr td:nth-child(2)").all_inner_texts() == owners
+    # A form's own address, opened: the form, not 405.
+    for action, anchor in (("summary", "request"), ("quote", "request"), ("rank", "rank")):
+        other.goto(f"{consumer.url}/consumer/{action}")
+        assert other.url == f"{consumer.url}/consumer#{anchor}"
+    # Without the console's cookie, an answer's address shows nothing (the token check holds).
+    stranger_page = browser.new_context().new_page()
+    stranger_page.goto(address)
+    assert stranger_page.url.startswith(f"{consumer.url}/login?next=")  # the sign-in form
+    assert "answer-rows" not in stranger_page.content()
+    stranger_page.context.close()
+
+
+def test_the_request_form_offers_only_the_methods_the_deployment_serves(
+    deployment: Path, consoles: dict[str, Console], browser: Any
+) -> None:
+    page = _signed_in(browser, consoles["consumer"])
+    page.goto(f"{consoles['consumer'].url}/consumer")
+    options = page.locator("#request select[name=method] option").evaluate_all(
+        "options => options.map(o => [o.value, o.disabled])"
+    )
+    # The tutorial's clinics serve candidates (access.allow_steered_selection, set by init) and
+    # uniform; their policies leave exact bids off, and the curator's leaves greedy out.
+    assert dict(options) == {
+        "candidates": False,
+        "private": True,
+        "greedy": True,
+        "uniform": False,
+        "rounds": True,
+    }
+    terms = page.locator("#method-terms")
+    assert terms.get_attribute("open") is not None  # shown before anything is submitted
+    private = terms.locator("li[data-method=private]").inner_text()
+    assert "refused by" in private and "access.allow_exact_bids off" in private
+    assert (
+        "curator's policy does not serve it" in terms.locator("li[data-method=greedy]").inner_text()
+    )
+    # The control: what the form no longer offers is what the deployment refuses. A private
+    # request with the form's other defaults, sent by a program, is refused before anything
+    # is released or charged; a candidates one is accepted.
+    consumer = consoles["consumer"]
+    with CuratorRecords(deployment / "curator") as records:
+        before = len(records.sessions())
+    status, body = consumer.post_file(
+        "/consumer/summary",
+        {"p": "5", "method": "private", "request_id": uuid.uuid4().hex},
+        deployment.parent / "validation.csv",
+    )
+    assert status == 400 and "allow_exact_bids" in html.unescape(body)
+    with CuratorRecords(deployment / "curator") as records:
+        assert len(records.sessions()) == before
+
+
+def test_the_consumer_sees_a_quote_without_running_anything_and_its_statements(
+    deployment: Path, consoles: dict[str, Console], browser: Any
+) -> None:
+    consumer = consoles["consumer"]
+    with CuratorRecords(deployment / "curator") as records:
+        sessions_before = len(records.sessions())
+    page = _signed_in(browser, consumer)
+    page.goto(f"{consumer.url}/consumer")
+    form = "#request"
+    page.set_input_files(
+        f"{form} input[name=validation]", str(deployment.parent / "validation.csv")
+    )
+    page.fill(f"{form} input[name=p]", "10")
+    page.fill(f"{form} input[name=max_cost]", "5")
+    page.click("#quote-only")
+    page.wait_for_selector("#quote")
+    lines = page.locator("#quote-lines tbody tr").all()
+    assert {r.locator("td").nth(0).inner_text() for r in lines} == {"young", "middle", "senior"}
+    assert page.locator("#quote-total").inner_text() == "0.00"  # the tutorial's clinics are free
+    assert "within your cap of 5.00 credits" in page.locator("#quote").inner_text()
+    with CuratorRecords(deployment / "curator") as records:
+        assert len(records.sessions()) == sessions_before  # a quote runs nothing
+    # The statements page lists what `dpmarket consumer statements` lists (the tutorial's
+    # summary, settled when it ended), with each one's total cost.
+    listed = subprocess.run(
+        [sys.executable, "-m", "dpmarket.deploy.cli", "consumer", "statements", "--json",
+         "--config", str(deployment / "consumer.toml")],
+        env=environment(), capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    settled = json.loads(listed.stdout)["statements"]
+    assert settled
+    page.goto(f"{consumer.url}/consumer/statements")
+    rows = page.locator("#statements tbody tr[data-session]").all()
+    shown = {r.get_attribute("data-session"): r.locator("td.total").inner_text() for r in rows}
+    assert shown == {s["session_id"]: credits_text(s["total"]) for s in settled}
+
+
 def test_a_summary_requested_from_the_console_shows_its_progress_and_result(
     deployment: Path, consoles: dict[str, Console], browser: Any
 ) -> None:
@@ -288,7 +500,9 @@ def test_a_summary_requested_from_the_console_shows_its_progress_and_result(
         f"{form} input[name=validation]", str(deployment.parent / "validation.csv")
     )
     page.fill(f"{form} input[name=p]", "10")
-    page.fill(f"{form} input[name=gamma]", "1e-4")
+    # Kernel γ left as the form offers it: the width suited to the file, which the curator
+    # accepts (the method's own default, 0.1, it would refuse on these units).
+    assert page.locator(f"{form} input[name=gamma]").input_value() == ""
     page.click(f"{form} button[type=submit]")
     # The progress page follows the session's events, then shows the result.
     page.wait_for_selector("#session", timeout=SUMMARY_MS)
@@ -328,6 +542,17 @@ def test_the_clinic_finds_its_remaining_budget(
     assert "clinics/hist" in page.locator("#sketches").inner_text()
     assert "epsilon_total" in page.locator("#policy").inner_text()
     assert page.locator("#charges svg.plot").count() == 1
+    # Its earnings as its own ledger recorded them (the tutorial's clinics are free: 0 credits).
+    with OwnerLedger(deployment / "owners" / "young", None) as ledger:
+        earned = Earnings(ledger, "young").all()
+    total = credits_text(sum(e.total for e in earned))
+    assert page.locator("#earned-total").inner_text() == total
+    shown = page.locator("#earnings tbody").inner_text()
+    for e in earned:
+        assert short_session(e.session) in shown
+    if not earned:
+        assert "No statement recorded yet" in shown
+    assert "per unit of ε" in page.locator("#prices").inner_text()
     _shot(page, "console-owner.png")
 
 
@@ -379,11 +604,15 @@ def test_a_consumers_console_cannot_show_another_partys_data(
 def test_every_main_page_reads_on_a_phone(consoles: dict[str, Console], browser: Any) -> None:
     for console in consoles.values():
         page = _signed_in(browser, console, width=390)
-        page.goto(f"{console.url}/{console.role}")
-        overflow = page.evaluate("document.documentElement.scrollWidth")
-        assert overflow <= 390, (console.role, overflow)
-        size = page.evaluate("parseFloat(getComputedStyle(document.body).fontSize)")
-        assert size >= 14
+        paths = [f"/{console.role}"]
+        if console.role == "consumer":
+            paths.append("/consumer/statements")
+        for path in paths:
+            page.goto(console.url + path)
+            overflow = page.evaluate("document.documentElement.scrollWidth")
+            assert overflow <= 390, (path, overflow)
+            size = page.evaluate("parseFloat(getComputedStyle(document.body).fontSize)")
+            assert size >= 14
 
 
 # ------------------------------------------------------------ another local web server

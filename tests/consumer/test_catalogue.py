@@ -4,14 +4,28 @@ by the curator's summaries) and the one over every column, and a question means 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 import pytest
 
+from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.sketches.marginals import MarginalsMap
+from dpmarket.common.sketches.marginals_fit import MarginalsFit, fit_sketch
+from dpmarket.common.sketches.sketch import SketchMechanism
 from dpmarket.common.sketches.spec import PublishedSketch, SketchDeclaration, SketchSpec
-from dpmarket.consumer.catalogue import ExploreOptions, SpecChoiceError, choose_spec, explore, warm
+from dpmarket.consumer.catalogue import (
+    ExploreOptions,
+    SpecChoiceError,
+    choose_spec,
+    explore,
+    label_completed,
+    rank,
+    verify_fits,
+    warm,
+)
 from dpmarket.consumer.explore import (
     MARGINALS_MODELS,
     Explorer,
@@ -119,3 +133,88 @@ def test_warming_fills_the_caches_an_answer_reads_and_changes_no_answer() -> Non
     assert np.array_equal(found.answer.errors, plain.errors)
     assert np.array_equal(found.answer.low, plain.low)
     assert np.array_equal(found.answer.high, plain.high)
+
+
+@pytest.mark.slow
+def test_verifying_replaces_a_published_fit_that_shrinks_the_errors(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An owner (or curator) publishes a fit whose bootstrap replicates are all its model: it
+    passes the receiver's checks (each tree is a calibrated model of the release) and its
+    standard errors read 0 — the attack's effect, seen before verifying. ``verify_fits`` refits
+    the sketch here, logs the difference, and later answers read the consumer's own fit: its
+    standard errors, bit for bit as an explorer that never saw the published fit."""
+    specs = _specs("clinics", COLUMNS, {"marginals": {"bins": 4}})
+    (marginals,) = specs
+    assert isinstance(marginals.feature_map, MarginalsMap)
+    rng = np.random.default_rng(5)
+    records = np.column_stack(
+        [rng.uniform(0, 120, 400), rng.uniform(10, 70, 400), rng.integers(0, 2, 400)]
+    )
+    sketch = marginals_mechanism(marginals, 1.0).release(records, SeededNoise(rng), rng=rng)
+    honest = MarginalsFit.of(
+        sketch, fit_sketch(marginals.feature_map, sketch.measurements, bootstrap=2, seed=3), seed=3
+    )
+    shrunk = dataclasses.replace(honest, replicates=(honest.model, honest.model))
+    carried = sketch.with_fit(shrunk)
+    catalogue = _Published(specs, None, [PublishedSketch("young", marginals.name, 0.0, carried)])
+    options = ExploreOptions(seed=3, bootstrap=2)
+    count = Query("count", where=(("bmi", 30.0, 70.0), ("high", 1, 1)))
+    MARGINALS_MODELS.clear()
+    before = explore(catalogue, count, options=options).answer
+    assert before.errors[0] == 0.0  # the shrunk errors, read as published
+    with caplog.at_level("WARNING"):
+        assert verify_fits(catalogue, options=options) == 1
+    assert "differs from the one refitted here" in caplog.text
+    after = explore(catalogue, count, options=options).answer
+    own = MarginalsExplorer(marginals, bootstrap=2, seed=3, cache=None, refit=True)
+    mine = own.answer(count, [sketch])
+    assert after.errors[0] > 0 and np.array_equal(after.errors, mine.errors)
+    assert np.array_equal(after.values, mine.values)
+    MARGINALS_MODELS.clear()
+
+
+def test_owners_are_ranked_against_a_features_only_validation_set_when_the_label_is_named() -> None:
+    """The spec over every column includes the label; D_v as a summary takes it (the features
+    alone) ranks the owners once the label is named, each row counted once per label value;
+    without it the error names the spec and its columns."""
+    rff = next(s for s in SPECS if s.name == "clinics/rff")
+    rng = np.random.default_rng(3)
+
+    def records(age: float, n: int = 20_000) -> np.ndarray:
+        return np.column_stack(
+            [
+                rng.normal(age, 3, n).clip(0, 120),
+                rng.uniform(20, 40, n),
+                rng.integers(0, 2, n),
+            ]
+        )
+
+    mechanism = rff.mechanism(1.0)
+    assert isinstance(mechanism, SketchMechanism)
+    entries = [
+        PublishedSketch(owner, rff.name, 0.0, mechanism.release(records(age), SeededNoise(rng)))
+        for owner, age in (("young", 25.0), ("old", 80.0))
+    ]
+    catalogue = _Published(SPECS, "clinics-allocation/rff", entries)
+    validation = records(27.0, 300)
+    features = validation[:, :2]
+    ranked = rank(catalogue, features, spec=rff.name, label="high")
+    assert [r.owner for r in ranked.owners] == ["young", "old"]
+    assert ranked.validation_points == len(features)
+    # Control: the labeled set (the spec's three columns) ranks them the same way.
+    assert [r.owner for r in rank(catalogue, validation, spec=rff.name).owners] == ["young", "old"]
+    completed = label_completed(features[:2], rff, "high")
+    assert completed.tolist() == [
+        [*features[0], 0],
+        [*features[0], 1],
+        [*features[1], 0],
+        [*features[1], 1],
+    ]
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"spec clinics/rff ranks records of 3 columns \(age, bmi, high\)",
+    ):
+        rank(catalogue, features, spec=rff.name)
+    with pytest.raises(InvalidArgumentError, match=r"clinics/rff.*age, bmi, high"):
+        rank(catalogue, features, spec=rff.name, label="sex")  # not a column of the spec

@@ -9,7 +9,7 @@ import pytest
 
 from dpmarket.consumer.evaluation import downstream_accuracy
 from dpmarket.experiments.scenarios import digits_scenario, flights_scenario
-from dpmarket.owner.data import PointSet
+from dpmarket.runtime.tables import PointSet
 
 
 def _blobs(n: int, seed: int, shift: float = 6.0) -> PointSet:

@@ -3,9 +3,11 @@ within the bounds the maps allow, unions and repeated runs agree, and owners ran
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,7 +15,13 @@ import pytest
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.privacy.noise import SeededNoise
 from dpmarket.common.sketches.m2m import M2MEstimator
-from dpmarket.common.sketches.marginals import MarginalsModel, MarginalsSketch, Measurement
+from dpmarket.common.sketches.marginals import (
+    MarginalsMap,
+    MarginalsModel,
+    MarginalsSketch,
+    Measurement,
+)
+from dpmarket.common.sketches.marginals_fit import MarginalsFit, carried_fit, fit_sketch
 from dpmarket.common.sketches.sketch import SketchMechanism, merge_sketches, sketch_mmd2
 from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec
 from dpmarket.consumer.explore import (
@@ -300,6 +308,12 @@ def test_marginals_answers_track_the_truth_with_their_errors(mspecs: dict[str, S
     assert table.columns[0] == ("y", "a")
     mean_y = explorer.answer(Query("mean", columns=("y",)), sketches)
     assert abs(mean_y.values[0] - union[:, 2].mean()) <= 4 * mean_y.errors[0] + 1e-3
+    # A variance (a pair every owner measured): bounds from the measured sums, not the model's
+    # bootstrap; its interval holds the truth and the model's value, unflagged.
+    var_y = explorer.answer(Query("covariance", columns=("y",)), sketches)
+    (low,), (high,) = var_y.interval()
+    assert var_y.basis == ("measured",) and var_y.codes() == ("",)
+    assert low <= union[:, 2].var() <= high and low <= var_y.values[0] <= high
     records = explorer.answer(Query("synthetic", rows=500), sketches).extra["records"]
     assert len(records) == 500
     assert spec.domain.check(np.array(records), "records").shape == (500, 3)
@@ -433,3 +447,47 @@ def test_marginals_models_kept_on_disk_answer_the_same_in_the_next_process(
     assert _same(again.answer(count, [sketch]), first)  # refitted and rewritten
     reread = _NoFit(spec, bootstrap=2, seed=0, cache=None, store=tmp_path)
     assert _same(reread.answer(count, [sketch]), first)
+
+
+class _Refits(MarginalsExplorer):
+    """An explorer whose fits are counted (and answered by a fit computed once beforehand)."""
+
+    def __init__(self, *args: Any, fitted: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fitted = fitted
+        self.fits = 0
+
+    def _fit(self, sketch: MarginalsSketch) -> tuple[MarginalsModel, list[MarginalsModel]]:
+        self.fits += 1
+        return self.fitted
+
+
+def test_a_sketch_carrying_its_owners_fit_is_answered_without_fitting(
+    mspecs: dict[str, SketchSpec],
+) -> None:
+    """A sketch that carries its owner's fit of it (the consumer's procedure, same bootstrap
+    size and seed) is answered from it, bit for bit as from the consumer's own fit, with no fit
+    here; another bootstrap size or seed, ``refit``, or a fit that fails its checks makes the
+    explorer fit (the control: a sketch without a fit is fitted)."""
+    spec = mspecs["marginals"]
+    rng = np.random.default_rng(8)
+    sketch = marginals_mechanism(spec, 1.0).release(_records(500), SeededNoise(rng), rng=rng)
+    assert isinstance(spec.feature_map, MarginalsMap)
+    fitted = fit_sketch(spec.feature_map, sketch.measurements, bootstrap=3, seed=0)
+    carried = sketch.with_fit(MarginalsFit.of(sketch, fitted, seed=0))
+    count = Query("count", where=(("a", 0.0, 0.3), ("y", 1, 1)))
+    published = _Refits(spec, bootstrap=3, seed=0, cache=None, fitted=fitted)
+    own = _Refits(spec, bootstrap=3, seed=0, cache=None, fitted=fitted)
+    assert _same(published.answer(count, [carried]), own.answer(count, [sketch]))
+    assert (published.fits, own.fits) == (0, 1)
+    for kwargs in ({"bootstrap": 2}, {"seed": 1}, {"refit": True}):
+        other = _Refits(spec, **{"bootstrap": 3, "seed": 0, **kwargs}, cache=None, fitted=fitted)
+        other.models(carried)
+        assert other.fits == 1, kwargs
+    carried_model = carried_fit(carried)
+    assert carried_model is not None
+    wrong = dataclasses.replace(carried_model, model=carried_model.replicates[0])  # not its total
+    broken = MarginalsSketch(sketch.mechanism, sketch.measurements, sketch.selections, wrong)
+    checked = _Refits(spec, bootstrap=3, seed=0, cache=None, fitted=fitted)
+    checked.models(broken)
+    assert checked.fits == 1

@@ -146,6 +146,47 @@ def test_a_cross_covariance_covers_where_the_noise_swamps_the_variances() -> Non
     assert control[1] == 0, control  # cov(a, b) is about 8; the control's interval is [0, 0]
 
 
+def test_an_uninformative_interval_still_covers_and_counts_as_trusted(
+    specs: dict[str, SketchSpec],
+) -> None:
+    """HIST, 4,000 records whose column a sits at one value, 4.01, inside the bin [4, 6): the
+    CDF and the count at a <= 5 are anywhere in [0, 1] for all the bins say, so their
+    intervals span it (the bias bound alone is the whole bin's mass). ``uninformative`` is a
+    flag on the value, not on the interval: the interval still means what its basis says, so
+    it is trusted, and it covers in at least LOWER of N releases (failure probability 1e-4)
+    while the control without the bias term (``value -+ 1.96 standard error``, around the
+    bin's uniform guess 0.5 for a truth of 1) never does."""
+    rng = np.random.default_rng(14)
+    n = 4000
+    records = np.column_stack(
+        [np.full(n, 4.01), rng.uniform(0.0, 10.0, n), (rng.random(n) < 0.5).astype(float)]
+    )
+    spec = specs["hist"]
+    explorer = Explorer(spec, seed=0)
+    mechanism = sketch_mechanism(spec, 1.0)
+    for query in (
+        Query("cdf", columns=("a",), points=(5.0,)),
+        Query("count", where=(("a", -math.inf, 5.0),)),
+    ):
+        truth = exact_answer(query, records, spec.domain).values
+        covered = control = wide = 0
+        for seed in range(N):
+            answer = explorer.answer(
+                query,
+                mechanism.release(records, SeededNoise(np.random.default_rng(seed))),
+                replicates=REPLICATES,
+            )
+            (low,), (high,) = answer.interval()
+            wide += answer.codes("value") == ("uninformative",)
+            assert answer.codes("interval") == ("",), answer.flags
+            covered += bool(answer.trusted()[0]) and low <= truth[0] + 1e-12 <= high + 2e-12
+            half = Z95 * answer.errors[0]
+            control += answer.values[0] - half <= truth[0] <= answer.values[0] + half
+        assert wide == N, (query.kind, wide)
+        assert covered >= LOWER, (query.kind, covered, LOWER)
+        assert control < LOWER, (query.kind, control)
+
+
 M2M_QUERIES = {
     "mean": Query("mean", columns=("a", "b")),
     "count": Query("count", where=(("a", 9.0, math.inf),)),

@@ -54,9 +54,9 @@ from dpmarket.common.secagg.fixedpoint import FixedPoint
 from dpmarket.common.secagg.protocol import RoundParams
 from dpmarket.curator.cape import CapeJob, CapeResult, job_for
 from dpmarket.owner.cape import CapeSite
-from dpmarket.owner.data import Table
 from dpmarket.owner.local import LocalCapeSiteEndpoint
 from dpmarket.owner.secagg import SiteIdentity, SiteRounds
+from dpmarket.runtime.tables import Table
 
 #: Public bounds of the synthetic tables' features and target.
 FEATURES = (("a", 0.0, 10.0), ("b", -5.0, 5.0), ("c", 0.0, 1.0))
@@ -147,9 +147,9 @@ class Site(LocalCapeSiteEndpoint):
             self.lost = True
             raise UnavailableError(f"{self.name} vanished at {stage}")
 
-    async def open_job(self, job_id, spec, seed, consumer):
+    async def open_job(self, job_id, spec, seed, consumer, market=None):
         self._reach("open")
-        return await super().open_job(job_id, spec, seed, consumer)
+        return await super().open_job(job_id, spec, seed, consumer, market)
 
     async def attest_plan(self, job_id, sites, colluders, first_iteration=0):
         self._reach("attest")

@@ -15,6 +15,7 @@ from dpmarket.common.cape.spec import CapeMeanSpec
 from dpmarket.common.errors import (
     AbortedError,
     DPMarketError,
+    FailedPreconditionError,
     InvalidArgumentError,
     UnavailableError,
 )
@@ -22,8 +23,8 @@ from dpmarket.curator.cape_service import CapeJobs
 from dpmarket.curator.policy import CuratorPolicy, RequestRate
 from dpmarket.curator.store import CuratorStore
 from dpmarket.experiments.runner import local_cape_sites
-from dpmarket.owner.data import Table
 from dpmarket.owner.local import LocalCapeSiteEndpoint
+from dpmarket.runtime.tables import Table
 
 CONSUMER = "consumer:alice"
 SPEC = CapeMeanSpec((("a", 0.0, 1.0), ("b", -1.0, 1.0)), 1.0, 1e-6)
@@ -33,10 +34,18 @@ MISSING = CapeMeanSpec((("weight", 0.0, 1.0),), 1.0, 1e-6)
 class Counting(LocalCapeSiteEndpoint):
     """An in-process owner that counts its releases and may refuse every one."""
 
-    def __init__(self, inner: LocalCapeSiteEndpoint, *, fail_release: bool) -> None:
+    def __init__(
+        self, inner: LocalCapeSiteEndpoint, *, fail_release: bool, down: bool = False
+    ) -> None:
         super().__init__(inner.site, inner.rounds)
         self.fail_release = fail_release
+        self.down = down
         self.releases = 0
+
+    async def open_job(self, *args: Any, **kwargs: Any) -> Any:
+        if self.down:
+            raise UnavailableError("not reachable")
+        return await super().open_job(*args, **kwargs)
 
     async def release(self, *args: Any, **kwargs: Any) -> Any:
         self.releases += 1
@@ -73,6 +82,29 @@ def _error(jobs: CapeJobs, spec: CapeMeanSpec, request_id: str, digest: str) -> 
     with pytest.raises(DPMarketError) as info:
         _fit(jobs, spec, request_id, digest)
     return info.value
+
+
+def test_a_job_needs_every_owner_unless_min_owners_says_otherwise(tmp_path: Path) -> None:
+    """One owner of three is down when the job opens: by default the job fails
+    FAILED_PRECONDITION saying how many could take part, nothing drawn, released or charged (as
+    a summarization request); with min_owners 2 it runs on the other two and its report names
+    the one left out. (Before, it ran on two of three and answered as if complete.)"""
+    owners = _owners()
+    owners[2].down = True
+    jobs = _jobs(owners, tmp_path)
+    refused = _error(jobs, SPEC, "all", "mean")
+    assert isinstance(refused, FailedPreconditionError), refused
+    assert "2 of 3 owners can take part; the job needs all 3" in str(refused)
+    assert jobs.store is not None
+    assert jobs.store.find_request(CONSUMER, "all") is None  # refused: nothing kept, charged
+    assert sum(o.releases for o in owners) == 0
+    with pytest.raises(InvalidArgumentError, match="min_owners=4 is outside"):
+        asyncio.run(jobs.fit(SPEC, None, consumer=CONSUMER, min_owners=4))
+    ran = asyncio.run(
+        jobs.fit(SPEC, None, consumer=CONSUMER, request_id="two", request_digest="m", min_owners=2)
+    )
+    assert list(ran["report"]["dropped"]) == ["site-2"]
+    assert ran["report"]["sites"] == ["site-0", "site-1"]
 
 
 def test_a_refused_job_retried_is_refused_again_and_its_key_then_serves_another_request(

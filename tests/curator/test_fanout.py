@@ -21,9 +21,9 @@ from dpmarket.common.summarization.methods import PrivateConfig
 from dpmarket.curator.cape import CapeJob
 from dpmarket.experiments.runner import run_session
 from dpmarket.experiments.scenarios import Scenario
-from dpmarket.owner.data import PointSet
 from dpmarket.owner.local import LocalOwnerEndpoint
 from dpmarket.owner.protocol import Owner
+from dpmarket.runtime.tables import PointSet
 from tests.curator.test_cape import (
     Site,
     _check_zero_sum_over_averaged_sites,

@@ -11,8 +11,8 @@ from dpmarket.common.summarization.methods import HashesConfig, method_config
 from dpmarket.consumer.evaluation import hash_model_accuracy
 from dpmarket.experiments.runner import local_hash_owners, publish_sketches, run_session
 from dpmarket.experiments.scenarios import Scenario
-from dpmarket.owner.data import PointSet
 from dpmarket.owner.local import LocalOwnerEndpoint
+from dpmarket.runtime.tables import PointSet
 
 P = 20
 

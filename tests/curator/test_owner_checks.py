@@ -19,12 +19,11 @@ import pytest
 from dpmarket.common.errors import FailedPreconditionError
 from dpmarket.curator.owners import GrpcOwnerEndpoint, check_owners
 from dpmarket.deploy.pki import init_ca, issue_all
-from dpmarket.owner.data import PointSet
 from dpmarket.owner.protocol import Owner
 from dpmarket.owner.service import OwnerServicer, owner_authorizer
-from dpmarket.runtime.admission import largest_request
 from dpmarket.runtime.identity import Identity, identity_files
 from dpmarket.runtime.serving import start_server
+from dpmarket.runtime.tables import PointSet
 from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import owner_pb2, owner_pb2_grpc
 
@@ -59,9 +58,7 @@ async def _owner_server(pki: Path, name: str, n_features: int):
         owner_pb2_grpc.add_OwnerServiceServicer_to_server(servicer, server)
 
     service = owner_pb2.DESCRIPTOR.services_by_name["OwnerService"].full_name
-    server, port, _ = await start_server(
-        register, service, "127.0.0.1:0", security, max_request_bytes=largest_request([servicer])
-    )
+    server, port, _ = await start_server(register, service, "127.0.0.1:0", security)
     return server, f"127.0.0.1:{port}"
 
 

@@ -34,6 +34,10 @@ from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.protocol import Owner
 from tests.conftest import exhaust
 
+#: The owners' policy: the defaults, and the candidates methods served (their rows are picked
+#: along the curator's embedding: tests/owner/test_exact_bids.py, the default refuses them).
+SERVING = OwnerPolicy(allow_steered_selection=True)
+
 CONFIG = CandidatesConfig(summary_size=10, rff_dimension=32)
 K = 5
 EXHAUSTED = 4  # index of the owner whose lifetime budget is spent
@@ -49,7 +53,7 @@ class Gone(LocalOwnerEndpoint):
 def _owners(tmp_path: Path, digits: Scenario) -> tuple[list[Owner], list[OwnerLedger]]:
     owners, ledgers = [], []
     for i, data in enumerate(digits.owners[:K]):
-        ledger = OwnerLedger.create(tmp_path / data.name, OwnerPolicy())
+        ledger = OwnerLedger.create(tmp_path / data.name, SERVING)
         if i == EXHAUSTED:
             exhaust(ledger)
         owners.append(Owner(data.name, data, ledger=ledger))

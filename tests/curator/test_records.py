@@ -27,6 +27,10 @@ from dpmarket.owner.local import LocalOwnerEndpoint
 from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.protocol import Owner
 
+#: The owners' policy: the defaults, and the candidates methods served (their rows are picked
+#: along the curator's embedding: tests/owner/test_exact_bids.py, the default refuses them).
+SERVING = OwnerPolicy(allow_steered_selection=True)
+
 CONFIG = CandidatesConfig(summary_size=8, rff_dimension=32)
 
 
@@ -36,7 +40,7 @@ def state(tmp_path: Path, digits: Scenario) -> tuple[Path, str, CuratorStore]:
     the store is left open (the curator still serving)."""
     store = CuratorStore(tmp_path / "curator")
     owners = [
-        Owner(o.name, o, ledger=OwnerLedger.create(tmp_path / o.name, OwnerPolicy()))
+        Owner(o.name, o, ledger=OwnerLedger.create(tmp_path / o.name, SERVING))
         for o in digits.owners[:3]
     ]
     manager = SessionManager([LocalOwnerEndpoint(o) for o in owners], store=store)

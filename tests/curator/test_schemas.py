@@ -18,11 +18,15 @@ from dpmarket.curator.cape_service import CapeJobs
 from dpmarket.curator.policy import CuratorPolicy, RequestRate
 from dpmarket.curator.summarization.session import SessionContext, SummarizationSession
 from dpmarket.experiments.runner import local_cape_sites
-from dpmarket.owner.data import PointSet, Table
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.local import LocalCapeSiteEndpoint, LocalOwnerEndpoint
 from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.protocol import Owner
+from dpmarket.runtime.tables import PointSet, Table
+
+#: The owners' policy: the defaults, and the candidates methods served (their rows are picked
+#: along the curator's embedding: tests/owner/test_exact_bids.py, the default refuses them).
+SERVING = OwnerPolicy(allow_steered_selection=True)
 
 COLUMNS = (
     Column("age", "integer", 0, 120),
@@ -42,7 +46,7 @@ def _owner(
     tmp_path: Path, name: str, schema: Schema | None, seed: int
 ) -> tuple[Owner, OwnerLedger]:
     rows = _rows(seed)
-    ledger = OwnerLedger.create(tmp_path / name, OwnerPolicy())
+    ledger = OwnerLedger.create(tmp_path / name, SERVING)
     points = PointSet(rows[:, :2], rows[:, 2].astype(int), name, columns=("age", "bmi"))
     return Owner(name, points, ledger=ledger, schema=schema), ledger
 
@@ -101,9 +105,9 @@ class OpenCounting(LocalCapeSiteEndpoint):
         super().__init__(inner.site, inner.rounds)
         self.opened = 0
 
-    async def open_job(self, job_id, spec, seed, consumer):
+    async def open_job(self, job_id, spec, seed, consumer, market=None):
         self.opened += 1
-        return await super().open_job(job_id, spec, seed, consumer)
+        return await super().open_job(job_id, spec, seed, consumer, market)
 
 
 def _jobs(schemas: tuple[Schema, ...]) -> tuple[CapeJobs, list[OpenCounting]]:

@@ -233,6 +233,29 @@ def test_a_finished_round_is_remembered_and_cannot_be_replayed(pki: Path) -> Non
         rounds.unmask("job-7", params.round_id, list(SITES), [], {})
 
 
+def test_a_round_id_is_used_once_per_static_key_whatever_the_job(pki: Path) -> None:
+    """A round's pair keys depend on the pair key and the round id alone, so a round id the
+    curator reuses -- under another job, or after the first round was forgotten -- would let
+    the earlier round's advertisements, tags and share ciphertexts verify again. The site
+    refuses the id before it advertises anything; a fresh id is served (control), and after a
+    rotation (new static key, new pair keys) the old id is served again."""
+    endpoints = _endpoints(pki, _inputs())
+    params = _params()
+    asyncio.run(aggregate(endpoints, "job-8", params))
+    rounds = endpoints["site-a"].rounds
+    rounds.forget("job-8")
+    for job in ("job-8", "job-9"):
+        with pytest.raises(FailedPreconditionError, match="used once"):
+            rounds.advertise(job, params)
+    fresh = _params()  # a new random round id
+    ad, _ = rounds.advertise("job-9", fresh)  # control: a new id
+    assert ad.site == "site-a"
+    assert rounds.identity is not None
+    rounds.identity.keyring.rotate()
+    ad, _ = rounds.advertise("job-10", params)
+    assert ad.site == "site-a"
+
+
 def test_checked_certificates_are_remembered_and_still_bound_to_their_site(pki: Path) -> None:
     """A certificate that passed is not parsed again in the next round (the same key object
     comes back), and the cache never lets it pass for another site."""

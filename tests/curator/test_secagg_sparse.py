@@ -11,7 +11,7 @@ import pytest
 from dpmarket.common.errors import AbortedError, FailedPreconditionError, UnavailableError
 from dpmarket.common.secagg.fixedpoint import FixedPoint
 from dpmarket.common.secagg.graph import min_neighbours
-from dpmarket.common.secagg.protocol import RoundParams, Stage
+from dpmarket.common.secagg.protocol import RoundParams, RoundStage
 from dpmarket.curator.cape import noise_round_params
 from dpmarket.curator.secagg import SitesLostError, aggregate
 from dpmarket.deploy.pki import init_ca, issue_all, owner_pins
@@ -171,7 +171,7 @@ def test_a_site_lost_before_revealing_its_nonce_is_named_and_nothing_is_released
     for site, endpoint in endpoints.items():
         if site != "site-07":
             (entry,) = [e for k, e in endpoint.rounds._rounds.items() if k[0] == "job-3"]
-            assert entry.site.stage is Stage.REVEALED
+            assert entry.site.stage is RoundStage.REVEALED
 
 
 def test_a_sparse_round_below_an_owners_floor_is_refused_before_anything_is_sent(

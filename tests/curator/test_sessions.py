@@ -34,6 +34,10 @@ from dpmarket.owner.local import LocalOwnerEndpoint
 from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.protocol import Owner
 
+#: The owners' policy: the defaults, and the candidates methods served (their rows are picked
+#: along the curator's embedding: tests/owner/test_exact_bids.py, the default refuses them).
+SERVING = OwnerPolicy(allow_steered_selection=True)
+
 ALICE, BOB = "consumer:alice", "consumer:bob"
 CONFIG = CandidatesConfig(summary_size=5, rff_dimension=32)
 T = TypeVar("T")
@@ -96,7 +100,7 @@ def _world(
     store = CuratorStore(tmp_path / "curator", clock=clock)
     owners, ledgers = [], []
     for data in digits.owners[:2]:
-        ledger = OwnerLedger.create(tmp_path / data.name, owner_policy or OwnerPolicy())
+        ledger = OwnerLedger.create(tmp_path / data.name, owner_policy or SERVING)
         owners.append(Owner(data.name, data, ledger=ledger))
         ledgers.append(ledger)
     manager = SessionManager(

@@ -19,9 +19,9 @@ from dpmarket.common.summarization.sketch_allocation import (
 )
 from dpmarket.experiments.runner import publish_sketches, run_session, simulate
 from dpmarket.experiments.scenarios import Scenario
-from dpmarket.owner.data import PointSet
 from dpmarket.owner.local import LocalOwnerEndpoint
 from dpmarket.owner.protocol import Owner
+from dpmarket.runtime.tables import PointSet
 
 D = 3
 DOMAIN = Domain(np.full(D, -4.0), np.full(D, 4.0))
@@ -168,7 +168,7 @@ def test_without_sketches_the_counts_allocation_runs_unchanged(digits: Scenario)
     assert a.report.ledger.to_json()["candidates"]["allocation"] == "counts"
     # The report says why, and what it cost the owners (not silently).
     assert a.report.ledger.to_json()["candidates"]["allocation_note"] == (
-        "no published sketch to read (the curator names no allocation spec: serve-curator "
+        "no published sketch to read (the curator names no allocation spec: curator serve "
         "--allocation-sketch-spec NAME): every owner is charged epsilon 1 for its noisy "
         "relevance count instead"
     )

@@ -22,6 +22,7 @@ from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.common.summarization.session_ledger import SessionLedger
 from dpmarket.common.summarization.summary import SessionReport, SummaryResult
 from dpmarket.curator.store import RESTART_ERROR, CuratorStore
+from dpmarket.v1 import privacy_pb2
 
 CONFIG = CandidatesConfig(summary_size=2)
 CHARGES = [
@@ -142,13 +143,24 @@ def test_what_owners_charged_is_kept_as_soon_as_known_and_rebuilt_after_a_restar
         "o-2": SessionSpend.unknown_because(UNKNOWN_UNREACHABLE),
         "o-3": SessionSpend.unknown_because(UNKNOWN_RESTARTED),
     }
-    # What the restarted curator asks the owners for: only the record a restart interrupted.
-    assert again.unrecorded_owner_sessions() == [("s", "o-3", "owner-side-id")]
+    assert report.owner_points_accessed == 7  # the points the owners' records say they released
+    # What the restarted curator asks the owners for: every record it does not have, the one a
+    # restart interrupted and the one of the owner it could not reach (so that it can settle).
+    assert again.unrecorded_owner_sessions() == [
+        ("s", "o-2", "owner-side-id"),
+        ("s", "o-3", "owner-side-id"),
+    ]
     again.record_owner_spend("s", "o-3", SessionSpend(0.5, 1e-6, 2))
     again.refresh_owner_spend("s")
-    assert again.unrecorded_owner_sessions() == []
+    assert again.unrecorded_owner_sessions() == [("s", "o-2", "owner-side-id")]
+    # A running session's owners are not asked (the session closes them itself).
+    _create(again, "running")
+    again.owners_opened("running", "other-id", ["o-1"])
+    again.record_owner_spend("running", "o-1", SessionSpend.unknown_because(UNKNOWN_UNREACHABLE))
+    assert again.unrecorded_owner_sessions() == [("s", "o-2", "owner-side-id")]
     report = again.get("s").report  # type: ignore[union-attr]
     assert report is not None and report.owner_spend["o-3"] == SessionSpend(0.5, 1e-6, 2)
+    assert report.owner_points_accessed == 9
     assert report.error == RESTART_ERROR
 
 
@@ -261,3 +273,35 @@ def test_each_owners_last_ledger_receipt_survives_reopening(tmp_path: Path) -> N
         assert again.owner_receipt("owner-2") is None
     finally:
         again.close()
+
+
+def _receipt(ledger: str, sequence: int) -> bytes:
+    """A serialized receipt claiming ``ledger`` up to charge ``sequence`` (unsigned: the curator
+    cannot check signatures, only the owner can)."""
+    state = privacy_pb2.LedgerState(ledger_id=ledger, owner="owner-0", sequence=sequence)
+    return privacy_pb2.LedgerReceipt(state=state.SerializeToString()).SerializeToString()
+
+
+def test_a_receipt_sent_with_a_publication_never_replaces_a_later_one(tmp_path: Path) -> None:
+    """A ledger restored from an older copy publishes a sketch and sends its own (older)
+    receipt: kept over the curator's later one, it would hide the rollback at the owner's next
+    session. A publication's receipt replaces only an earlier one of the same ledger; a session's
+    (which the owner returns after checking the held one) replaces whatever is held."""
+    store = CuratorStore(tmp_path / "curator")
+    try:
+        store.record_owner_receipt("owner-0", _receipt("L", 5))
+        store.record_owner_receipt("owner-0", _receipt("L", 3), only_later=True)
+        assert store.owner_receipt("owner-0") == _receipt("L", 5)
+        store.record_owner_receipt("owner-0", _receipt("M", 9), only_later=True)
+        assert store.owner_receipt("owner-0") == _receipt("L", 5)
+        store.record_owner_receipt("owner-0", b"not a receipt", only_later=True)
+        assert store.owner_receipt("owner-0") == _receipt("L", 5)
+        store.record_owner_receipt("owner-0", _receipt("L", 7), only_later=True)
+        assert store.owner_receipt("owner-0") == _receipt("L", 7)
+        store.record_owner_receipt("owner-1", _receipt("N", 1), only_later=True)  # none held
+        assert store.owner_receipt("owner-1") == _receipt("N", 1)
+        # Control: unconditioned (a session's receipt), the older one replaces the later one.
+        store.record_owner_receipt("owner-0", _receipt("L", 3))
+        assert store.owner_receipt("owner-0") == _receipt("L", 3)
+    finally:
+        store.close()

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec
 from dpmarket.common.privacy.noise import SeededNoise
@@ -36,10 +37,10 @@ from dpmarket.curator.cape import CapeMeanEstimate, CapeResult
 from dpmarket.curator.sketches import SketchCatalog
 from dpmarket.deploy.cli import main
 from dpmarket.experiments.runner import run_cape
-from dpmarket.owner.data import load_table
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.policy import load_owner_policy
 from dpmarket.owner.sketches import SketchPublisher, publish_to
+from dpmarket.runtime.tables import load_table
 
 
 def _summary(job: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -89,12 +90,15 @@ def _sketch(job: dict[str, Any], tables: dict[str, Any], scratch: Path) -> dict[
                 )
         spec = catalog.spec(job["spec"])
         entries = catalog.sketches(job["spec"])
-    explorer = Explorer(spec, n_synthetic=job["synthetic"], seed=job["explore_seed"])
     sketches = [e.sketch for e in entries]
     private = [s for s in sketches if isinstance(s, PrivateSketch)]
     assert len(private) == len(sketches), "the reference explores private (M2M) sketches"
-    merged = merge_sketches(private)
-    answer = explorer.answer(Query(job["query"]), explorer.estimator(merged))
+    # As `dpmarket consumer explore` answers by default (--blas-threads 1): the same BLAS
+    # threads give the same sums to the last bit.
+    with threadpool_limits(limits=1, user_api="blas"):
+        explorer = Explorer(spec, n_synthetic=job["synthetic"], seed=job["explore_seed"])
+        merged = merge_sketches(private)
+        answer = explorer.answer(Query(job["query"]), explorer.estimator(merged))
     return {"owners": [e.owner for e in entries], "values": answer.values.tolist()}
 
 

@@ -63,7 +63,7 @@ SERVICE_COMMANDS = [
 _PROBE = """
 import json, sys
 from dpmarket.deploy.cli import main
-watched = ("numpy", "pandas", "scipy", "grpc", "dpmarket.experiments", "dpmarket.owner",
+watched = ("numpy", "pandas", "scipy", "sklearn", "grpc", "dpmarket.experiments", "dpmarket.owner",
            "dpmarket.curator", "dpmarket.consumer")
 for argv in json.loads(sys.stdin.read()):
     try:
@@ -109,8 +109,16 @@ def test_the_health_probe_and_the_pki_load_no_party() -> None:
     """Every container runs the probe every few seconds; the pki job runs once per identity."""
     health, pki = _probe(["health", "--help"], ["pki", "issue", "--help"])
     for loaded in (health, pki):
-        assert "pandas" not in loaded and "scipy" not in loaded
+        assert "numpy" not in loaded and "pandas" not in loaded and "scipy" not in loaded
         assert not any(m.startswith("dpmarket.") for m in loaded), loaded
+
+
+def test_a_command_s_help_loads_neither_scikit_learn_nor_pandas() -> None:
+    """``--help`` of a party's command reads no table and fits no model: the packages it imports
+    (the market's money, the methods' options) must not pull them in."""
+    argvs = [["owner", "serve", "--help"], ["consumer", "request", "--help"]]
+    for argv, loaded in zip(argvs, _probe(*argvs), strict=True):
+        assert "sklearn" not in loaded and "pandas" not in loaded, (argv, loaded)
 
 
 def test_no_service_command_imports_the_lab(tmp_path: Path) -> None:

@@ -45,10 +45,10 @@ from dpmarket.common.summarization.terms import owner_terms
 from dpmarket.curator.policy import load_curator_policy
 from dpmarket.deploy.cli import main, resolve
 from dpmarket.deploy.pki import CA_KEY, init_ca, issue
-from dpmarket.owner.data import load_point_set, load_table
 from dpmarket.owner.policy import load_owner_policy
 from dpmarket.runtime.identity import Identity, identity_files, key_fingerprint
 from dpmarket.runtime.serving import start_server
+from dpmarket.runtime.tables import load_point_set, load_table
 from dpmarket.runtime.transport import TransportSecurity
 
 REPO = Path(__file__).resolve().parents[2]
@@ -847,7 +847,8 @@ def test_data_job_writes_every_file_the_services_read(
 def test_policies_admit_the_consumers_session(
     config: dict[str, Any], data_run: JobRun, pki_run: JobRun
 ) -> None:
-    """The owners' and curator's policy files accept the consumer's candidates session."""
+    """The owners' and curator's policy files accept the consumer's candidates session: the
+    production defaults, and the owners' opt-in to steered selection (the candidates method)."""
     services = _services(config)
     params = _parse_on_host(services["consumer"], data_run, pki_run)
     session = config_from_fields(params["method"], params)
@@ -878,7 +879,10 @@ def test_policies_admit_the_consumers_session(
         )
         assert owner_policy is not None
         policy = load_owner_policy(owner_policy)
-        assert dataclasses.replace(policy, peers=()) == load_owner_policy(POLICIES / "owner.toml")
+        # The stack's operator runs its curator: its owners serve the candidates method.
+        assert policy.allow_steered_selection
+        production = load_owner_policy(POLICIES / "owner.toml")
+        assert dataclasses.replace(policy, peers=(), allow_steered_selection=False) == production
         assert terms.epsilon <= policy.epsilon_per_session <= policy.epsilon_total
         assert terms.delta <= policy.delta_per_session <= policy.delta_total
         assert points <= policy.points_per_session <= policy.points_total
@@ -1025,9 +1029,10 @@ def test_dockerfile_entrypoint_user_and_sources() -> None:
     # The base is a build argument, a public Python image by default, for every stage.
     assert instructions[0] == ("ARG", "BASE_IMAGE=python:3.11-slim")
     stages = _stages(instructions)
-    assert len(stages) == 2
-    assert [shlex.split(stage[0][1])[0] for stage in stages] == ["${BASE_IMAGE}"] * 2
-    build, final = stages
+    assert len(stages) == 3
+    assert [shlex.split(stage[0][1])[0] for stage in stages] == ["${BASE_IMAGE}"] * 3
+    requirements, build, final = stages
+    assert shlex.split(requirements[0][1])[1:] == ["AS", "requirements"]
     assert shlex.split(build[0][1])[1:] == ["AS", "build"]
     keywords = [k for k, _ in final]
     entrypoints = [json.loads(args) for k, args in final if k == "ENTRYPOINT"]
@@ -1044,17 +1049,26 @@ def test_dockerfile_entrypoint_user_and_sources() -> None:
     copies = [shlex.split(args) for k, args in final if k in ("COPY", "ADD")]
     assert copies == [["--from=build", "/opt/dpmarket", "/opt/dpmarket"]], copies
     assert "extra-ca" not in json.dumps(final) and "PIP_CERT" not in json.dumps(final)
+
     # The build stage: `pip install .` needs pyproject, the readme and every package directory;
-    # the CA bundle is optional (a glob beside a file that always exists).
-    copied: set[str] = set()
-    for keyword, args in build:
-        if keyword == "COPY":
-            sources = [a for a in shlex.split(args)[:-1] if not a.startswith("--")]
-            copied.update(s.rstrip("/") for s in sources)
+    # the CA bundle is optional (a glob beside a file that always exists), copied with the
+    # dependency list by the requirements stage, which the build stage copies from.
+    def sources(stage: list[tuple[str, str]]) -> set[str]:
+        copied: set[str] = set()
+        for keyword, args in stage:
+            if keyword == "COPY":
+                found = [a for a in shlex.split(args)[:-1] if not a.startswith("--")]
+                copied.update(s.rstrip("/") for s in found)
+        return copied
+
+    copied = sources(build)
     needed = {"pyproject.toml", pyproject["project"]["readme"]}
     needed |= {p.split("/")[0] for p in pyproject["tool"]["setuptools"]["package-dir"].values()}
     assert needed <= copied, f"Dockerfile does not copy {sorted(needed - copied)}"
-    assert "build/image/extra-ca.pe[m]" in copied
+    assert "build/image/extra-ca.pe[m]" in sources(requirements)
+    assert ["--from=requirements", "/build/", "/build/"] in [
+        shlex.split(args) for k, args in build if k == "COPY"
+    ]
     assert any(k == "RUN" and re.search(r"pip install .*--no-deps \.", a) for k, a in build)
     ignored = (REPO / ".dockerignore").read_text().split()
     assert "!build/image/extra-ca.pem" in ignored and ".venv*" in ignored

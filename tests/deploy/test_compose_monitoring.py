@@ -1,30 +1,31 @@
-"""The compose stack's monitoring profile on a real Docker engine
-(``make compose-monitoring-test``).
+"""The compose stack's monitoring profile on a real Docker engine (``make compose-test``, or
+``make compose-monitoring-test`` alone).
 
-``docker compose --profile monitoring up -d prometheus`` brings up what Prometheus depends on (the
-pki and data jobs, five owners, the curator, each serving its metrics on port 9464 of the stack's
-internal networks) and Prometheus itself (Debian's package, deploy/monitoring/Dockerfile). The
-test reads Prometheus's own HTTP API on the host's loopback: every service is a target that is
-up, the owners' budgets from their ledgers and the calls of the services' health checks are in it,
-and every query of the Grafana dashboard (deploy/monitoring/dashboard.json) runs without error and,
-but for the refusals (none yet), finds data. The stack is removed with its volumes afterwards.
+The stack of tests/deploy/conftest.py, which ``make compose-test`` brings up once for this module
+and tests/deploy/test_compose_stack.py, runs the monitoring profile: Prometheus (Debian's package,
+deploy/monitoring/Dockerfile) beside what it scrapes (the pki and data jobs, five owners, the
+curator, each serving its metrics on port 9464 of the stack's internal networks). The test reads
+Prometheus's own HTTP API on the host's loopback: every service is a target that is up, the
+owners' budgets from their ledgers and the calls of the services' health checks are in it, and
+every query of the Grafana dashboard (deploy/monitoring/dashboard.json) runs without error and,
+but for the refusals and the charges (which depend on what ran before), finds data. Run after the
+stack's other tests (.ci/run's order), it also sees the services that were killed and restarted
+scraped again.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.deploy.test_compose_stack import COMPOSE_FILE, OWNERS, _compose_command
+from tests.deploy.test_compose_stack import OWNERS, Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.compose]
 
@@ -33,8 +34,7 @@ DASHBOARD = REPO / "deploy" / "monitoring" / "dashboard.json"
 PORT = int(os.environ.get("DPMARKET_PROMETHEUS_PORT", "9090"))
 #: Safety nets against a hang (never timing assertions).
 UP_TIMEOUT = 300
-COMMAND_TIMEOUT = 900
-#: Dashboard panels whose queries may find nothing on an idle stack (no call refused yet).
+#: Dashboard panels whose queries may find nothing (no call refused, no charge made yet).
 MAY_BE_EMPTY = {"Refusals per second, by reason", "Charges recorded per hour"}
 
 
@@ -47,29 +47,6 @@ def _query(expr: str) -> dict[str, Any]:
 def _targets() -> list[dict[str, Any]]:
     with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/api/v1/targets", timeout=30) as r:
         return list(json.loads(r.read())["data"]["activeTargets"])
-
-
-@pytest.fixture(scope="module")
-def stack() -> Iterator[list[str]]:
-    command = [*_compose_command(), "-f", str(COMPOSE_FILE), "--profile", "monitoring"]
-
-    def run(*args: str) -> None:
-        done = subprocess.run(
-            [*command, *args], cwd=REPO, capture_output=True, timeout=COMMAND_TIMEOUT
-        )
-        assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
-
-    run("down", "-v", "--remove-orphans")
-    try:
-        run("up", "-d", "prometheus")
-        yield command
-    finally:
-        subprocess.run(
-            [*command, "down", "-v", "--remove-orphans"],
-            cwd=REPO,
-            capture_output=True,
-            timeout=COMMAND_TIMEOUT,
-        )
 
 
 def _wait_for_scrapes() -> None:
@@ -96,7 +73,7 @@ def _wait_for_scrapes() -> None:
 
 
 def test_prometheus_scrapes_every_service_and_runs_the_dashboards_queries(
-    stack: list[str],
+    stack: Stack,
 ) -> None:
     _wait_for_scrapes()
     instances = {t["labels"]["instance"]: t["labels"]["role"] for t in _targets()}

@@ -1,12 +1,14 @@
 """deploy/docker-compose.yml run end to end on a real Docker engine (``make compose-test``).
 
-``make compose-test`` (deploy/compose-test.sh) starts an engine when none runs, builds the image
-(``make image``) and runs this module; plain ``pytest`` leaves it out (marker ``compose``). The
-stack is the compose file itself, with one override file written here that changes only what a
-comparison needs: the owners take ``--allow-seeded-sessions`` (so that a seeded request fixes
-their noise too), the curator draws its sketch catalogue from a fixed ``--sketch-seed`` and waits
-``OWNER_TIMEOUT`` seconds, not 30, for an owner that is gone. Every step goes through the real
-entry points, the ``dpmarket`` CLI in the stack's containers, as a user would run them:
+``make compose-test`` (deploy/compose-test.sh) starts an engine when none runs, builds the images
+(``MONITORING=1 make image``) and runs this module, then test_compose_monitoring.py on the same
+stack; plain ``pytest`` leaves them out (marker ``compose``). The stack (``stack`` in
+tests/deploy/conftest.py) is the compose file itself with its monitoring profile, and one override
+file that changes only what a comparison needs: the owners take ``--allow-seeded-sessions`` (so that
+a seeded request fixes their noise too), the curator draws its sketch catalogue from a fixed
+``--sketch-seed`` and waits ``OWNER_TIMEOUT`` seconds, not 30, for an owner that is gone. Every step
+goes through the real entry points, the ``dpmarket`` CLI in the stack's containers, as a user would
+run them:
 
 * the consumer service as composed: a private summary by the default (candidates) method;
 * the consumer's ``cape mean`` and ``cape linreg`` (zero-sum noise by secure aggregation);
@@ -21,7 +23,7 @@ Answers are compared, bit for bit, with the same jobs run in one process
 owners hold (their volumes mounted read-only): the same code and numerical libraries as the
 services. The image itself is inspected: non-root, and the CA bundle handed to its build stage is
 in neither its filesystem nor its history. The stack is removed with its volumes (``down -v``)
-before and after the module, whatever happens.
+before and after the test session, whatever happens.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import shutil
 import subprocess
 import tarfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +44,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import yaml
 
 pytestmark = [pytest.mark.integration, pytest.mark.compose]
 
@@ -311,49 +312,7 @@ def _needle(body: str) -> str:
 
 
 # ----------------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module")
-def image() -> str:
-    """The image the compose file names, built by ``make image``."""
-    if subprocess.run(["docker", "info"], capture_output=True).returncode:
-        pytest.fail("no Docker engine answers: run `make compose-test` (it starts one, as root)")
-    raw = yaml.safe_load(COMPOSE_FILE.read_text(encoding="utf-8"))
-    name = str(raw["services"]["curator"]["image"])
-    if subprocess.run(["docker", "image", "inspect", name], capture_output=True).returncode:
-        pytest.fail(f"no image {name}: run `make image` (or `make compose-test`)")
-    return name
-
-
-@pytest.fixture(scope="module")
-def stack(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """The stack up to a healthy curator (pki, data, five owners), removed with its volumes
-    afterwards; the services' logs are kept in out/compose-test/stack.log."""
-    raw = yaml.safe_load(COMPOSE_FILE.read_text(encoding="utf-8"))
-    services = raw["services"]
-    override: dict[str, Any] = {"services": {}}
-    for owner in OWNERS:
-        override["services"][owner] = {
-            "command": [*services[owner]["command"], "--allow-seeded-sessions"]
-        }
-    curator = [*services["curator"]["command"], "--sketch-seed", str(SKETCH_SEED)]
-    curator += ["--owner-timeout", str(OWNER_TIMEOUT)]
-    override["services"]["curator"] = {"command": curator}
-    path = tmp_path_factory.mktemp("compose") / "seeded.override.yml"
-    path.write_text(json.dumps(override, indent=2), encoding="utf-8")  # JSON is YAML
-    command = [*_compose_command(), "-p", PROJECT, "-f", str(COMPOSE_FILE), "-f", str(path)]
-    stack = Stack(command, raw)
-    stack("down", "-v", "--remove-orphans")
-    try:
-        stack("up", "-d", "--no-build", "curator")
-        stack.wait_healthy(*OWNERS, "curator")
-        yield stack
-    finally:
-        logs = stack("logs", "--no-color", "--timestamps", check=False)
-        log_file = REPO / "out" / "compose-test" / "stack.log"
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        log_file.write_bytes(logs.stdout + logs.stderr)
-        stack("down", "-v", "--remove-orphans", check=False)
-
-
+# `image` and `stack` are in conftest.py: one stack serves this module and the monitoring one.
 @pytest.fixture(scope="module")
 def reference(stack: Stack, image: str) -> dict[str, Any]:
     """Every compared job run in one process, in the image, with no network, on the owners' and
@@ -446,7 +405,10 @@ def test_the_composed_consumer_gets_the_in_process_summary(
     """The consumer service as composed (a candidates summary, seed 0) returns the summary the
     same session gives in one process; every owner's ledger gains the session's one charge."""
     before = stack.ledgers_before()
-    stack("run", "--rm", "consumer")  # its dependencies are up; the service's own command
+    # The service's own command; --no-deps: its dependencies are up (without it, docker-compose
+    # runs the pki and data jobs again first, about 10 s, and the data the reference read is
+    # generated a second time).
+    stack("run", "--rm", "--no-deps", "consumer")
     command = stack.config["services"]["consumer"]["command"]
     out, report = _option(command, "--out"), _option(command, "--report")
     files = _untar(

@@ -33,12 +33,12 @@ from dpmarket.deploy.cli import command_at
 from dpmarket.experiments.runner import publish_sketches
 from dpmarket.experiments.scenarios import Scenario
 from dpmarket.owner.cape import CapeSite
-from dpmarket.owner.data import PointSet, Table
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.local import LocalOwnerEndpoint
 from dpmarket.owner.policy import OwnerPolicy, load_owner_policy
 from dpmarket.owner.protocol import Owner
 from dpmarket.owner.sketches import SketchPublisher, publish_to
+from dpmarket.runtime.tables import PointSet, Table
 
 POLICIES = Path(__file__).resolve().parents[2] / "deploy" / "policies"
 SKETCH_SPECS = Path(__file__).resolve().parents[2] / "deploy" / "sketches"
@@ -99,7 +99,10 @@ def test_request_defaults_pass_both_policies(
     sketches the counts allocation's terms are those of ``--allocation counts``. The per-round
     methods answer the curator with exact bids, which the shipped owner policy does not serve
     (``access.allow_exact_bids = false``): they must be refused by it, naming the key, and
-    pass under an owner's opt-in (with the rounds a point the demo's owners allow)."""
+    pass under an owner's opt-in (with the rounds a point the demo's owners allow). Likewise
+    the candidates method (the default), whose rows are picked along the curator's embedding
+    (``access.allow_steered_selection = false``): refused by the shipped policy, naming the
+    key and the uniform method, and served under the opt-in ``dpmarket init`` drafts."""
     options = _defaults(consumer_cli.request)
     options["allocation"] = allocation
     config = consumer_cli.summarization_config(50, method, options)
@@ -142,6 +145,14 @@ def test_request_defaults_pass_both_policies(
         notes = refused.state.drop_notes()
         assert notes.count("access.allow_exact_bids = false") == K, notes
         owner_policy = dataclasses.replace(owner_policy, allow_exact_bids=True, rounds_per_point=8)
+    if method == "candidates":
+        refused, error = prepare(owner_policy, tmp_path / "default")
+        assert error is not None, "the shipped owner policy must refuse steered selection"
+        message = str(error)
+        assert message.count("(refused the session)") == K, message
+        assert message.count("access.allow_steered_selection = false") == 1, message
+        assert "Use the uniform method" in message
+        owner_policy = dataclasses.replace(owner_policy, allow_steered_selection=True)
     session, error = prepare(owner_policy, tmp_path)
     assert error is None, error
     assert session.allocation == ("sketch" if sketches else "counts")

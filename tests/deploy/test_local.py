@@ -86,10 +86,18 @@ def test_init_writes_pki_configs_policies_and_a_draft_schema(tmp_path: Path) -> 
     assert owner["curator"] == f"127.0.0.1:{curator['port']}"
     assert (root / "owners" / "clinic-a" / "policy.toml").is_file()
     drafted = load_owner_policy(root / "owners" / "clinic-a" / "policy.toml")
-    # The tutorial runs the candidates method: no drafted owner trusts the curator with exact
-    # bids (the per-round methods), nor serves non-private sessions.
+    # The tutorial runs the candidates method: every drafted owner serves it (one operator runs
+    # the whole deployment, its curator too), and says in the file what that reveals; none
+    # trusts the curator with exact bids (the per-round methods), nor serves non-private
+    # sessions.
+    assert drafted.allow_steered_selection
     assert not drafted.allow_exact_bids and not drafted.allow_non_private
-    assert "allow_exact_bids = false" in (root / "owners" / "clinic-a" / "policy.toml").read_text()
+    text = (root / "owners" / "clinic-a" / "policy.toml").read_text()
+    assert "allow_exact_bids = false" in text
+    lines = text.splitlines()
+    above = lines[: lines.index("allow_steered_selection = true")]
+    note = " ".join(line for line in above[-9:] if line.startswith("# "))
+    assert "a column's largest value" in note and "Set false" in note, note
     # The catalogue drafts a marginals spec (Gaussian at delta 1e-6, its measurements planned
     # for the smallest owner's 30 rows, drafted as 30), which explore prefers for counts.
     declaration = SketchDeclaration.from_mapping(

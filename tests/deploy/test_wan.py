@@ -35,8 +35,8 @@ from dpmarket.curator.cape import CapeMeanEstimate
 from dpmarket.deploy.cli import main
 from dpmarket.deploy.wan import PROFILES, WanTopology, wait_for_port
 from dpmarket.experiments.runner import run_cape
-from dpmarket.owner.data import load_table
 from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.tables import load_table
 
 pytestmark = [pytest.mark.integration, pytest.mark.wan]
 
@@ -157,6 +157,14 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
                 if other != owner
             ]
             _pki("peers", "--policy", policy, "--out", policy, *others)
+            # The consumer's default method, candidates: these owners trust their curator with
+            # steered selection, as the how-to's step 2 sets it.
+            text = Path(policy).read_text(encoding="utf-8")
+            opted = text.replace(
+                "allow_steered_selection = false", "allow_steered_selection = true"
+            )
+            assert opted != text
+            Path(policy).write_text(opted, encoding="utf-8")
         shutil.copy2(REPO / "deploy" / "policies" / "curator.toml", dep.dir(CURATOR))
         # Each owner creates its ledger, bound to its certificate (it never starts without).
         for owner in OWNERS:

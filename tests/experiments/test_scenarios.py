@@ -24,7 +24,7 @@ from dpmarket.experiments.scenarios import (
     flights_scenario,
     write_scenario,
 )
-from dpmarket.owner.data import PointSet, load_point_set, load_table
+from dpmarket.runtime.tables import PointSet, load_point_set, load_table
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -270,7 +270,13 @@ class Attacker:
             response = self.call(self.secagg[owner].AdvertiseKeys, request)
             ads[owner], certificates[owner] = msg.advertisement_from_proto(response.advertisement)
         verifier = self.colluder.verifier()
-        colluder = SecAggSite(COLLUDER, params, signer=self.colluder.signer, verifier=verifier)
+        colluder = SecAggSite(
+            COLLUDER,
+            params,
+            signer=self.colluder.signer,
+            verifier=verifier,
+            keyring=self.colluder.keyring,
+        )
         ads[COLLUDER] = colluder.advertise_keys()
         certificates[COLLUDER] = self.colluder.certificate_pem
         verifier.admit({o: certificates[o] for o in HONEST})
@@ -576,10 +582,14 @@ def _forged_advertisement(
 def test_replayed_and_substituted_key_advertisements_get_no_share(
     cluster: LocalCluster, attacker: Attacker
 ) -> None:
-    """Round 2 presents owner-2's genuine advertisement of round 1 (replay), keys of the
-    attacker's signed by the colluder's key under owner-2's certificate, under the colluder's
-    certificate, or under the curator's certificate (substitution): every owner given them
-    refuses (ABORTED) and sends no ciphertext; round 1 cannot be restarted either."""
+    """Round 2 presents keys of the attacker's signed by the colluder's key under owner-2's
+    certificate, under the colluder's certificate, or under the curator's certificate
+    (substitution): every owner given them refuses (ABORTED) and sends no ciphertext. Round 3
+    presents owner-0 owner-2's genuine advertisement of round 1 (replay): its static key and
+    binding are owner-2's, so owner-0 shares, to the genuine owners under pair keys the curator
+    cannot compute, and refuses at its masked input (ABORTED), before anything depends on its
+    draw: owner-2's tag of round 3 does not cover the old mask key. Round 1 cannot be
+    restarted either."""
     before = _ledgers(cluster)
     job = _job("advertisements")
     length, scale = attacker.open_and_plan(job)
@@ -590,7 +600,6 @@ def test_replayed_and_substituted_key_advertisements_get_no_share(
     curator_cert = identity_files(attacker.pki_dir, Identity("curator", CURATOR_NAME))[1]
     colluder_signer = attacker.colluder.signer
     cases = {
-        "owner-0": ({"owner-2": old_ads["owner-2"]}, {}, "'owner-2' is not signed by"),
         "owner-1": (
             {"owner-2": _forged_advertisement(second, "owner-2", colluder_signer)},
             {},
@@ -618,6 +627,23 @@ def test_replayed_and_substituted_key_advertisements_get_no_share(
         honest = attacker.share_request(job, second, ads, certificates)
         refusal = attacker.refused(attacker.secagg[owner].ShareKeys, honest)
         assert refusal.code == grpc.StatusCode.FAILED_PRECONDITION
+    third = attacker.params(length, scale)
+    ads, certificates, colluder = attacker.advertise(job, third)
+    shared = {COLLUDER: colluder.share_keys(ads)}
+    for owner in HONEST:
+        shown = {**ads, "owner-2": old_ads["owner-2"]} if owner == "owner-0" else ads
+        request = attacker.share_request(job, third, shown, certificates)
+        response = attacker.call(attacker.secagg[owner].ShareKeys, request)
+        shared[owner] = {c.recipient: bytes(c.ciphertext) for c in response.ciphertexts}
+    masked_request = secure_aggregation_pb2.MaskedInputRequest(
+        round=msg.round_to_proto(job, third),
+        ciphertexts=msg.ciphertexts_to_proto(
+            (s, "owner-0", shared[s]["owner-0"]) for s in SITES if s != "owner-0"
+        ),
+    )
+    refusal = attacker.refused(attacker.secagg["owner-0"].MaskedInput, masked_request)
+    assert refusal.code == grpc.StatusCode.ABORTED, refusal
+    assert "'owner-2' this site was shown is not the one 'owner-2' made" in refusal.details
     restart = secure_aggregation_pb2.AdvertiseKeysRequest(round=msg.round_to_proto(job, first))
     refusal = attacker.refused(attacker.secagg["owner-0"].AdvertiseKeys, restart)
     assert refusal.code == grpc.StatusCode.FAILED_PRECONDITION
@@ -647,7 +673,7 @@ def test_a_consumer_asking_below_the_owners_floor_is_refused_and_the_default_is_
             assert "FAILED_PRECONDITION" in str(info.value)
             assert _ledgers(floor_two) == before
             answer = client.estimate_cape_mean(SPEC, seed=5, timeout=TIMEOUT)
-        assert answer.report["colluders"] == 2 and answer.report["default_colluders"] == 0
+        assert answer.report.colluders == 2 and answer.report.default_colluders == 0
         after = _ledgers(floor_two)
         for owner in owners:
             new = [e for e in after[owner] if e not in before[owner]]

@@ -36,10 +36,10 @@ from dpmarket.curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResu
 from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster
 from dpmarket.experiments.cape_experiments import DIABETES_BOUNDS, DIABETES_TARGET
 from dpmarket.experiments.runner import fit_cape, run_cape
-from dpmarket.owner.data import Table, load_table
 from dpmarket.owner.ledger import LedgerEntry, OwnerLedger
 from dpmarket.runtime import cape_messages
 from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.tables import Table, load_table
 from dpmarket.runtime.transport import TransportSecurity, sync_channel
 from dpmarket.v1 import cape_pb2, secure_aggregation_pb2
 
@@ -258,7 +258,9 @@ def test_networked_fit_equals_in_process_fit_and_each_owner_charges_it_once(
     np.testing.assert_array_equal(fit.weights, local.weights)
     assert fit.intercept == local.intercept
     assert fit.weights.shape == (len(COLUMNS),) and np.isfinite(fit.weights).all()
-    report = fit.report
+    # The typed report reads the curator's document, which --json prints unchanged.
+    assert fit.report.sites == tuple(OWNERS) and fit.report.task == spec.task
+    report = fit.report.to_json()
     assert report["task"] == spec.task
     assert report["sites"] == list(OWNERS) and report["dropped"] == {}
     assert report["noise_rounds"] == 1
@@ -274,6 +276,7 @@ def test_networked_fit_equals_in_process_fit_and_each_owner_charges_it_once(
         assert entry.consumer == str(CONSUMER) and entry.curator == str(CURATOR)
         assert "capeFM" in entry.mechanism and spec.task in entry.mechanism
         sessions.add(entry.session)
+        assert fit.report.owner_spend[owner].epsilon == entry.epsilon
         spent = report["owner_spend"][owner]
         assert spent == {
             "epsilon": entry.epsilon,
@@ -297,10 +300,10 @@ def test_a_networked_mean_or_training_equals_the_in_process_one_and_is_charged_o
     with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
         if isinstance(spec, CapeMeanSpec):
             answer = client.estimate_cape_mean(spec, seed=SEED, timeout=CALL_TIMEOUT)
-            networked, report = answer.mean, answer.report
+            networked, report = answer.mean, answer.report.to_json()
         else:
             network = client.train_cape(spec, seed=SEED, timeout=CALL_TIMEOUT)
-            networked, report = network.parameters, network.report
+            networked, report = network.parameters, network.report.to_json()
     local, _ = run_cape([load_table(tables[o], binary=BINARY) for o in OWNERS], spec, seed=SEED)
     if isinstance(local, CapeMeanEstimate):
         np.testing.assert_array_equal(networked, local.mean)
@@ -378,7 +381,7 @@ def test_an_owner_without_budget_left_refuses_the_job_before_any_release(
     a job at epsilon 0.5 still fits in what is left."""
     owners = tuple(budget_cluster.owner_ids)
     first = _fit(budget_cluster, _linear(epsilon=1.0))
-    assert first.report["sites"] == list(owners)
+    assert first.report.sites == owners
     after_first = _ledgers(budget_cluster)
     assert all(len(after_first[o]) == 1 for o in owners)
 
@@ -392,7 +395,7 @@ def test_an_owner_without_budget_left_refuses_the_job_before_any_release(
     assert "epsilon" in curator_log and "0.5 left" in curator_log
 
     last = _fit(budget_cluster, _linear(epsilon=0.5))
-    assert last.report["sites"] == list(owners)
+    assert last.report.sites == owners
     new = _new_entries(after_first, _ledgers(budget_cluster))
     assert all([e.epsilon for e in new[o]] == [0.5] for o in owners)
 
@@ -427,7 +430,7 @@ def test_values_outside_their_public_bounds_are_clamped_and_the_fit_charged_once
     # The estimates' fixed wording names public terms (what an interval covers: the records
     # "clamped" into the bounds; a value "outside" its interval), the same for every job; their
     # numbers come from the release. Everything else must not mention rows or clamping.
-    report = {k: v for k, v in fit.report.items() if k != "estimates"}
+    report = fit.report.to_json(estimates=False)
     text = json.dumps(report)
     assert "row" not in text and "clamp" not in text and "outside" not in text
     assert {e.covers for e in fit.estimates} == {spec.covers}
@@ -570,7 +573,7 @@ def test_a_target_no_owner_declared_0_1_is_refused_naming_no_row_or_value(
         assert code == grpc.StatusCode.INVALID_ARGUMENT
         assert (
             f"column 'target' is not a 0/1 column of owner {OWNERS[0]}: a {task} needs a target "
-            "its owners declare 0/1 when they start (serve-owner --binary-column); this owner "
+            "its owners declare 0/1 when they start (owner serve --binary-column); this owner "
             "declares ['high']"
         ) in details
         assert "row" not in details

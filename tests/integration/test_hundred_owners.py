@@ -24,7 +24,7 @@ from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.deploy.launcher import LocalCluster, owner_ledger_entries
 from dpmarket.experiments.scenarios import FLIGHTS_FEATURE_NAMES, Scenario, flights50_scenario
-from dpmarket.owner.data import save_point_set
+from dpmarket.runtime.tables import save_point_set
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -41,6 +41,8 @@ delta = 1e-3
 [session]
 epsilon = 10.0
 delta = 1e-4
+[access]
+allow_steered_selection = true   # the candidates method's rows
 """
 CURATOR_POLICY = """
 [sessions]
@@ -130,7 +132,7 @@ def test_a_cape_mean_of_100_owners_runs_secagg_plus_and_is_within_its_noise(
     before = owner_ledger_entries(cluster)
     with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
         estimate = client.estimate_cape_mean(spec, seed=7, timeout=TIMEOUT)
-    report = estimate.report
+    report = estimate.report.to_json()
     graph = report["secure_aggregation"]
     assert graph["graph"] == "sparse" and (graph["neighbours"], graph["ring"]) == (8, 22)
     assert report["colluders"] == 33

@@ -16,30 +16,50 @@ import asyncio
 import itertools
 import logging
 import os
+import sqlite3
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from dpmarket.common.errors import FailedPreconditionError
 from dpmarket.common.summarization.rff import draw_rff_params
 from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
 from dpmarket.curator.owners import GrpcOwnerEndpoint
 from dpmarket.curator.store import CuratorStore
-from dpmarket.deploy.pki import init_ca, issue_all
-from dpmarket.owner.data import PointSet
-from dpmarket.owner.ledger import ROLLBACK_MESSAGE, OwnerLedger
-from dpmarket.owner.ledger_admin import backup_ledger, init_ledger, restore_ledger
+from dpmarket.deploy.pki import init_ca, issue, issue_all
+from dpmarket.owner import ledger as ledger_module
+from dpmarket.owner.cli import ledger as ledger_cli
+from dpmarket.owner.ledger import (
+    ROLLBACK_MESSAGE,
+    TAMPERED_MESSAGE,
+    LedgerCheckError,
+    LedgerUpgradeRequiredError,
+    OwnerLedger,
+    ledger_path,
+)
+from dpmarket.owner.ledger_admin import backup_ledger, init_ledger, restore_ledger, verify_file
 from dpmarket.owner.ledger_chain import LedgerOwner
+from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.protocol import Owner
 from dpmarket.owner.receipts import Signer, sign_receipt
 from dpmarket.owner.service import OwnerServicer, owner_authorizer
 from dpmarket.runtime.identity import Identity, identity_files
 from dpmarket.runtime.serving import start_server
+from dpmarket.runtime.tables import PointSet
 from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import owner_pb2, owner_pb2_grpc, privacy_pb2
+from tests.owner.ledger_attacks import (
+    NoGuard,
+    delete_totals,
+    downgrade,
+    raw_charges,
+    without_triggers,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -219,31 +239,235 @@ def _present(receipt: privacy_pb2.LedgerReceipt) -> Callable[..., Awaitable[Any]
     return script
 
 
-def test_a_forged_receipt_changes_nothing_the_owner_does(
+def test_a_forged_receipt_only_makes_the_owner_wait_for_its_operator(
     deployment: Deployment, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A receipt that no key of the ledger verifies changes nothing when it names another owner
+    or is no receipt. One that names this owner is refused until the operator resolves it
+    (issue 25, B1: ignoring it hid a rollback behind a rotated key): a lying curator can make
+    the owner wait (as it can by not calling it), never charge it or hide a rollback."""
     d = deployment
     d.run(lambda keeping, _: session(keeping))
     curator_key = Signer.from_pem(_security(d.pki, CURATOR).key_pem or b"")
     owner_key = Signer.from_pem(d.security.key_pem or b"")
     caplog.set_level(logging.WARNING, logger="owner.ledger")
-    # A receipt 'far ahead' of the ledger, signed by the curator's own key; one of another
-    # ledger (signed by the owner's key: the owner's earlier ledger); bytes that are no
-    # receipt. Each is ignored: the session is served and charged as without a receipt.
-    presented = [
-        sign_receipt(curator_key, _state(d, 99)),
-        sign_receipt(owner_key, _state(d, 99, ledger_id="0" * 32)),
+    other_owner = _state(d, 99)
+    other_owner.owner = "owner-9"
+    ignored = [
+        sign_receipt(curator_key, other_owner),
         privacy_pb2.LedgerReceipt(state=b"\x01\x02 not a state", signature=b"not a signature"),
     ]
-    for receipt in presented:
+    for receipt in ignored:
         d.run(_present(receipt))
-    assert len(charges(d)) == 1 + len(presented)
-    assert "did not sign" in caplog.text and "another ledger of this owner" in caplog.text
+    assert len(charges(d)) == 1 + len(ignored)
+    assert "did not sign" in caplog.text
     with OwnerLedger(d.data_dir, None) as ledger:
         assert ledger.rollbacks() == []
+    # Signed by the curator's key, naming this owner 'far ahead': refused, nothing charged.
+    forged = sign_receipt(curator_key, _state(d, 99))
+    with pytest.raises(FailedPreconditionError, match="behind a receipt it signed"):
+        d.run(_present(forged))
+    assert len(charges(d)) == 1 + len(ignored)
+    assert "--dismiss-unverified-receipts" in caplog.text
+    resolve = ["resolve", "--data-dir", str(d.data_dir)]
+    refused = CliRunner().invoke(ledger_cli, resolve)  # its totals do not open: not charged
+    assert refused.exit_code == 1 and "--dismiss-unverified-receipts" in refused.output
+    dismissed = CliRunner().invoke(ledger_cli, [*resolve, "--dismiss-unverified-receipts"])
+    assert dismissed.exit_code == 0, dismissed.output
+    assert "dismissed on record: nothing charged" in " ".join(dismissed.output.split())
+    d.run(_present(forged))  # dismissed on record: served, charged as without it
+    assert len(charges(d)) == 2 + len(ignored)
 
     # Control: the same state signed with the owner's own key is a receipt it signed, and the
     # ledger is behind it: refused, nothing charged.
     with pytest.raises(FailedPreconditionError, match="behind a receipt it signed"):
         d.run(_present(sign_receipt(owner_key, _state(d, 99))))
-    assert len(charges(d)) == 1 + len(presented)
+    assert len(charges(d)) == 2 + len(ignored)
+
+
+# ------------------------------------------------------------------ round 3: running totals, schema
+#: Two sessions of two points fit, a third does not.
+TWO_SESSIONS = OwnerPolicy(points_total=4, points_per_session=2)
+
+
+def _refused(endpoint_of: str) -> Callable[..., Awaitable[str]]:
+    async def script(keeping: GrpcOwnerEndpoint, plain: GrpcOwnerEndpoint) -> str:
+        with pytest.raises(FailedPreconditionError) as info:
+            await session(keeping if endpoint_of == "keeping" else plain)
+        return str(info.value)
+
+    return script
+
+
+def test_running_totals_deleted_while_the_owner_serves_refuse_its_next_session(
+    deployment: Deployment, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The red team's repro_totals.sh: the owner serving, ``DELETE FROM charge_totals``. The
+    next session is refused with a fixed message and nothing is charged; restarted, the owner
+    does not open its ledger. Control: with the owner's guard off, the deletion gives the
+    budget back and the session is served."""
+    d = deployment
+    OwnerLedger(d.data_dir, TWO_SESSIONS).close()  # recorded: the policy in force
+
+    async def spend_then_delete(keeping: GrpcOwnerEndpoint, _: GrpcOwnerEndpoint) -> str:
+        await session(keeping)
+        await session(keeping)
+        with pytest.raises(FailedPreconditionError, match="0 raw points"):  # spent
+            await session(keeping)
+        await asyncio.to_thread(delete_totals, d.data_dir)
+        with pytest.raises(FailedPreconditionError) as info:
+            await session(keeping)
+        return str(info.value)
+
+    message = d.run(spend_then_delete)
+    assert TAMPERED_MESSAGE in message
+    assert "points" not in message.replace(TAMPERED_MESSAGE, "")  # no budget figure
+    assert len(raw_charges(d.data_dir)) == 2
+    assert "owner ledger verify" in caplog.text
+    with pytest.raises(LedgerCheckError, match="running totals"):  # a restart
+        d.run(lambda keeping, _: session(keeping))
+
+
+def test_running_totals_deleted_are_a_reset_budget_without_the_guard(
+    deployment: Deployment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Control of the test above: the owner as it was (totals read as found)."""
+    d = deployment
+    OwnerLedger(d.data_dir, TWO_SESSIONS).close()
+    monkeypatch.setattr(ledger_module, "ChainGuard", NoGuard)
+
+    async def spend_then_delete(keeping: GrpcOwnerEndpoint, _: GrpcOwnerEndpoint) -> None:
+        await session(keeping)
+        await session(keeping)
+        await asyncio.to_thread(delete_totals, d.data_dir)
+        await session(keeping)  # served: four points over a budget of four
+        await session(keeping)
+
+    d.run(spend_then_delete)
+    assert sum(p for *_, p in raw_charges(d.data_dir)) == 8
+
+
+def test_a_ledger_taken_back_to_the_previous_schema_is_refused_by_the_curators_receipt(
+    deployment: Deployment, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The red team's repro_downgrade.sh: identity, chain and every charge but the first
+    dropped, schema 3. The owner does not start on it; once its operator upgrades it (a new
+    ledger id), the curator's receipt of the real ledger is refused, not ignored, until the
+    operator accepts the loss on record. Control: a curator presenting no receipt is served by
+    the reset ledger."""
+    d = deployment
+    d.run(lambda keeping, _: session(keeping))
+    d.run(lambda keeping, _: session(keeping))
+    with OwnerLedger(d.data_dir, None) as ledger:
+        real = ledger.identity.ledger_id
+    downgrade(d.data_dir, keep=1)
+    with pytest.raises(LedgerUpgradeRequiredError, match="dpmarket owner ledger upgrade"):
+        d.run(lambda keeping, _: session(keeping))
+    upgraded = OwnerLedger.upgrade(d.data_dir)  # the operator, told to
+    assert upgraded.ledger_id != real and upgraded.charges == 1
+    d.run(lambda _, plain: session(plain))  # control: no receipt, served
+    caplog.set_level(logging.ERROR)
+    message = d.run(_refused("keeping"))
+    assert ROLLBACK_MESSAGE in message
+    assert f"ledger {real}" in caplog.text and "--accept-replaced-ledger" in caplog.text
+    assert d.run(_refused("plain")) == message  # refused to every curator until resolved
+    with OwnerLedger(d.data_dir, None) as ledger:
+        with pytest.raises(ValueError, match="accept-replaced-ledger"):
+            ledger.resolve_rollbacks()
+        (resolved,) = ledger.resolve_rollbacks(accept_replaced_ledger=True)
+    assert resolved.replaced_ledger == real
+    d.run(lambda keeping, _: session(keeping))
+    assert len(raw_charges(d.data_dir)) == 3
+
+
+# ------------------------------------------------------------------ round 4: the ledger's keys
+def test_a_rollback_behind_a_rotated_key_and_deleted_keys_is_refused_until_resolved(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The red team's repro_b1_receipt_keys.sh: the ledger restored from a backup, the owner
+    given a new key (``pki issue --force``) and ``DELETE FROM ledger_keys``, so that the
+    curator's receipt verifies under no key the ledger lists. The keys cannot be deleted (a
+    trigger), dropping the trigger keeps the owner from starting, and a receipt naming this
+    owner that no key verifies is refused until the operator resolves it, which charges back
+    what it shows lost (its totals open under the ledger's own key). Control: ignoring such a
+    receipt (as before) serves the rolled-back ledger."""
+    root = tmp_path / "pki"
+    init_ca(root)
+    issue_all(root, [CURATOR, OWNER])
+    d = Deployment(root, tmp_path)
+    backup = tmp_path / "backup.sqlite3"
+
+    async def two_sessions(keeping: GrpcOwnerEndpoint, _: GrpcOwnerEndpoint) -> None:
+        await session(keeping)
+        await asyncio.to_thread(backup_ledger, d.data_dir, backup)
+        await session(keeping, points=3)
+
+    d.run(two_sessions)
+    held = d.store.owner_receipt(OWNER.name)
+    assert held is not None
+    issue(root, "owner", OWNER.name, force=True)  # a new certificate key for the owner
+    d.security = _security(root, OWNER)
+
+    def roll_back(*, thorough: bool) -> None:
+        restore_ledger(d.data_dir, backup)
+        d.store.record_owner_receipt(OWNER.name, held)  # the curator's receipt, as it holds it
+        with closing(sqlite3.connect(ledger_path(d.data_dir))) as conn, conn:
+            with pytest.raises(sqlite3.IntegrityError, match="keeps every key"):
+                conn.execute("DELETE FROM ledger_keys")
+            if thorough:  # the triggers dropped and created again: verify sees nothing
+                with without_triggers(conn, "ledger_keys_no_delete"):
+                    conn.execute("DELETE FROM ledger_keys")
+            else:
+                conn.execute("DROP TRIGGER ledger_keys_no_delete")
+                conn.execute("DELETE FROM ledger_keys")
+
+    roll_back(thorough=False)
+    with pytest.raises(LedgerCheckError, match="triggers missing: ledger_keys_no_delete"):
+        d.run(lambda keeping, _: session(keeping))
+    assert not verify_file(ledger_path(d.data_dir)).ok
+
+    # Control (the defence off: a receipt no key verifies is ignored, as before): served, the
+    # second session's three points forgotten.
+    roll_back(thorough=True)
+    with monkeypatch.context() as patch:
+        patch.setattr(ledger_module, "_unverified_state", lambda receipt: None)
+        d.run(lambda keeping, _: session(keeping))
+    assert [p for _, p in charges(d)] == [2, 2]
+
+    roll_back(thorough=True)
+    caplog.set_level(logging.ERROR)
+    message = d.run(_refused("keeping"))
+    assert ROLLBACK_MESSAGE in message
+    assert "no key of ledger" in caplog.text and "owner ledger resolve" in caplog.text
+    assert d.run(_refused("plain")) == message  # every curator, until resolved
+    assert [p for _, p in charges(d)] == [2]
+    assert verify_file(ledger_path(d.data_dir)).open_rollbacks == 1
+    with OwnerLedger(d.data_dir, None, clock=d.clock) as ledger:
+        (resolution,) = ledger.resolve_rollbacks()  # its totals open: charged back
+    assert (resolution.points, resolution.receipt_sequence) == (3, 2)
+    d.run(lambda keeping, _: session(keeping))
+    assert [p for _, p in charges(d)] == [2, 3, 2]
+    assert verify_file(ledger_path(d.data_dir)).ok
+    d.store.close()
+
+
+def test_a_ledger_of_the_previous_schema_gets_its_keys_protected_on_upgrade(
+    deployment: Deployment,
+) -> None:
+    """Schema 5 -> 6 (``dpmarket owner ledger upgrade``, or on open): the triggers that keep
+    the keys, and the column that marks unverified receipts, are added; charges unchanged."""
+    d = deployment
+    d.run(lambda keeping, _: session(keeping))
+    with closing(sqlite3.connect(ledger_path(d.data_dir))) as conn, conn:
+        conn.execute("DROP TRIGGER ledger_keys_no_update")
+        conn.execute("DROP TRIGGER ledger_keys_no_delete")
+        conn.execute("ALTER TABLE ledger_rollbacks DROP COLUMN verified")
+        conn.execute("PRAGMA user_version = 5")
+    upgraded = OwnerLedger.upgrade(d.data_dir)
+    assert (upgraded.before, upgraded.after, upgraded.charges) == (5, 6, 1)
+    assert verify_file(ledger_path(d.data_dir)).ok
+    with (
+        closing(sqlite3.connect(ledger_path(d.data_dir))) as conn,
+        pytest.raises(sqlite3.IntegrityError, match="keeps every key"),
+    ):
+        conn.execute("DELETE FROM ledger_keys")

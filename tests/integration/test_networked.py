@@ -2,8 +2,9 @@
 
 The cluster's policies allow the non-private greedy baseline (curator ``methods`` and owners'
 ``allow_non_private``) and the per-round methods' exact bids (owners' ``allow_exact_bids``, with
-``rounds_per_point`` for greedy's 240 rounds against the smallest owner's 44-point share) so
-that every method's networked run can be compared with its in-process run.
+``rounds_per_point`` for greedy's 240 rounds against the smallest owner's 44-point share), and
+the candidates method's rows picked along the curator's embedding (``allow_steered_selection``),
+so that every method's networked run can be compared with its in-process run.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dpmarket.consumer.client import CuratorClient
 from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster
 from dpmarket.experiments.runner import simulate
 from dpmarket.experiments.scenarios import Scenario, write_scenario
+from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.statement import LedgerStatement
 from dpmarket.runtime.arrays import array_to_proto
 from dpmarket.runtime.identity import Identity, identity_files
@@ -55,6 +57,7 @@ delta = 0.1
 points = 100000
 rounds_per_point = 8
 [access]
+allow_steered_selection = true
 allow_non_private = true
 allow_exact_bids = true
 """
@@ -216,6 +219,12 @@ def test_owner_maps_out_of_order_stages_to_statuses(cluster: LocalCluster) -> No
         (owner_pb2.SESSION_METHOD_UNSPECIFIED, 0.5, grpc.StatusCode.INVALID_ARGUMENT, "method"),
         (owner_pb2.SESSION_METHOD_CANDIDATES_COUNTS, 0.0, grpc.StatusCode.INVALID_ARGUMENT,
          "needs a finite epsilon > 0"),
+        # Issue 25, B5: a noise scale 1/epsilon of inf (5e-324), or of 1e300: refused before
+        # the charge (they were charged, then the count failed or released noise alone).
+        (owner_pb2.SESSION_METHOD_CANDIDATES_COUNTS, 5e-324, grpc.StatusCode.INVALID_ARGUMENT,
+         "must be at least 1e-06"),
+        (owner_pb2.SESSION_METHOD_CANDIDATES_COUNTS, 1e-300, grpc.StatusCode.INVALID_ARGUMENT,
+         "must be at least 1e-06"),
         (owner_pb2.SESSION_METHOD_HASHES_SKETCH, 0.0, grpc.StatusCode.FAILED_PRECONDITION,
          "runs in process only"),
     ):  # fmt: skip
@@ -224,6 +233,8 @@ def test_owner_maps_out_of_order_stages_to_statuses(cluster: LocalCluster) -> No
         wrong.terms.CopyFrom(owner_pb2.SessionTerms(method=method, epsilon=epsilon))
         got, details = _status(stub.OpenSession, wrong)
         assert got == code and text in details, (got, details)
+    with OwnerLedger(cluster.owner_state(owner.name), None) as ledger:
+        assert ledger.session_totals("s-direct").epsilon == 0  # refused: nothing charged
     stub.OpenSession(good_open, timeout=30)
     assert _status(stub.OpenSession, good_open)[0] == grpc.StatusCode.ALREADY_EXISTS
     assert _status(stub.Bid, bid)[0] == grpc.StatusCode.FAILED_PRECONDITION

@@ -11,6 +11,7 @@ name; a killed owner is "unreachable".
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,10 @@ def test_an_exhausted_owner_is_left_out_only_when_the_consumer_allows_it(
     plot = tmp_path / "min4" / "plot.png"
     ran = _request(cluster, tmp_path / "min4", digits, "--min-owners", "4", "--plot", str(plot))
     assert ran.exit_code == 0, ran.output
+    # The session's id comes first, as soon as it is created (a curator lost afterwards leaves
+    # the consumer knowing which session to ask about).
+    created = re.search(r"session (\S+) created", ran.output)
+    assert created is not None and ran.output.index(created[0]) < ran.output.index("left out")
     assert f"left out: {exhausted} (budget refused)" in ran.output
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = json.loads((tmp_path / "min4" / "report.json").read_text(encoding="utf-8"))

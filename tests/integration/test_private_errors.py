@@ -77,6 +77,8 @@ SMALLER_BUDGETS = """
 epsilon = 8.0
 [session]
 epsilon = 1.5
+[access]
+allow_steered_selection = true   # as deployment a's drafted policy
 """
 #: Both curators: the module's requests exceed the default 10 per consumer and minute.
 CURATOR_POLICY = """

@@ -39,6 +39,8 @@ points_fraction = 1.0  # as simulate's owners, which run without a policy: the s
 [sketches]
 publish = true
 epsilon = 1.0
+[access]
+allow_steered_selection = true   # the candidates method's rows
 """
 CURATOR_POLICY = """
 [sessions]

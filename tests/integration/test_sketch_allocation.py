@@ -41,6 +41,8 @@ delta = 1e-6
 [sketches]
 publish = true
 epsilon = 1.0
+[access]
+allow_steered_selection = true   # the candidates method's rows
 """
 CURATOR_POLICY = """
 [sessions]
@@ -104,7 +106,7 @@ def test_the_catalogues_sketches_split_the_budget_as_the_same_sketches_do_in_pro
         assert counts["allocation_note"].startswith(
             f"no sketch published under {SPEC} by "
             + ", ".join(o.name for o in owners)
-            + f" (dpmarket sketch publish --spec {SPEC}): every owner is charged epsilon 1"
+            + f" (dpmarket owner publish --spec {SPEC}): every owner is charged epsilon 1"
         ), counts
 
         cluster.publish_sketches(tables, cluster.log_dir / "publications", seed=SEED)

@@ -41,16 +41,19 @@ from dpmarket.deploy.cli import main as cli_main
 from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster
 from dpmarket.deploy.pki import init_ca, issue_all
 from dpmarket.deploy.sketch_demo import flights_tables
-from dpmarket.owner.data import load_table
-from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.ledger import LedgerRollbackError, OwnerLedger, ledger_path
+from dpmarket.owner.ledger_admin import backup_ledger
+from dpmarket.owner.ledger_chain import LedgerOwner
 from dpmarket.owner.policy import load_owner_policy
 from dpmarket.owner.sketch_client import CatalogClient
 from dpmarket.owner.sketches import SketchPublisher, ledger_session, publish_to
 from dpmarket.runtime.identity import CA_CERT, Identity, identity_files
 from dpmarket.runtime.sketch_messages import sketch_to_proto
+from dpmarket.runtime.tables import load_table
 from dpmarket.runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
-from dpmarket.v1 import sketch_pb2, sketch_pb2_grpc
+from dpmarket.v1 import privacy_pb2, sketch_pb2, sketch_pb2_grpc
 from tests.conftest import new_ledger
+from tests.owner.ledger_attacks import drop_last_charge
 
 pytestmark = pytest.mark.integration
 
@@ -347,12 +350,13 @@ def test_a_value_outside_the_domain_is_clamped_at_publication_and_counted_in_the
     values[42, table.columns.index("air_time")] = 800.0  # the domain ends at 720 minutes
     bad = tmp_path / "bad.csv"
     pd.DataFrame(values, columns=list(table.columns)).to_csv(bad, index=False)
+    state = _replacing_ledger(dep, "owner-EV", tmp_path / "state")
     with caplog.at_level("WARNING", logger="dpmarket.owner.sketches"):
         result = CliRunner().invoke(
             cli_main,
             [
                 "sketch", "publish", "--curator", dep.cluster.curator_target,
-                "--table", str(bad), "--data-dir", str(new_ledger(tmp_path / "state")),
+                "--table", str(bad), "--data-dir", str(state),
                 "--policy", str(dep.cluster.owner_policy_file),
                 "--pki-dir", str(dep.cluster.pki_dir), "--name", "owner-EV",
                 "--spec", "mini/race",
@@ -366,6 +370,19 @@ def test_a_value_outside_the_domain_is_clamped_at_publication_and_counted_in_the
     assert entry.consumer == "catalogue:mini/race" and stored is not None
     served = _catalogue(dep)[("mini/race", "owner-EV")]
     assert served == _packed(stored.sketch)
+
+
+def _replacing_ledger(dep: Deployment, owner: str, data_dir: Path) -> Path:
+    """A new ledger of ``owner`` in ``data_dir`` that replaced the one the curator holds a
+    receipt of, on its operator's record (``owner ledger resolve --accept-replaced-ledger``):
+    without it, a publication from it is refused as a rollback. Returns ``data_dir``."""
+    new_ledger(data_dir)
+    me = LedgerOwner.from_security(owner, _owner_security(dep.cluster, Identity("owner", owner)))
+    with OwnerLedger(data_dir, None, owner=me) as ledger:
+        with pytest.raises(LedgerRollbackError):
+            ledger.check_receipt(_curator_receipt(dep, owner), curator=str(CURATOR))
+        ledger.resolve_rollbacks(accept_replaced_ledger=True)
+    return data_dir
 
 
 def _spec(dep: Deployment, name: str) -> SketchSpec:
@@ -657,3 +674,110 @@ def test_the_library_answers_as_the_commands_do(dep: Deployment) -> None:
         {**row, "charged_now": False, "already_in_catalogue": True} for row in first["sketches"]
     ]
     assert ledger(dep.cluster.owner_state("owner-EV")).entries == statement.entries
+
+
+def _curator_receipt(dep: Deployment, owner: str) -> privacy_pb2.LedgerReceipt | None:
+    """The ledger receipt the curator's store holds as ``owner``'s last."""
+    with closing(sqlite3.connect(dep.cluster.curator_state / DATABASE_FILE)) as conn:
+        row = conn.execute(
+            "SELECT receipt FROM owner_receipts WHERE owner = ?", (owner,)
+        ).fetchone()
+    return None if row is None else privacy_pb2.LedgerReceipt.FromString(bytes(row[0]))
+
+
+def test_a_ledger_restored_from_before_a_publication_is_found_by_its_receipt(
+    dep: Deployment, tmp_path: Path
+) -> None:
+    """The red team's repro_b2_publish_rollback.sh: ``owner publish`` charges, then the ledger
+    is restored from a copy older than the publication. The owner's publication (its own
+    process, ``dpmarket sketch publish``) sends the receipt it signed after the charge; the
+    curator keeps it as the owner's last, and the restored ledger is behind it: refused until
+    resolved, which charges back exactly the publications' epsilon. Control: the receipt a
+    curator held without it (owner-EV never had a session: none) lets the restored ledger serve
+    with the publications' budget back."""
+    owner = "owner-EV"
+    held = _curator_receipt(dep, owner)
+    assert held is not None  # only publications: the curator holds a receipt of them
+    state = privacy_pb2.LedgerState.FromString(held.state)
+    spent = [e.epsilon for e in _entries(dep, owner)]
+    assert state.sequence == len(spent) == 2
+    # The restored copy: the ledger before the second publication (a whole, shorter chain).
+    restored = tmp_path / owner
+    backup_ledger(dep.cluster.owner_state(owner), ledger_path(restored))
+    drop_last_charge(restored)
+    me = LedgerOwner.from_security(owner, _owner_security(dep.cluster, Identity("owner", owner)))
+    with OwnerLedger(restored, None, owner=me) as ledger:
+        ledger.check_receipt(None, curator="curator:curator")  # the control: served
+        assert ledger.window_totals().epsilon == pytest.approx(spent[0])
+        with pytest.raises(LedgerRollbackError):
+            ledger.check_receipt(held, curator="curator:curator")
+        (resolution,) = ledger.resolve_rollbacks()
+        assert resolution.epsilon == pytest.approx(spent[1])
+        assert ledger.window_totals().epsilon == pytest.approx(sum(spent))
+        ledger.check_receipt(held, curator="curator:curator")  # resolved: accepted
+
+
+def _owner_publish(dep: Deployment, owner: str, data_dir: Path, spec: str) -> Any:
+    """``dpmarket owner publish --spec SPEC`` from ``data_dir`` with ``owner``'s certificate."""
+    return CliRunner().invoke(
+        cli_main,
+        [
+            "owner", "publish", "--curator", dep.cluster.curator_target,
+            "--table", str(dep.tables[owner]), "--data-dir", str(data_dir),
+            "--policy", str(dep.cluster.owner_policy_file),
+            "--pki-dir", str(dep.cluster.pki_dir), "--name", owner,
+            "--spec", spec, "--out", str(data_dir / "out.json"),
+        ],
+    )  # fmt: skip
+
+
+def test_a_publication_from_a_restored_ledger_is_refused_before_it_charges(
+    dep: Deployment, tmp_path: Path
+) -> None:
+    """The red team's l1_publish_after_rollback.sh: the owner's ledger is restored from a copy
+    older than the curator's held receipt (``cp``), then ``owner publish`` runs before any
+    session. The curator serves its held receipt with the spec (GetSketchSpec) and the owner
+    checks it before it charges, as at a session's open: refused, the rollback recorded,
+    nothing charged or stored, the held receipt kept. Without the check the restored ledger
+    (1 of 2.5 spent) would charge mini/hist, which owner-UA never published. Control: the
+    ledger at its head (not restored) passes the check and publishes."""
+    owner = "owner-UA"
+    # Control first: a copy at the ledger's head publishes (mini/rff, stored: sent again), and
+    # the curator keeps the receipt it sends (owner-UA's library publications sent none).
+    current = tmp_path / "current"
+    backup_ledger(dep.cluster.owner_state(owner), ledger_path(current))
+    result = _owner_publish(dep, owner, current, "mini/rff")
+    assert result.exit_code == 0, result.output
+    document = json.loads((current / "out.json").read_text(encoding="utf-8"))
+    assert [(s["spec"], s["already_in_catalogue"]) for s in document["sketches"]] == [
+        ("mini/rff", True)
+    ]
+    held = _curator_receipt(dep, owner)
+    assert held is not None
+    assert privacy_pb2.LedgerState.FromString(held.state).sequence == 2
+
+    restored = tmp_path / "restored"
+    backup_ledger(dep.cluster.owner_state(owner), ledger_path(restored))
+    drop_last_charge(restored)  # the copy taken before owner-UA's second publication
+    before = _entries_at(restored)
+    assert len(before) == 1
+    result = _owner_publish(dep, owner, restored, "mini/hist")
+    assert result.exit_code != 0
+    assert "ledger is behind a receipt it signed" in result.output
+    assert _entries_at(restored) == before  # nothing charged
+    with OwnerLedger(restored, None) as ledger:
+        assert SketchPublisher(ledger).stored(_spec(dep, "mini/hist")) is None
+        with pytest.raises(LedgerRollbackError):  # recorded: refused until resolved
+            ledger.check_receipt(None, curator=str(CURATOR))
+    assert _curator_receipt(dep, owner) == held
+    assert ("mini/hist", owner) not in _catalogue(dep)
+
+    # The held receipt goes to its owner only: a consumer's spec carries none.
+    def spec_as(security: TransportSecurity) -> Any:
+        with sync_channel(dep.cluster.curator_target, security, CURATOR) as channel:
+            return sketch_pb2_grpc.SketchCatalogServiceStub(channel).GetSketchSpec(
+                sketch_pb2.GetSketchSpecRequest(name="mini/hist"), timeout=CALL_TIMEOUT
+            )
+
+    assert spec_as(_owner_security(dep.cluster, Identity("owner", owner))).receipt == held
+    assert not spec_as(dep.cluster.consumer_security()).HasField("receipt")

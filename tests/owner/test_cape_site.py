@@ -28,13 +28,13 @@ from dpmarket.common.secagg.fixedpoint import FixedPoint
 from dpmarket.common.secagg.protocol import RoundParams, min_threshold
 from dpmarket.owner.cape import CapeSite
 from dpmarket.owner.cape_service import CapeSiteServicer
-from dpmarket.owner.data import Table
 from dpmarket.owner.ledger import LedgerEntry, OwnerLedger
 from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.secagg import SiteIdentity
 from dpmarket.runtime import cape_messages as msg
 from dpmarket.runtime.authz import Authorizer
 from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.tables import Table
 from dpmarket.v1 import cape_pb2
 
 CURATOR = "curator:curator"

@@ -12,13 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from dpmarket.common.schema import Column, Schema
-from dpmarket.owner.data import PointSet, Table
-from dpmarket.owner.data import load_owner_data as load_file
+from dpmarket.owner.data import load_owner_data
 from dpmarket.owner.dataset import DatasetError, open_dataset, read_partition
 from dpmarket.owner.engine import SerialEngine
 from dpmarket.owner.partitioned import PartitionedData, PartitionedTable
-from dpmarket.owner.sources import load_owner_data
 from dpmarket.owner.validation import read_all, validate_dataset
+from dpmarket.runtime.tables import PointSet, Table
+from dpmarket.runtime.tables import load_points_and_table as load_file
 
 COLUMNS = ("a", "b", "c", "label")
 SCHEMA = Schema(

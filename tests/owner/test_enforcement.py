@@ -21,10 +21,10 @@ from dpmarket.common.errors import (
 )
 from dpmarket.common.summarization.rff import RFFParams, draw_rff_params
 from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
-from dpmarket.owner.data import PointSet
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.protocol import LOCAL_CURATOR, Owner, OwnerSession
+from dpmarket.runtime.tables import PointSet
 
 D = 16
 N_POINTS = 30

@@ -428,6 +428,7 @@ def test_running_totals_are_built_for_a_ledger_written_before_them(tmp_path: Pat
                     int(args["epsilon"] == math.inf),
                 ),
             )
+    OwnerLedger.upgrade(tmp_path / "owner")  # dpmarket owner ledger upgrade
     with OwnerLedger(tmp_path / "owner", None) as ledger:
         before = ledger.window_totals()
         assert before == _summed(ledger.entries())

@@ -27,14 +27,20 @@ import pytest
 from click.testing import CliRunner
 
 from dpmarket.deploy.pki import init_ca, issue, issue_all
+from dpmarket.owner import ledger as ledger_module
 from dpmarket.owner.cli import ledger as ledger_cli
 from dpmarket.owner.cli import serve_owner
 from dpmarket.owner.ledger import (
     APPLICATION,
     MIGRATIONS,
     ROLLBACK_MESSAGE,
+    TAMPERED_MESSAGE,
+    LedgerCheckError,
     LedgerMissingError,
     LedgerRollbackError,
+    LedgerTamperedError,
+    LedgerUpgradeRequiredError,
+    OwnerBudgetError,
     OwnerLedger,
     ledger_path,
 )
@@ -44,6 +50,15 @@ from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.runtime.database import open_database
 from dpmarket.runtime.identity import Identity, identity_files
 from dpmarket.runtime.transport import TransportSecurity
+from tests.owner.ledger_attacks import (
+    NoGuard,
+    delete_totals,
+    downgrade,
+    drop_last_charge,
+    lower_totals,
+    raw_charges,
+    without_triggers,
+)
 
 ALICE, BOB = Identity("owner", "alice"), Identity("owner", "bob")
 
@@ -222,13 +237,18 @@ def _ledger_with_charges(data_dir: Path, n: int = 5) -> None:
             charge(ledger, session=f"s{k}", epsilon=0.5, points=k)
 
 
-def test_verify_finds_a_charge_rewritten_in_the_file(tmp_path: Path) -> None:
+def test_verify_finds_a_charge_rewritten_in_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     data_dir = tmp_path / "owner"
     _ledger_with_charges(data_dir)
     assert verify_file(ledger_path(data_dir)).ok
     # Someone with the file lowers charge 3's epsilon and adjusts the running totals to match.
-    with closing(sqlite3.connect(ledger_path(data_dir))) as conn, conn:
-        conn.execute("DROP TRIGGER charges_no_update")
+    with (
+        closing(sqlite3.connect(ledger_path(data_dir))) as conn,
+        conn,
+        without_triggers(conn, "charges_no_update"),
+    ):
         conn.execute("UPDATE charges SET epsilon = 0.01 WHERE id = 3")
         conn.execute("DELETE FROM charge_totals")
         conn.execute(
@@ -247,6 +267,10 @@ def test_verify_finds_a_charge_rewritten_in_the_file(tmp_path: Path) -> None:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     with closing(sqlite3.connect(ledger_path(data_dir))) as conn:
         assert _check_totals(conn) == []
+    # The owner checks the chain when it opens its ledger, and does not start on this one.
+    with pytest.raises(LedgerCheckError, match="charge 3 does not match its chain hash"):
+        OwnerLedger(data_dir, None)
+    monkeypatch.setattr(ledger_module, "ChainGuard", NoGuard)  # that check off
     with OwnerLedger(data_dir, None) as ledger:
         assert ledger.window_totals().epsilon == pytest.approx(4 * 0.5 + 0.01)
 
@@ -254,9 +278,11 @@ def test_verify_finds_a_charge_rewritten_in_the_file(tmp_path: Path) -> None:
 def test_verify_finds_a_charge_removed_from_the_middle(tmp_path: Path) -> None:
     data_dir = tmp_path / "owner"
     _ledger_with_charges(data_dir)
-    with closing(sqlite3.connect(ledger_path(data_dir))) as conn, conn:
-        conn.execute("DROP TRIGGER charges_no_delete")
-        conn.execute("DROP TRIGGER charge_chain_no_delete")
+    with (
+        closing(sqlite3.connect(ledger_path(data_dir))) as conn,
+        conn,
+        without_triggers(conn, "charges_no_delete", "charge_chain_no_delete"),
+    ):
         conn.execute("DELETE FROM charge_chain WHERE charge = 2")
         conn.execute("DELETE FROM charges WHERE id = 2")
     found = verify_file(ledger_path(data_dir))
@@ -264,8 +290,9 @@ def test_verify_finds_a_charge_removed_from_the_middle(tmp_path: Path) -> None:
 
 
 def test_a_ledger_of_the_current_release_migrates_and_gets_a_chain(tmp_path: Path) -> None:
-    """A ledger at schema 3 (this release before the chain) with charges: opening it chains
-    them in order, and the first owner that serves it binds it."""
+    """A ledger at schema 3 (this release before the chain) with charges: the owner does not
+    open it until its operator upgrades it explicitly; the upgrade chains them in order, and
+    the first owner that serves it binds it."""
     data_dir = tmp_path / "owner"
     with closing(
         open_database(ledger_path(data_dir), MIGRATIONS[:3], application=APPLICATION)
@@ -279,6 +306,10 @@ def test_a_ledger_of_the_current_release_migrates_and_gets_a_chain(tmp_path: Pat
                 "points, non_private) VALUES (?, ?, 'c', 'k', 'm', 0.25, 0, 1, 0)",
                 (1.9e9 + k, f"s{k}"),
             )
+    with pytest.raises(LedgerUpgradeRequiredError, match="dpmarket owner ledger upgrade"):
+        OwnerLedger(data_dir, OwnerPolicy(), owner=LedgerOwner("o"))
+    upgraded = OwnerLedger.upgrade(data_dir)
+    assert (upgraded.before, upgraded.after, upgraded.charges) == (3, len(MIGRATIONS), 4)
     with OwnerLedger(data_dir, None) as ledger:
         assert ledger.identity.owner is None and ledger.identity.charges_at_creation == 4
         assert ledger.head()[0] == 4
@@ -429,3 +460,213 @@ def test_restore_moves_the_replaced_files_aside_and_refuses_another_ledger(
         "owner.sqlite3"
     ]
     assert moved[0].stat().st_size == 0  # kept, not deleted
+
+
+# ------------------------------------------------------------------ running totals (round 3)
+#: Two charges of epsilon 1 leave 0.5: a third is refused.
+TIGHT = OwnerPolicy(epsilon_total=2.5, epsilon_per_session=2.0)
+#: Edits of the file the red team made, the owner running (repro_totals.sh and variants).
+LIVE_ATTACKS = {
+    "delete totals": delete_totals,
+    "lower totals": lower_totals,
+    "drop last charge": drop_last_charge,
+}
+
+
+def _spend_two(ledger: OwnerLedger) -> None:
+    charge(ledger, session="a", epsilon=1.0)
+    charge(ledger, session="b", epsilon=1.0)
+    with pytest.raises(OwnerBudgetError, match="epsilon over the lifetime"):
+        charge(ledger, session="c", epsilon=1.0)
+
+
+@pytest.mark.parametrize("attack", sorted(LIVE_ATTACKS))
+def test_a_ledger_edited_while_the_owner_serves_refuses_the_next_charge(
+    tmp_path: Path, attack: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The running totals deleted or lowered, or the last charge removed with its chain row,
+    while the owner runs: the next charge is refused with a fixed message (no figure), nothing
+    is charged, and so is every later one; the owner's log says what to do. Control: with the
+    guard off, the same charge is served on the budget given back."""
+    data_dir = tmp_path / "owner"
+    OwnerLedger.create(data_dir, TIGHT).close()
+    with OwnerLedger(data_dir, TIGHT) as ledger:
+        _spend_two(ledger)
+        LIVE_ATTACKS[attack](data_dir)
+        left = raw_charges(data_dir)
+        with pytest.raises(LedgerTamperedError) as info:
+            charge(ledger, session="c", epsilon=1.0)
+        assert str(info.value) == TAMPERED_MESSAGE
+        with pytest.raises(LedgerTamperedError):  # from now on, whatever is asked
+            charge(ledger, session="d", epsilon=0.01)
+        with pytest.raises(LedgerTamperedError):
+            ledger.remaining()
+    assert raw_charges(data_dir) == left
+    assert "changed outside the owner" in caplog.text and "owner ledger verify" in caplog.text
+
+    control = tmp_path / "control"
+    monkeypatch.setattr(ledger_module, "ChainGuard", NoGuard)
+    OwnerLedger.create(control, TIGHT).close()
+    with OwnerLedger(control, TIGHT) as ledger:
+        _spend_two(ledger)
+        LIVE_ATTACKS[attack](control)
+        charge(ledger, session="c", epsilon=1.0)  # served: the budget was given back
+    assert len(raw_charges(control)) == len(left) + 1
+
+
+@pytest.mark.parametrize("attack", ["delete totals", "lower totals"])
+def test_running_totals_edited_while_the_owner_is_stopped_keep_it_from_starting(
+    tmp_path: Path, table: Path, attack: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At start the owner checks its totals against its charges (and the chain): the edited
+    ledger is refused, saying to verify and restore. Control: without that check, the owner
+    opens it with its whole budget back."""
+    data_dir = tmp_path / "owner"
+    OwnerLedger.create(data_dir, TIGHT).close()
+    with OwnerLedger(data_dir, TIGHT) as ledger:
+        _spend_two(ledger)
+    LIVE_ATTACKS[attack](data_dir)
+    with pytest.raises(LedgerCheckError, match="running totals of day"):
+        OwnerLedger(data_dir, TIGHT)
+    code, output = _serve(data_dir, table)
+    assert code == 1
+    assert "does not start on it" in output and "dpmarket owner ledger verify" in output
+    result = CliRunner().invoke(ledger_cli, ["--data-dir", str(data_dir)])  # owner ledger
+    assert result.exit_code == 1 and "running totals of day" in result.output
+    monkeypatch.setattr(ledger_module, "ChainGuard", NoGuard)
+    with OwnerLedger(data_dir, TIGHT) as ledger:
+        assert ledger.remaining().epsilon == 2.5
+
+
+def test_charges_another_process_appends_are_taken_in_and_count(tmp_path: Path) -> None:
+    """Two ledgers open on one file (two processes): each takes in the other's charges,
+    checked against the chain, and the budget holds across both."""
+    data_dir = tmp_path / "owner"
+    OwnerLedger.create(data_dir, TIGHT).close()
+    with OwnerLedger(data_dir, TIGHT) as one, OwnerLedger(data_dir, TIGHT) as two:
+        charge(one, session="a", epsilon=1.0)
+        charge(two, session="b", epsilon=1.0)
+        charge(one, session="c", epsilon=0.5)
+        for ledger in (one, two):
+            with pytest.raises(OwnerBudgetError):
+                charge(ledger, session="d", epsilon=0.01)
+            assert ledger.window_totals().epsilon == 2.5
+        assert one.receipt() is None  # (no signing key) but no refusal either
+
+
+# ------------------------------------------------------------------ earlier formats (round 3)
+def test_a_ledger_taken_back_to_the_previous_schema_is_upgraded_only_on_request(
+    tmp_path: Path, table: Path
+) -> None:
+    """The red team's downgrade: identity, chain and charges dropped, schema 3. The owner
+    refuses to start on it, saying to upgrade explicitly or restore; ``owner ledger upgrade``
+    migrates it (a new ledger id) and records it. Control: opened as before (migrations on
+    open), the file is taken in silently."""
+    data_dir = tmp_path / "owner"
+    _ledger_with_charges(data_dir, 3)
+    downgrade(data_dir, keep=1)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copy(ledger_path(data_dir), ledger_path(copy))
+    code, output = _serve(data_dir, table)
+    assert code == 1
+    assert "earlier release (schema 3" in output and "dpmarket owner ledger upgrade" in output
+    assert "restore its latest backup" in output
+    with closing(sqlite3.connect(ledger_path(data_dir))) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3  # left as found
+    result = CliRunner().invoke(ledger_cli, ["upgrade", "--data-dir", str(data_dir)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert f"upgraded from schema 3 to {len(MIGRATIONS)}" in text and "a new ledger id" in text
+    with closing(sqlite3.connect(ledger_path(data_dir))) as conn:
+        (record,) = conn.execute(
+            "SELECT value FROM meta WHERE key LIKE ?", (f"upgrade 3->{len(MIGRATIONS)}%",)
+        )
+    assert '"charges": 1' in record[0]
+    with OwnerLedger(data_dir, OwnerPolicy(), owner=LedgerOwner("o")) as ledger:
+        assert len(ledger.entries()) == 1  # the owner opens it now (and binds it)
+    # Control: the previous behaviour, migrating on open, takes the downgraded copy in.
+    open_database(ledger_path(copy), MIGRATIONS, application=APPLICATION, create=False).close()
+    with OwnerLedger(copy, None) as ledger:
+        assert len(ledger.entries()) == 1 and ledger.identity.charges_at_creation == 1
+
+
+def _receipt_then_lose(
+    pki: dict[str, Path], data_dir: Path, backup: Path
+) -> tuple[LedgerOwner, object, str]:
+    """Alice's ledger charged once, backed up, a receipt signed; then the file is removed and
+    a new ledger created (the red team's ``rm`` + ``owner ledger init``)."""
+    init_ledger(data_dir, "alice", security(pki, ALICE))
+    alice = LedgerOwner.from_security("alice", security(pki, ALICE))
+    with OwnerLedger(data_dir, None, owner=alice) as ledger:
+        charge(ledger, session="first", epsilon=1.0, points=3)
+        backup_ledger(data_dir, backup)
+        charge(ledger, session="second", epsilon=1.0, points=3)
+        receipt = ledger.receipt()
+        old = ledger.identity.ledger_id
+    ledger_path(data_dir).unlink()
+    result = CliRunner().invoke(
+        ledger_cli,
+        ["init", "--data-dir", str(data_dir), *identity_args(pki, ALICE)],
+    )
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "whole budget" in text and "resets what its earlier ledger charged" in text
+    assert "restore that ledger's latest backup" in text
+    return alice, receipt, old
+
+
+def identity_args(pki: dict[str, Path], identity: Identity) -> list[str]:
+    ca, cert, key = identity_files(pki["here"], identity)
+    return ["--cert", str(cert), "--key", str(key), "--ca", str(ca)]
+
+
+def test_a_receipt_of_the_ledger_this_one_replaced_refuses_until_the_operator_accepts_it(
+    pki: dict[str, Path], tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "alice"
+    alice, receipt, old = _receipt_then_lose(pki, data_dir, tmp_path / "backup.sqlite3")
+    with OwnerLedger(data_dir, None, owner=alice) as ledger:
+        assert ledger.identity.ledger_id != old
+        # Control: presented nothing, the new ledger serves with the whole budget back.
+        assert ledger.window_totals().epsilon == 0
+        ledger.check_receipt(None, curator="curator:curator")
+        with pytest.raises(LedgerRollbackError, match=ROLLBACK_MESSAGE.split("(")[0]):
+            ledger.check_receipt(receipt, curator="curator:curator")  # type: ignore[arg-type]
+        with pytest.raises(LedgerRollbackError):
+            charge(ledger, session="third", epsilon=0.1)
+        with pytest.raises(ValueError, match="--accept-replaced-ledger"):
+            ledger.resolve_rollbacks()
+        (resolved,) = ledger.resolve_rollbacks(accept_replaced_ledger=True)
+        assert resolved.replaced_ledger == old and resolved.charge is None
+        ledger.check_receipt(receipt, curator="curator:curator")  # type: ignore[arg-type]
+        charge(ledger, session="third", epsilon=0.1)
+
+
+def test_restoring_over_another_ledger_records_the_ledger_it_replaces(
+    pki: dict[str, Path], tmp_path: Path
+) -> None:
+    """Switching back to the older ledger's backup over the new one: refused unless
+    --replace-other-ledger, which records the new ledger as replaced (its receipts are then
+    recognised) and says what the restored ledger does not count."""
+    data_dir, backup = tmp_path / "alice", tmp_path / "backup.sqlite3"
+    alice, _, old = _receipt_then_lose(pki, data_dir, backup)
+    with OwnerLedger(data_dir, None, owner=alice) as ledger:
+        charge(ledger, session="interim", epsilon=0.5)
+        interim = ledger.receipt()
+        new = ledger.identity.ledger_id
+    with pytest.raises(ValueError, match="is a backup of ledger"):
+        restore_ledger(data_dir, backup)
+    result = CliRunner().invoke(
+        ledger_cli,
+        ["restore", "--data-dir", str(data_dir), "--from", str(backup), "--replace-other-ledger"],
+    )
+    assert result.exit_code == 0, result.output
+    assert f"replaced ledger {new} (1 charges" in " ".join(result.output.split())
+    with OwnerLedger(data_dir, None, owner=alice) as ledger:
+        assert ledger.identity.ledger_id == old
+        ledger.check_receipt(interim, curator="curator:curator")  # recognised: no refusal
+        assert ledger.rollbacks() == []
+    with closing(sqlite3.connect(ledger_path(data_dir))) as conn:
+        (how,) = conn.execute("SELECT value FROM meta WHERE key = ?", (f"superseded ledger {new}",))
+    assert "restore --replace-other-ledger" in how[0]

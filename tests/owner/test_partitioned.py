@@ -37,7 +37,6 @@ from dpmarket.common.summarization.partitioned import merge_best
 from dpmarket.common.summarization.rff import draw_rff_params, random_fourier_features
 from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
 from dpmarket.owner.cape import _fm_part, _gradient_part, _mean_part
-from dpmarket.owner.data import PointSet
 from dpmarket.owner.dataset import open_dataset
 from dpmarket.owner.engine import DaskEngine, SerialEngine, WorkCancelled, start_engine
 from dpmarket.owner.ledger import OwnerLedger
@@ -46,6 +45,7 @@ from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.protocol import Owner
 from dpmarket.owner.sketches import SketchPublisher, _sketch_part
 from dpmarket.owner.validation import read_all, validate_dataset
+from dpmarket.runtime.tables import PointSet
 
 pytestmark = pytest.mark.slow
 
@@ -302,8 +302,14 @@ def test_greedi_mmd_is_within_a_factor_of_greedy(tmp_path: Path, engine, scenari
 
 
 def _owner(data: object, tmp: Path) -> Owner:
-    # ROUNDS bids: this owner trusts its curator with exact bids (access.allow_exact_bids).
-    policy = OwnerPolicy(points_per_session=500, points_total=5000, allow_exact_bids=True)
+    # ROUNDS bids and the candidates methods: this owner trusts its curator with exact bids
+    # and steered selection (access.allow_exact_bids, access.allow_steered_selection).
+    policy = OwnerPolicy(
+        points_per_session=500,
+        points_total=5000,
+        allow_exact_bids=True,
+        allow_steered_selection=True,
+    )
     return Owner("o", data, ledger=OwnerLedger.create(tmp, policy))  # type: ignore[arg-type]
 
 

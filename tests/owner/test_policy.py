@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from dpmarket.common.market.pricing import PRICE_KEYS
 from dpmarket.owner.policy import OwnerPolicy, load_owner_policy
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "policies" / "owner.toml"
@@ -29,6 +30,7 @@ def test_defaults() -> None:
         "rounds_per_point": 1,
         "allow_non_private": False,
         "allow_exact_bids": False,
+        "allow_steered_selection": False,
         "curators": ["curator"],
         "max_sessions": 8,
         "session_idle_timeout_seconds": 600.0,
@@ -39,6 +41,7 @@ def test_defaults() -> None:
         "epsilon_per_sketch": 1.0,
         "cape_min_colluders": 1,
         "peers": {},
+        "prices": {k: "0.000000" for k in PRICE_KEYS},
     }
     assert p.window_description == "the lifetime"
 
@@ -76,6 +79,7 @@ def test_toml_round_trip(tmp_path: Path) -> None:
         rounds_per_point=7,
         allow_non_private=True,
         allow_exact_bids=True,
+        allow_steered_selection=True,
         curators=("curator-1", 'we"ird\\name\x01'),
         max_sessions=3,
         session_idle_timeout_seconds=12.5,
@@ -92,6 +96,18 @@ def test_toml_round_trip(tmp_path: Path) -> None:
     path.write_text(text, encoding="utf-8")
     assert load_owner_policy(path) == p
     assert OwnerPolicy.from_mapping(tomllib.loads(OwnerPolicy().to_toml())) == OwnerPolicy()
+
+
+def test_notes_are_comments_above_their_keys_and_change_nothing() -> None:
+    """A drafted policy says why a key is set (``dpmarket init``); the notes are comments."""
+    p = OwnerPolicy(allow_steered_selection=True)
+    text = p.to_toml({"allow_steered_selection": "why\nand what it reveals"})
+    lines = text.splitlines()
+    at = lines.index("allow_steered_selection = true")
+    assert lines[at - 2 : at] == ["# why", "# and what it reveals"]
+    assert OwnerPolicy.from_mapping(tomllib.loads(text)) == p
+    with pytest.raises(ValueError, match="allow_steered"):
+        p.to_toml({"allow_steered": "misspelt"})
 
 
 def test_missing_file_is_named(tmp_path: Path) -> None:
@@ -188,6 +204,7 @@ def test_every_error_names_the_file_and_key(
         ("curators", (), "access.curators"),
         ("allow_non_private", "yes", "access.allow_non_private"),
         ("allow_exact_bids", 1, "access.allow_exact_bids"),
+        ("allow_steered_selection", "yes", "access.allow_steered_selection"),
         ("rounds_per_point", 0, "session.rounds_per_point"),
     ],
 )

@@ -14,8 +14,8 @@ from dpmarket.common.errors import (
 from dpmarket.common.summarization.kernels import bid_direction
 from dpmarket.common.summarization.rff import draw_rff_params, random_fourier_features
 from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
-from dpmarket.owner.data import PointSet
 from dpmarket.owner.protocol import Owner
+from dpmarket.runtime.tables import PointSet
 
 D = 32
 ROUNDS = OwnerTerms(SessionMethod.PRIVATE, 1.0, 1e-6, max_rounds=100)

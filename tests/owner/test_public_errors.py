@@ -30,11 +30,11 @@ from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
 from dpmarket.curator.secagg import aggregate
 from dpmarket.deploy.pki import init_ca, issue_all, owner_pins
 from dpmarket.owner.cape import CapeSite
-from dpmarket.owner.data import PointSet, Table
 from dpmarket.owner.local import LocalSecureAggregationEndpoint
 from dpmarket.owner.protocol import Owner
 from dpmarket.owner.secagg import SiteIdentity, SiteRounds
 from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.tables import PointSet, Table
 
 N, D_RFF = 30, 16
 CURATOR, CONSUMER = "curator:c", "consumer:x"
@@ -283,7 +283,7 @@ def test_every_cape_refusal_is_the_same_whatever_the_owner_holds(
     assert outcomes[names.index("logistic on an undeclared target")] == (
         "InvalidArgumentError",
         "column 'sex' is not a 0/1 column of owner owner: a logistic regression needs a target "
-        "its owners declare 0/1 when they start (serve-owner --binary-column); this owner "
+        "its owners declare 0/1 when they start (owner serve --binary-column); this owner "
         "declares ['spam']",
     )
     for name in ("bounds probe opens", "linear opens, clamped", "logistic on a declared target"):

@@ -25,11 +25,11 @@ from dpmarket.common.secagg.fixedpoint import FixedPoint
 from dpmarket.common.secagg.protocol import RoundParams, min_threshold
 from dpmarket.deploy.pki import init_ca, issue, issue_all, owner_pins
 from dpmarket.owner.cape import CapeSite
-from dpmarket.owner.data import Table
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.secagg import SiteIdentity, SiteRounds
 from dpmarket.runtime.identity import Identity, identity_files, key_fingerprint
+from dpmarket.runtime.tables import Table
 
 CURATOR = "curator:curator"
 OWNER = "owner-a"

@@ -24,11 +24,11 @@ from dpmarket.common.secagg.crypto import EcdsaSigner, EcdsaVerifier
 from dpmarket.common.summarization.kernels import bid_direction
 from dpmarket.common.summarization.rff import RFFParams, draw_rff_params, random_fourier_features
 from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
-from dpmarket.owner.data import PointSet
 from dpmarket.owner.hash_keys import HashKeyParty
 from dpmarket.owner.ledger import LedgerEntry, OwnerLedger
 from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.protocol import Owner
+from dpmarket.runtime.tables import PointSet
 from dpmarket.runtime.terms import terms_from_proto
 from dpmarket.v1 import owner_pb2
 from tests.conftest import ColumnProbe
@@ -69,9 +69,11 @@ def rff() -> RFFParams:
 
 @pytest.fixture
 def ledger(tmp_path: Path) -> OwnerLedger:
-    # ALL_TERMS include the per-round methods: this owner trusts its curator with exact bids
-    # (tests/owner/test_exact_bids.py: the default refuses them).
-    return OwnerLedger.create(tmp_path / "owner", OwnerPolicy(allow_exact_bids=True))
+    # ALL_TERMS include the per-round methods and the candidates methods: this owner trusts its
+    # curator with exact bids and steered selection (tests/owner/test_exact_bids.py: the
+    # default refuses both).
+    policy = OwnerPolicy(allow_exact_bids=True, allow_steered_selection=True)
+    return OwnerLedger.create(tmp_path / "owner", policy)
 
 
 @pytest.fixture

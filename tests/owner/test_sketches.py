@@ -15,13 +15,15 @@ from numpy.typing import NDArray
 
 from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError
 from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.sketches.marginals import DEFAULT_BOOTSTRAP, MarginalsSketch
+from dpmarket.common.sketches.marginals_fit import FIT_SEED, carried_fit
 from dpmarket.common.sketches.sketch import PrivateSketch
 from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec
 from dpmarket.curator.sketches import SketchCatalog
-from dpmarket.owner.data import Table
 from dpmarket.owner.ledger import OwnerBudgetError, OwnerLedger, ledger_path
 from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.sketches import SketchPublisher, ledger_session, publish_to
+from dpmarket.runtime.tables import Table
 from tests.conftest import marginals_mechanism, sketch_mechanism
 
 CURATOR = "curator:curator"
@@ -255,6 +257,18 @@ def test_a_marginals_sketch_is_published_like_any_sketch(tmp_path: Path) -> None
             assert listed.measurements[4].values.tobytes() == (  # type: ignore[union-attr]
                 sketch.measurements[4].values.tobytes()  # type: ignore[union-attr]
             )
+            # It carries its graphical model and bootstrap, fitted to it (the consumer's
+            # defaults), through the catalogue, and a consumer builds them without fitting.
+            assert isinstance(listed, MarginalsSketch)
+            listed_fit = carried_fit(listed)
+            assert listed_fit is not None
+            assert (listed_fit.digest, listed_fit.bootstrap, listed_fit.seed) == (
+                listed.digest,
+                DEFAULT_BOOTSTRAP,
+                FIT_SEED,
+            )
+            model, boot = listed_fit.models(listed)
+            assert model.mbi_model is None and len(boot) == DEFAULT_BOOTSTRAP
         with OwnerLedger(tmp_path / "owner", None) as ledger:
             publisher = SketchPublisher(ledger, noise=NoNoise())
             (again,) = publish_to(

@@ -44,22 +44,24 @@ from dpmarket.owner.cape_service import (
     cape_site_limits,
     secure_aggregation_limits,
 )
-from dpmarket.owner.data import PointSet, Table
 from dpmarket.owner.protocol import Owner
 from dpmarket.owner.service import owner_limits
-from dpmarket.runtime import admission, allocator, cape_messages, sketch_messages
+from dpmarket.runtime import admission, allocator, cape_messages, rpc_trace, sketch_messages
 from dpmarket.runtime.admission import (
     OPEN_CALLS_PER_CALLER,
+    READS_AT_ONCE,
     SMALL_REQUEST_BYTES,
+    RequestBudget,
     ServiceLimits,
-    largest_request,
 )
 from dpmarket.runtime.allocator import release_free_memory
 from dpmarket.runtime.arrays import array_from_proto, array_to_proto
 from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
+from dpmarket.runtime.framing import FRAME_BYTES, PiecesAioChannel, most_pieces
 from dpmarket.runtime.identity import Identity, identity_files
 from dpmarket.runtime.serving import start_server
-from dpmarket.runtime.transport import TransportSecurity, aio_channel
+from dpmarket.runtime.tables import PointSet, Table
+from dpmarket.runtime.transport import TransportSecurity, aio_channel, sync_channel
 from dpmarket.v1 import (
     cape_pb2,
     curator_pb2,
@@ -75,10 +77,12 @@ CURATOR = Identity("curator", "curator")
 OWNER = Identity("owner", "owner-0")
 ALICE = Identity("consumer", "alice")
 BOB = Identity("consumer", "bob")
-#: The probe owner's limits: GetProgress's, RunRounds' and the server's (the largest: Bid's).
+#: The probe owner's limits: GetProgress's, RunRounds', Bid's and OpenSession's (above one
+#: message: its requests come in pieces).
 PROGRESS_LIMIT = 4096
 ROUNDS_LIMIT = 8192
 SERVER_LIMIT = 256 << 10
+UPLOAD_LIMIT = 3 * FRAME_BYTES + (64 << 10)
 #: Deadline of every call: a safety net against a hang, not a timing assertion.
 DEADLINE = 30.0
 SEND = [("grpc.max_send_message_length", 64 << 20)]
@@ -104,12 +108,25 @@ class ProbeOwner(owner_pb2_grpc.OwnerServiceServicer):
     def __init__(self, concurrent_calls: int = 64) -> None:
         self.authorizer = Authorizer({"curator": ("curator",)})
         self.limits = ServiceLimits(
-            {"GetProgress": PROGRESS_LIMIT, "RunRounds": ROUNDS_LIMIT, "Bid": SERVER_LIMIT},
+            {
+                "GetProgress": PROGRESS_LIMIT,
+                "RunRounds": ROUNDS_LIMIT,
+                "Bid": SERVER_LIMIT,
+                "OpenSession": UPLOAD_LIMIT,
+            },
             concurrent_calls=concurrent_calls,
         )
         self.reached = 0
         self.hold = False
         self.release = asyncio.Event()
+        #: The bytes of every OpenSession request it received, as it serializes them.
+        self.opened: list[bytes] = []
+
+    @rpc("curator")
+    async def OpenSession(self, request, context, caller):
+        self.reached += 1
+        self.opened.append(request.SerializeToString())
+        return owner_pb2.OpenSessionResponse(num_points=request.omega.ByteSize())
 
     @rpc("curator")
     async def GetProgress(self, request, context, caller):
@@ -142,8 +159,11 @@ class ProbeCurator(curator_pb2_grpc.CuratorServiceServicer):
 Scenario = Callable[[Callable[[Identity], grpc.aio.Channel], ProbeOwner, ProbeCurator], Any]
 
 
-def _run(pki: Path, scenario: Scenario, owner: ProbeOwner | None = None) -> None:
-    """Serve the probes (as one owner-0 server) and run ``scenario(connect, owner, curator)``."""
+def _run(
+    pki: Path, scenario: Scenario, owner: ProbeOwner | None = None, target: list[str] | None = None
+) -> None:
+    """Serve the probes (as one owner-0 server) and run ``scenario(connect, owner, curator)``;
+    the server's address is appended to ``target``, if given."""
     # The generated servicer stubs declare every RPC abstract; grpc's servicer answers
     # UNIMPLEMENTED for those a probe does not define.
     owner = owner or ProbeOwner()  # type: ignore[abstract]
@@ -156,11 +176,9 @@ def _run(pki: Path, scenario: Scenario, owner: ProbeOwner | None = None) -> None
 
         names = ["dpmarket.v1.OwnerService", "dpmarket.v1.CuratorService"]
         security = _security(pki, OWNER)
-        limit = largest_request([owner, curator])
-        assert limit == SERVER_LIMIT
-        server, port, _ = await start_server(
-            register, names, "127.0.0.1:0", security, max_request_bytes=limit
-        )
+        server, port, _ = await start_server(register, names, "127.0.0.1:0", security)
+        if target is not None:
+            target.append(f"127.0.0.1:{port}")
         channels: list[grpc.aio.Channel] = []
 
         def connect(caller: Identity) -> grpc.aio.Channel:
@@ -271,6 +289,209 @@ def test_an_admitted_request_is_held_to_its_rpcs_own_limit_unparsed(pki: Path) -
         assert [e.round for e in events] == [1, 2]
 
     _run(pki, scenario)
+
+
+def _opening(size: int) -> owner_pb2.OpenSessionRequest:
+    """An OpenSessionRequest of about ``size`` bytes: random omega values (so that a piece out
+    of place would change them), an id and terms."""
+    values = np.random.default_rng(size).standard_normal(size // 8)
+    return owner_pb2.OpenSessionRequest(
+        session_id="s" * 40, omega=array_to_proto(values), gamma=0.5, consumer="consumer:alice"
+    )
+
+
+def test_a_request_above_one_message_arrives_in_pieces_byte_for_byte(
+    pki: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A unary request above FRAME_BYTES goes in pieces; the handler gets the very message the
+    client serialized (async and blocking channels), and its RPC's own limit holds its total:
+    declared above it, refused before a byte is read; undeclared, a request is one message. The
+    call record (``rpc_trace``) counts a call in pieces once, with the request's size."""
+    trace = tmp_path / "calls.jsonl"
+    monkeypatch.setenv(rpc_trace.TRACE_ENV, str(trace))
+    request = _opening(3 * FRAME_BYTES)
+    sent = request.SerializeToString()
+    assert FRAME_BYTES < len(sent) <= UPLOAD_LIMIT
+    too_large = _opening(4 * FRAME_BYTES).SerializeToString()
+    open_session = "/dpmarket.v1.OwnerService/OpenSession"
+
+    def blocking_calls(target: str) -> list[tuple[grpc.StatusCode, str]]:
+        with sync_channel(target, _security(pki, CURATOR), OWNER, SEND) as channel:
+            stub = owner_pb2_grpc.OwnerServiceStub(channel)
+            stub.OpenSession(request, timeout=DEADLINE)
+            stub.OpenSession.future(request, timeout=DEADLINE).result()
+            # Clients that send otherwise (the channel under the pieces): their status each.
+            raw = channel.channel.stream_unary(open_session, None, None)
+
+            def declaring(size: int) -> tuple[tuple[str, str | bytes], ...]:
+                return (("dpmarket-request-bytes", str(size)),)
+
+            def cut(data: bytes, size: int) -> list[bytes]:
+                return [data[i : i + size] for i in range(0, len(data), size)]
+
+            outcomes = []
+            for pieces, metadata in [
+                (cut(sent, 1024), declaring(len(sent))),  # more pieces than the limit needs
+                (cut(sent, FRAME_BYTES), None),  # undeclared: the first message is the request
+                (cut(sent, FRAME_BYTES), declaring(len(sent) - 1)),  # more than declared
+                ([sent], None),  # one message above the frame: gRPC refuses it
+                # A size int() cannot read (over 4,300 digits): refused as a bad declaration.
+                (cut(sent, FRAME_BYTES), (("dpmarket-request-bytes", "9" * 5000),)),
+            ]:
+                try:
+                    raw(iter(pieces), metadata=metadata, timeout=DEADLINE)
+                    outcomes.append((grpc.StatusCode.OK, ""))
+                except grpc.RpcError as exc:
+                    outcomes.append((exc.code(), exc.details() or ""))
+            return outcomes
+
+    async def scenario(connect, owner, curator):
+        channel = connect(CURATOR)
+        assert isinstance(channel, PiecesAioChannel)
+        stub = owner_pb2_grpc.OwnerServiceStub(channel)
+        response = await stub.OpenSession(request, timeout=DEADLINE)
+        assert response.num_points == request.omega.ByteSize()
+        assert owner.opened == [sent]
+        # Declared above the method's limit: refused before a piece is read.
+        too = owner_pb2.OpenSessionRequest.FromString(too_large)
+        code, details = await _code(stub.OpenSession(too, timeout=DEADLINE))
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+        assert (
+            f"a OpenSession request of {len(too_large)} bytes exceeds this method's limit of "
+            f"{UPLOAD_LIMIT} bytes"
+        ) in details
+        # A refused caller's pieces: refused for what it is, none of them read.
+        alice = owner_pb2_grpc.OwnerServiceStub(connect(ALICE))
+        code, details = await _code(alice.OpenSession(request, timeout=DEADLINE))
+        assert code == grpc.StatusCode.PERMISSION_DENIED, details
+        assert owner.reached == 1
+        outcomes = await asyncio.to_thread(blocking_calls, channel_target[0])
+        assert owner.opened == [sent] * 3
+        tiny, undeclared, lying, whole, unreadable = outcomes
+        assert tiny[0] == grpc.StatusCode.RESOURCE_EXHAUSTED, tiny
+        assert f"in more than {most_pieces(UPLOAD_LIMIT)} pieces" in tiny[1]
+        assert undeclared == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "the OpenSession request does not parse",
+        )
+        assert lying[0] == grpc.StatusCode.INVALID_ARGUMENT, lying
+        assert f"more than the {len(sent) - 1} bytes" in lying[1]
+        assert whole[0] == grpc.StatusCode.RESOURCE_EXHAUSTED, whole
+        assert unreadable[0] == grpc.StatusCode.INVALID_ARGUMENT, unreadable
+        assert "must be the request's size in bytes" in unreadable[1]
+        assert owner.reached == 3
+        opened = [r for r in rpc_trace.read_records(trace) if r.name == "OpenSession"]
+        served = [(r.request_bytes, r.responses) for r in opened if r.code == "OK"]
+        assert served == [(len(sent), 1)] * 3
+
+    channel_target: list[str] = []
+    _run(pki, scenario, target=channel_target)
+
+
+@pytest.mark.parametrize("wait", [0.5, None])
+def test_calls_that_send_nothing_hold_the_reads_only_for_a_while(
+    pki: Path, monkeypatch: pytest.MonkeyPatch, wait: float | None
+) -> None:
+    """READS_AT_ONCE calls that open and send no request (no deadline) took every read slot, and
+    every other call of every service waited behind them until they ended: each now holds its
+    slot READ_WAIT_SECONDS at most and is refused (RESOURCE_EXHAUSTED), and the next call is
+    served. Control (``wait`` None: no limit on the wait): the next call misses its deadline."""
+    monkeypatch.setattr(admission, "READ_WAIT_SECONDS", 1e9 if wait is None else wait)
+    method = "/dpmarket.v1.OwnerService/GetProgress"
+
+    async def scenario(connect, owner, curator):
+        channel = connect(CURATOR)
+        stall = channel.channel.stream_unary(method, None, None)
+        stalled = [asyncio.ensure_future(_code(stall())) for _ in range(READS_AT_ONCE)]
+        await asyncio.sleep(0.2)  # the stalled calls have taken their slots
+        stub = owner_pb2_grpc.OwnerServiceStub(connect(CURATOR))
+        code, details = await _code(stub.GetProgress(_progress(8), timeout=3.0))
+        if wait is None:
+            assert code == grpc.StatusCode.DEADLINE_EXCEEDED, details
+            for call in stalled:
+                call.cancel()
+            return
+        assert code == grpc.StatusCode.OK, details
+        for code, details in await asyncio.gather(*stalled):
+            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+            assert "did not arrive within 0.5 s" in details
+
+    _run(pki, scenario)
+
+
+def test_the_request_budget_serves_in_order_what_fits_and_a_larger_request_alone() -> None:
+    async def scenario() -> None:
+        budget = RequestBudget(10)
+        await budget.take(6)
+        waiting = [asyncio.ensure_future(budget.take(size)) for size in (5, 1, 20)]
+        await asyncio.sleep(0)
+        # First come first served: 5 does not fit beside 6, and 1 waits behind it.
+        assert [w.done() for w in waiting] == [False, False, False]
+        gone = asyncio.ensure_future(budget.take(3))
+        await asyncio.sleep(0)
+        gone.cancel()  # a call that goes away while waiting leaves the queue
+        budget.give(6)
+        await asyncio.sleep(0)
+        assert [w.done() for w in waiting] == [True, True, False]
+        assert budget.held == 6
+        budget.give(5)
+        budget.give(1)
+        await asyncio.sleep(0)
+        assert waiting[2].done() and budget.held == 20  # larger than the budget: alone
+        budget.give(20)
+        assert budget.held == 0 and gone.cancelled()
+
+    asyncio.run(scenario())
+    with pytest.raises(ValueError, match="got 0"):
+        RequestBudget(0)
+
+
+@pytest.mark.parametrize("requests", [2, 3])
+def test_admitted_requests_wait_for_the_servers_request_budget(
+    pki: Path, monkeypatch: pytest.MonkeyPatch, requests: int
+) -> None:
+    """With a budget of two requests, the third of three held calls waits, its request unread,
+    until one ends; the budget is whole again when all have ended. Control: with a budget of
+    three, the third is served while the others are held."""
+    request = _opening(3 * FRAME_BYTES)
+    size = request.ByteSize()
+    budgets: list[admission.RequestBudget] = []
+    real = admission.Admission.__init__
+
+    def recording(self: admission.Admission, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, budget_bytes=requests * size, **kwargs)
+        budgets.append(self.budget)
+
+    monkeypatch.setattr(admission.Admission, "__init__", recording)
+    owner = HoldingOwner()  # type: ignore[abstract]  # a probe: OpenSession held
+
+    async def scenario(connect, owner, curator):
+        stub = owner_pb2_grpc.OwnerServiceStub(connect(CURATOR))
+        calls = [asyncio.ensure_future(stub.OpenSession(request, timeout=DEADLINE))]
+        calls += [asyncio.ensure_future(stub.OpenSession(request, timeout=DEADLINE))]
+        await _until(lambda: owner.reached == 2)
+        calls.append(asyncio.ensure_future(stub.OpenSession(request, timeout=DEADLINE)))
+        if requests == 3:
+            await _until(lambda: owner.reached == 3)
+        else:
+            await asyncio.sleep(0.3)  # the third is not served while the others hold the budget
+            assert owner.reached == 2
+        assert budgets[0].held == min(requests, 3) * size
+        owner.release.set()
+        await asyncio.gather(*calls)
+        assert owner.reached == 3 and budgets[0].held == 0
+
+    _run(pki, scenario, owner)
+
+
+class HoldingOwner(ProbeOwner):
+    """A probe owner whose ``OpenSession`` waits for :attr:`release` once reached."""
+
+    @rpc("curator")
+    async def OpenSession(self, request, context, caller):
+        self.reached += 1
+        await self.release.wait()
+        return owner_pb2.OpenSessionResponse(num_points=1)
 
 
 def test_a_service_serves_at_most_its_calls_at_once_and_refusals_take_no_slot(pki: Path) -> None:

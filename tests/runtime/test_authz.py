@@ -64,6 +64,7 @@ PROTO_MODULES = (
     "array",
     "cape",
     "curator",
+    "market",
     "owner",
     "privacy",
     "schema",

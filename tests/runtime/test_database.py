@@ -10,6 +10,7 @@ import pytest
 
 from dpmarket.runtime.database import (
     DatabaseMissingError,
+    SchemaUpgradeRequiredError,
     backup_database,
     open_database,
     snapshot,
@@ -26,6 +27,7 @@ CREATE TRIGGER things_log AFTER INSERT ON things BEGIN
     INSERT INTO log (thing) VALUES (new.id);
 END;
 """
+V1_TO_V3 = "CREATE TABLE extra (id INTEGER PRIMARY KEY);"
 
 
 def test_settings_and_a_new_file(tmp_path: Path) -> None:
@@ -178,3 +180,24 @@ def test_a_backup_holds_what_only_the_wal_holds(tmp_path: Path) -> None:
         backup_database(path, out, application="svc")
     with pytest.raises(ValueError, match="not 'other'"):
         backup_database(path, tmp_path / "x.sqlite3", application="other")
+
+
+def test_a_file_below_auto_upgrade_from_is_refused_and_left_as_found(tmp_path: Path) -> None:
+    """A service that migrates an existing file on open only from some schema on (an owner's
+    ledger: not below its chain) refuses an older one, untouched; a new file is created in
+    full, and a file at that schema or later is migrated. Control: with the default (0), the
+    older file is migrated on open."""
+    old, path = tmp_path / "old.sqlite3", tmp_path / "db.sqlite3"
+    open_database(old, [V1], application="svc").close()
+    with pytest.raises(SchemaUpgradeRequiredError, match="below schema 2") as info:
+        open_database(old, [V1, V2, V1_TO_V3], application="svc", auto_upgrade_from=2)
+    assert (info.value.version, info.value.known) == (1, 3)
+    with closing(sqlite3.connect(old)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    open_database(path, [V1, V2, V1_TO_V3], application="svc", auto_upgrade_from=2).close()
+    open_database(old, [V1, V2], application="svc").close()  # control: migrated on open
+    with closing(open_database(old, [V1, V2, V1_TO_V3], application="svc", auto_upgrade_from=2)):
+        pass
+    for p in (old, path):
+        with closing(sqlite3.connect(p)) as conn:
+            assert conn.execute("PRAGMA user_version").fetchone()[0] == 3

@@ -22,7 +22,6 @@ from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.metrics import OwnerCollector
 from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.protocol import Owner
-from dpmarket.runtime.admission import largest_request
 from dpmarket.runtime.metrics import ServiceMetrics
 from dpmarket.runtime.serving import start_server
 from dpmarket.runtime.transport import aio_channel
@@ -91,7 +90,6 @@ def _serve_and_call(pki: Path, metrics: ServiceMetrics | None) -> None:
             ["dpmarket.v1.OwnerService", "dpmarket.v1.CuratorService"],
             "127.0.0.1:0",
             _security(pki, OWNER),
-            max_request_bytes=largest_request([owner, curator]),
             metrics=metrics,
         )
         target = f"127.0.0.1:{port}"

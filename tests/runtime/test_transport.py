@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from dpmarket.deploy.pki import init_ca, issue_all
-from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.identity import Identity, certified_public_key, identity_files
 from dpmarket.runtime.transport import (
     TARGET_NAME_OVERRIDE,
     TransportSecurity,
@@ -123,3 +123,22 @@ def test_target_name_override_belongs_to_the_expected_identity(ca_dir: Path) -> 
         aio_channel("127.0.0.1:1", security, OWNER_0, options)
     with pytest.raises(ValueError, match=TARGET_NAME_OVERRIDE):
         sync_channel("127.0.0.1:1", security, OWNER_0, options)
+
+
+def test_a_signers_certificate_is_checked_against_the_ca_and_the_expected_identity(
+    ca_dir: Path, tmp_path: Path
+) -> None:
+    """certified_public_key: the key of a certificate this CA issued to the expected identity
+    (the control), refused for another identity, another CA, or bytes that are no certificate."""
+    ca_pem = (ca_dir / "ca.crt").read_bytes()
+    cert_pem = identity_files(ca_dir, OWNER_0)[1].read_bytes()
+    key = certified_public_key(cert_pem, ca_pem, OWNER_0)
+    assert isinstance(key, ec.EllipticCurvePublicKey)
+    with pytest.raises(ValueError, match=r"a certificate of owner:owner-0 was presented for"):
+        certified_public_key(cert_pem, ca_pem, Identity("curator", "curator"))
+    init_ca(tmp_path / "other")
+    other = (tmp_path / "other" / "ca.crt").read_bytes()
+    with pytest.raises(ValueError, match=r"not issued by this deployment's CA"):
+        certified_public_key(cert_pem, other, OWNER_0)
+    with pytest.raises(ValueError, match=r"not a PEM certificate"):
+        certified_public_key(b"junk", ca_pem, OWNER_0)

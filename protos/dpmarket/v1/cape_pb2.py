@@ -23,71 +23,72 @@ _sym_db = _symbol_database.Default()
 
 
 from dpmarket.v1 import array_pb2 as dpmarket_dot_v1_dot_array__pb2
+from dpmarket.v1 import market_pb2 as dpmarket_dot_v1_dot_market__pb2
 from dpmarket.v1 import privacy_pb2 as dpmarket_dot_v1_dot_privacy__pb2
 from dpmarket.v1 import schema_pb2 as dpmarket_dot_v1_dot_schema__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x64pmarket/v1/cape.proto\x12\x0b\x64pmarket.v1\x1a\x17\x64pmarket/v1/array.proto\x1a\x19\x64pmarket/v1/privacy.proto\x1a\x18\x64pmarket/v1/schema.proto\"8\n\x0b\x43olumnBound\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\x12\x0b\n\x03low\x18\x02 \x01(\x01\x12\x0c\n\x04high\x18\x03 \x01(\x01\"\x95\x02\n\x08\x43\x61peSpec\x12#\n\x04task\x18\x01 \x01(\x0e\x32\x15.dpmarket.v1.CapeTask\x12*\n\x08\x66\x65\x61tures\x18\x02 \x03(\x0b\x32\x18.dpmarket.v1.ColumnBound\x12(\n\x06target\x18\x03 \x01(\x0b\x32\x18.dpmarket.v1.ColumnBound\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\x01\x12\x16\n\tcolluders\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12\x31\n\x0b\x63\x61libration\x18\x07 \x01(\x0e\x32\x1c.dpmarket.v1.CapeCalibration\x12\x15\n\rfit_intercept\x18\x08 \x01(\x08\x42\x0c\n\n_colluders\"\xe8\x01\n\x10\x43\x61peTrainingSpec\x12*\n\x08\x66\x65\x61tures\x18\x01 \x03(\x0b\x32\x18.dpmarket.v1.ColumnBound\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\x0f\n\x07\x65psilon\x18\x03 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x04 \x01(\x01\x12\x16\n\tcolluders\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\niterations\x18\x06 \x01(\x03\x12\x15\n\rlearning_rate\x18\x07 \x01(\x01\x12\x14\n\x0chidden_units\x18\x08 \x01(\x03\x12\x11\n\tclip_norm\x18\t \x01(\x01\x42\x0c\n\n_colluders\"\xd9\x01\n\x12OpenCapeJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12%\n\x04spec\x18\x03 \x01(\x0b\x32\x15.dpmarket.v1.CapeSpecH\x00\x12\x31\n\x08training\x18\x05 \x01(\x0b\x32\x1d.dpmarket.v1.CapeTrainingSpecH\x00\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x32\n\x0eledger_receipt\x18\x06 \x01(\x0b\x32\x1a.dpmarket.v1.LedgerReceiptB\x05\n\x03job\">\n\x13OpenCapeJobResponse\x12\x10\n\x08num_rows\x18\x01 \x01(\x03\x12\x15\n\rmin_colluders\x18\x02 \x01(\x03\"b\n\x15\x41ttestCapePlanRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05sites\x18\x02 \x03(\t\x12\x11\n\tcolluders\x18\x03 \x01(\x03\x12\x17\n\x0f\x66irst_iteration\x18\x04 \x01(\x03\"U\n\x0fSiteAttestation\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x01(\x03\x12\x11\n\tsignature\x18\x03 \x01(\x0c\x12\x13\n\x0b\x63\x65rtificate\x18\x04 \x01(\x0c\"K\n\x16\x41ttestCapePlanResponse\x12\x31\n\x0b\x61ttestation\x18\x01 \x01(\x0b\x32\x1c.dpmarket.v1.SiteAttestation\"\xa0\x01\n\x12PlanCapeJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05sites\x18\x02 \x03(\t\x12\x17\n\x0f\x66irst_iteration\x18\x04 \x01(\x03\x12\x11\n\tcolluders\x18\x05 \x01(\x03\x12\x32\n\x0c\x61ttestations\x18\x06 \x03(\x0b\x32\x1c.dpmarket.v1.SiteAttestationJ\x04\x08\x03\x10\x04R\x05sizes\"H\n\x13PlanCapeJobResponse\x12\x18\n\x10statistic_length\x18\x01 \x01(\x03\x12\x17\n\x0fmax_noise_scale\x18\x02 \x01(\x01\"_\n\x12ReleaseCapeRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08round_id\x18\x02 \x01(\x0c\x12\'\n\x0bnoise_total\x18\x03 \x01(\x0b\x32\x12.dpmarket.v1.Array\":\n\x13ReleaseCapeResponse\x12#\n\x07release\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\"\xa2\x01\n\x1aReleaseCapeGradientRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08round_id\x18\x02 \x01(\x0c\x12\x11\n\titeration\x18\x03 \x01(\x03\x12&\n\nparameters\x18\x04 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\'\n\x0bnoise_total\x18\x05 \x01(\x0b\x32\x12.dpmarket.v1.Array\"B\n\x1bReleaseCapeGradientResponse\x12#\n\x07release\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\"%\n\x13\x43loseCapeJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"m\n\x14\x43loseCapeJobResponse\x12(\n\x05spent\x18\x01 \x01(\x0b\x32\x19.dpmarket.v1.SessionSpend\x12+\n\x07receipt\x18\x02 \x01(\x0b\x32\x1a.dpmarket.v1.LedgerReceipt\")\n\x13WatchCapeJobRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"`\n\x14WatchCapeJobResponse\x12\x11\n\titeration\x18\x01 \x01(\x03\x12\x12\n\niterations\x18\x02 \x01(\x03\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\x12\x0f\n\x07message\x18\x04 \x01(\t\"\x91\x01\n\x0e\x46itCapeRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.dpmarket.v1.CapeSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\x04seed\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12*\n\x06schema\x18\x04 \x01(\x0b\x32\x1a.dpmarket.v1.DatasetSchemaB\x07\n\x05_seed\"^\n\x0f\x46itCapeResponse\x12#\n\x07weights\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x11\n\tintercept\x18\x02 \x01(\x01\x12\x13\n\x0breport_json\x18\x03 \x01(\t\"\x9a\x01\n\x17\x45stimateCapeMeanRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.dpmarket.v1.CapeSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\x04seed\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12*\n\x06schema\x18\x04 \x01(\x0b\x32\x1a.dpmarket.v1.DatasetSchemaB\x07\n\x05_seed\"Q\n\x18\x45stimateCapeMeanResponse\x12 \n\x04mean\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x13\n\x0breport_json\x18\x02 \x01(\t\"\x9b\x01\n\x10TrainCapeRequest\x12+\n\x04spec\x18\x01 \x01(\x0b\x32\x1d.dpmarket.v1.CapeTrainingSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\x04seed\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12*\n\x06schema\x18\x04 \x01(\x0b\x32\x1a.dpmarket.v1.DatasetSchemaB\x07\n\x05_seed\"P\n\x11TrainCapeResponse\x12&\n\nparameters\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x13\n\x0breport_json\x18\x02 \x01(\t*}\n\x08\x43\x61peTask\x12\x19\n\x15\x43\x41PE_TASK_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x43\x41PE_TASK_LINEAR_REGRESSION\x10\x01\x12!\n\x1d\x43\x41PE_TASK_LOGISTIC_REGRESSION\x10\x02\x12\x12\n\x0e\x43\x41PE_TASK_MEAN\x10\x03*n\n\x0f\x43\x61peCalibration\x12 \n\x1c\x43\x41PE_CALIBRATION_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43\x41PE_CALIBRATION_EXACT\x10\x01\x12\x1d\n\x19\x43\x41PE_CALIBRATION_THEOREM1\x10\x02\x32\xa1\x04\n\x0f\x43\x61peSiteService\x12P\n\x0bOpenCapeJob\x12\x1f.dpmarket.v1.OpenCapeJobRequest\x1a .dpmarket.v1.OpenCapeJobResponse\x12Y\n\x0e\x41ttestCapePlan\x12\".dpmarket.v1.AttestCapePlanRequest\x1a#.dpmarket.v1.AttestCapePlanResponse\x12P\n\x0bPlanCapeJob\x12\x1f.dpmarket.v1.PlanCapeJobRequest\x1a .dpmarket.v1.PlanCapeJobResponse\x12P\n\x0bReleaseCape\x12\x1f.dpmarket.v1.ReleaseCapeRequest\x1a .dpmarket.v1.ReleaseCapeResponse\x12h\n\x13ReleaseCapeGradient\x12\'.dpmarket.v1.ReleaseCapeGradientRequest\x1a(.dpmarket.v1.ReleaseCapeGradientResponse\x12S\n\x0c\x43loseCapeJob\x12 .dpmarket.v1.CloseCapeJobRequest\x1a!.dpmarket.v1.CloseCapeJobResponse2\xd7\x02\n\x0b\x43\x61peService\x12\x44\n\x07\x46itCape\x12\x1b.dpmarket.v1.FitCapeRequest\x1a\x1c.dpmarket.v1.FitCapeResponse\x12_\n\x10\x45stimateCapeMean\x12$.dpmarket.v1.EstimateCapeMeanRequest\x1a%.dpmarket.v1.EstimateCapeMeanResponse\x12J\n\tTrainCape\x12\x1d.dpmarket.v1.TrainCapeRequest\x1a\x1e.dpmarket.v1.TrainCapeResponse\x12U\n\x0cWatchCapeJob\x12 .dpmarket.v1.WatchCapeJobRequest\x1a!.dpmarket.v1.WatchCapeJobResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x64pmarket/v1/cape.proto\x12\x0b\x64pmarket.v1\x1a\x17\x64pmarket/v1/array.proto\x1a\x18\x64pmarket/v1/market.proto\x1a\x19\x64pmarket/v1/privacy.proto\x1a\x18\x64pmarket/v1/schema.proto\"8\n\x0b\x43olumnBound\x12\x0e\n\x06\x63olumn\x18\x01 \x01(\t\x12\x0b\n\x03low\x18\x02 \x01(\x01\x12\x0c\n\x04high\x18\x03 \x01(\x01\"\x95\x02\n\x08\x43\x61peSpec\x12#\n\x04task\x18\x01 \x01(\x0e\x32\x15.dpmarket.v1.CapeTask\x12*\n\x08\x66\x65\x61tures\x18\x02 \x03(\x0b\x32\x18.dpmarket.v1.ColumnBound\x12(\n\x06target\x18\x03 \x01(\x0b\x32\x18.dpmarket.v1.ColumnBound\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\x01\x12\x16\n\tcolluders\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12\x31\n\x0b\x63\x61libration\x18\x07 \x01(\x0e\x32\x1c.dpmarket.v1.CapeCalibration\x12\x15\n\rfit_intercept\x18\x08 \x01(\x08\x42\x0c\n\n_colluders\"\xe8\x01\n\x10\x43\x61peTrainingSpec\x12*\n\x08\x66\x65\x61tures\x18\x01 \x03(\x0b\x32\x18.dpmarket.v1.ColumnBound\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\x0f\n\x07\x65psilon\x18\x03 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x04 \x01(\x01\x12\x16\n\tcolluders\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\niterations\x18\x06 \x01(\x03\x12\x15\n\rlearning_rate\x18\x07 \x01(\x01\x12\x14\n\x0chidden_units\x18\x08 \x01(\x03\x12\x11\n\tclip_norm\x18\t \x01(\x01\x42\x0c\n\n_colluders\"\x83\x02\n\x12OpenCapeJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12%\n\x04spec\x18\x03 \x01(\x0b\x32\x15.dpmarket.v1.CapeSpecH\x00\x12\x31\n\x08training\x18\x05 \x01(\x0b\x32\x1d.dpmarket.v1.CapeTrainingSpecH\x00\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x32\n\x0eledger_receipt\x18\x06 \x01(\x0b\x32\x1a.dpmarket.v1.LedgerReceipt\x12(\n\x06market\x18\x07 \x01(\x0b\x32\x18.dpmarket.v1.MarketTermsB\x05\n\x03job\">\n\x13OpenCapeJobResponse\x12\x10\n\x08num_rows\x18\x01 \x01(\x03\x12\x15\n\rmin_colluders\x18\x02 \x01(\x03\"b\n\x15\x41ttestCapePlanRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05sites\x18\x02 \x03(\t\x12\x11\n\tcolluders\x18\x03 \x01(\x03\x12\x17\n\x0f\x66irst_iteration\x18\x04 \x01(\x03\"U\n\x0fSiteAttestation\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x01(\x03\x12\x11\n\tsignature\x18\x03 \x01(\x0c\x12\x13\n\x0b\x63\x65rtificate\x18\x04 \x01(\x0c\"K\n\x16\x41ttestCapePlanResponse\x12\x31\n\x0b\x61ttestation\x18\x01 \x01(\x0b\x32\x1c.dpmarket.v1.SiteAttestation\"\xa0\x01\n\x12PlanCapeJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05sites\x18\x02 \x03(\t\x12\x17\n\x0f\x66irst_iteration\x18\x04 \x01(\x03\x12\x11\n\tcolluders\x18\x05 \x01(\x03\x12\x32\n\x0c\x61ttestations\x18\x06 \x03(\x0b\x32\x1c.dpmarket.v1.SiteAttestationJ\x04\x08\x03\x10\x04R\x05sizes\"H\n\x13PlanCapeJobResponse\x12\x18\n\x10statistic_length\x18\x01 \x01(\x03\x12\x17\n\x0fmax_noise_scale\x18\x02 \x01(\x01\"_\n\x12ReleaseCapeRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08round_id\x18\x02 \x01(\x0c\x12\'\n\x0bnoise_total\x18\x03 \x01(\x0b\x32\x12.dpmarket.v1.Array\":\n\x13ReleaseCapeResponse\x12#\n\x07release\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\"\xa2\x01\n\x1aReleaseCapeGradientRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08round_id\x18\x02 \x01(\x0c\x12\x11\n\titeration\x18\x03 \x01(\x03\x12&\n\nparameters\x18\x04 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\'\n\x0bnoise_total\x18\x05 \x01(\x0b\x32\x12.dpmarket.v1.Array\"B\n\x1bReleaseCapeGradientResponse\x12#\n\x07release\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\"%\n\x13\x43loseCapeJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"m\n\x14\x43loseCapeJobResponse\x12(\n\x05spent\x18\x01 \x01(\x0b\x32\x19.dpmarket.v1.SessionSpend\x12+\n\x07receipt\x18\x02 \x01(\x0b\x32\x1a.dpmarket.v1.LedgerReceipt\")\n\x13WatchCapeJobRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"`\n\x14WatchCapeJobResponse\x12\x11\n\titeration\x18\x01 \x01(\x03\x12\x12\n\niterations\x18\x02 \x01(\x03\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\x12\x0f\n\x07message\x18\x04 \x01(\t\"\xc9\x01\n\x0e\x46itCapeRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.dpmarket.v1.CapeSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\x04seed\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12*\n\x06schema\x18\x04 \x01(\x0b\x32\x1a.dpmarket.v1.DatasetSchema\x12\x12\n\nmin_owners\x18\x05 \x01(\r\x12\x15\n\x08max_cost\x18\x06 \x01(\x03H\x01\x88\x01\x01\x42\x07\n\x05_seedB\x0b\n\t_max_cost\"^\n\x0f\x46itCapeResponse\x12#\n\x07weights\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x11\n\tintercept\x18\x02 \x01(\x01\x12\x13\n\x0breport_json\x18\x03 \x01(\t\"\xd2\x01\n\x17\x45stimateCapeMeanRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.dpmarket.v1.CapeSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\x04seed\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12*\n\x06schema\x18\x04 \x01(\x0b\x32\x1a.dpmarket.v1.DatasetSchema\x12\x12\n\nmin_owners\x18\x05 \x01(\r\x12\x15\n\x08max_cost\x18\x06 \x01(\x03H\x01\x88\x01\x01\x42\x07\n\x05_seedB\x0b\n\t_max_cost\"Q\n\x18\x45stimateCapeMeanResponse\x12 \n\x04mean\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x13\n\x0breport_json\x18\x02 \x01(\t\"\xd3\x01\n\x10TrainCapeRequest\x12+\n\x04spec\x18\x01 \x01(\x0b\x32\x1d.dpmarket.v1.CapeTrainingSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\x04seed\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12*\n\x06schema\x18\x04 \x01(\x0b\x32\x1a.dpmarket.v1.DatasetSchema\x12\x12\n\nmin_owners\x18\x05 \x01(\r\x12\x15\n\x08max_cost\x18\x06 \x01(\x03H\x01\x88\x01\x01\x42\x07\n\x05_seedB\x0b\n\t_max_cost\"P\n\x11TrainCapeResponse\x12&\n\nparameters\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x13\n\x0breport_json\x18\x02 \x01(\t*}\n\x08\x43\x61peTask\x12\x19\n\x15\x43\x41PE_TASK_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x43\x41PE_TASK_LINEAR_REGRESSION\x10\x01\x12!\n\x1d\x43\x41PE_TASK_LOGISTIC_REGRESSION\x10\x02\x12\x12\n\x0e\x43\x41PE_TASK_MEAN\x10\x03*n\n\x0f\x43\x61peCalibration\x12 \n\x1c\x43\x41PE_CALIBRATION_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43\x41PE_CALIBRATION_EXACT\x10\x01\x12\x1d\n\x19\x43\x41PE_CALIBRATION_THEOREM1\x10\x02\x32\xa1\x04\n\x0f\x43\x61peSiteService\x12P\n\x0bOpenCapeJob\x12\x1f.dpmarket.v1.OpenCapeJobRequest\x1a .dpmarket.v1.OpenCapeJobResponse\x12Y\n\x0e\x41ttestCapePlan\x12\".dpmarket.v1.AttestCapePlanRequest\x1a#.dpmarket.v1.AttestCapePlanResponse\x12P\n\x0bPlanCapeJob\x12\x1f.dpmarket.v1.PlanCapeJobRequest\x1a .dpmarket.v1.PlanCapeJobResponse\x12P\n\x0bReleaseCape\x12\x1f.dpmarket.v1.ReleaseCapeRequest\x1a .dpmarket.v1.ReleaseCapeResponse\x12h\n\x13ReleaseCapeGradient\x12\'.dpmarket.v1.ReleaseCapeGradientRequest\x1a(.dpmarket.v1.ReleaseCapeGradientResponse\x12S\n\x0c\x43loseCapeJob\x12 .dpmarket.v1.CloseCapeJobRequest\x1a!.dpmarket.v1.CloseCapeJobResponse2\xd7\x02\n\x0b\x43\x61peService\x12\x44\n\x07\x46itCape\x12\x1b.dpmarket.v1.FitCapeRequest\x1a\x1c.dpmarket.v1.FitCapeResponse\x12_\n\x10\x45stimateCapeMean\x12$.dpmarket.v1.EstimateCapeMeanRequest\x1a%.dpmarket.v1.EstimateCapeMeanResponse\x12J\n\tTrainCape\x12\x1d.dpmarket.v1.TrainCapeRequest\x1a\x1e.dpmarket.v1.TrainCapeResponse\x12U\n\x0cWatchCapeJob\x12 .dpmarket.v1.WatchCapeJobRequest\x1a!.dpmarket.v1.WatchCapeJobResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dpmarket.v1.cape_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CAPETASK']._serialized_start=2880
-  _globals['_CAPETASK']._serialized_end=3005
-  _globals['_CAPECALIBRATION']._serialized_start=3007
-  _globals['_CAPECALIBRATION']._serialized_end=3117
-  _globals['_COLUMNBOUND']._serialized_start=117
-  _globals['_COLUMNBOUND']._serialized_end=173
-  _globals['_CAPESPEC']._serialized_start=176
-  _globals['_CAPESPEC']._serialized_end=453
-  _globals['_CAPETRAININGSPEC']._serialized_start=456
-  _globals['_CAPETRAININGSPEC']._serialized_end=688
-  _globals['_OPENCAPEJOBREQUEST']._serialized_start=691
-  _globals['_OPENCAPEJOBREQUEST']._serialized_end=908
-  _globals['_OPENCAPEJOBRESPONSE']._serialized_start=910
-  _globals['_OPENCAPEJOBRESPONSE']._serialized_end=972
-  _globals['_ATTESTCAPEPLANREQUEST']._serialized_start=974
-  _globals['_ATTESTCAPEPLANREQUEST']._serialized_end=1072
-  _globals['_SITEATTESTATION']._serialized_start=1074
-  _globals['_SITEATTESTATION']._serialized_end=1159
-  _globals['_ATTESTCAPEPLANRESPONSE']._serialized_start=1161
-  _globals['_ATTESTCAPEPLANRESPONSE']._serialized_end=1236
-  _globals['_PLANCAPEJOBREQUEST']._serialized_start=1239
-  _globals['_PLANCAPEJOBREQUEST']._serialized_end=1399
-  _globals['_PLANCAPEJOBRESPONSE']._serialized_start=1401
-  _globals['_PLANCAPEJOBRESPONSE']._serialized_end=1473
-  _globals['_RELEASECAPEREQUEST']._serialized_start=1475
-  _globals['_RELEASECAPEREQUEST']._serialized_end=1570
-  _globals['_RELEASECAPERESPONSE']._serialized_start=1572
-  _globals['_RELEASECAPERESPONSE']._serialized_end=1630
-  _globals['_RELEASECAPEGRADIENTREQUEST']._serialized_start=1633
-  _globals['_RELEASECAPEGRADIENTREQUEST']._serialized_end=1795
-  _globals['_RELEASECAPEGRADIENTRESPONSE']._serialized_start=1797
-  _globals['_RELEASECAPEGRADIENTRESPONSE']._serialized_end=1863
-  _globals['_CLOSECAPEJOBREQUEST']._serialized_start=1865
-  _globals['_CLOSECAPEJOBREQUEST']._serialized_end=1902
-  _globals['_CLOSECAPEJOBRESPONSE']._serialized_start=1904
-  _globals['_CLOSECAPEJOBRESPONSE']._serialized_end=2013
-  _globals['_WATCHCAPEJOBREQUEST']._serialized_start=2015
-  _globals['_WATCHCAPEJOBREQUEST']._serialized_end=2056
-  _globals['_WATCHCAPEJOBRESPONSE']._serialized_start=2058
-  _globals['_WATCHCAPEJOBRESPONSE']._serialized_end=2154
-  _globals['_FITCAPEREQUEST']._serialized_start=2157
-  _globals['_FITCAPEREQUEST']._serialized_end=2302
-  _globals['_FITCAPERESPONSE']._serialized_start=2304
-  _globals['_FITCAPERESPONSE']._serialized_end=2398
-  _globals['_ESTIMATECAPEMEANREQUEST']._serialized_start=2401
-  _globals['_ESTIMATECAPEMEANREQUEST']._serialized_end=2555
-  _globals['_ESTIMATECAPEMEANRESPONSE']._serialized_start=2557
-  _globals['_ESTIMATECAPEMEANRESPONSE']._serialized_end=2638
-  _globals['_TRAINCAPEREQUEST']._serialized_start=2641
-  _globals['_TRAINCAPEREQUEST']._serialized_end=2796
-  _globals['_TRAINCAPERESPONSE']._serialized_start=2798
-  _globals['_TRAINCAPERESPONSE']._serialized_end=2878
-  _globals['_CAPESITESERVICE']._serialized_start=3120
-  _globals['_CAPESITESERVICE']._serialized_end=3665
-  _globals['_CAPESERVICE']._serialized_start=3668
-  _globals['_CAPESERVICE']._serialized_end=4011
+  _globals['_CAPETASK']._serialized_start=3116
+  _globals['_CAPETASK']._serialized_end=3241
+  _globals['_CAPECALIBRATION']._serialized_start=3243
+  _globals['_CAPECALIBRATION']._serialized_end=3353
+  _globals['_COLUMNBOUND']._serialized_start=143
+  _globals['_COLUMNBOUND']._serialized_end=199
+  _globals['_CAPESPEC']._serialized_start=202
+  _globals['_CAPESPEC']._serialized_end=479
+  _globals['_CAPETRAININGSPEC']._serialized_start=482
+  _globals['_CAPETRAININGSPEC']._serialized_end=714
+  _globals['_OPENCAPEJOBREQUEST']._serialized_start=717
+  _globals['_OPENCAPEJOBREQUEST']._serialized_end=976
+  _globals['_OPENCAPEJOBRESPONSE']._serialized_start=978
+  _globals['_OPENCAPEJOBRESPONSE']._serialized_end=1040
+  _globals['_ATTESTCAPEPLANREQUEST']._serialized_start=1042
+  _globals['_ATTESTCAPEPLANREQUEST']._serialized_end=1140
+  _globals['_SITEATTESTATION']._serialized_start=1142
+  _globals['_SITEATTESTATION']._serialized_end=1227
+  _globals['_ATTESTCAPEPLANRESPONSE']._serialized_start=1229
+  _globals['_ATTESTCAPEPLANRESPONSE']._serialized_end=1304
+  _globals['_PLANCAPEJOBREQUEST']._serialized_start=1307
+  _globals['_PLANCAPEJOBREQUEST']._serialized_end=1467
+  _globals['_PLANCAPEJOBRESPONSE']._serialized_start=1469
+  _globals['_PLANCAPEJOBRESPONSE']._serialized_end=1541
+  _globals['_RELEASECAPEREQUEST']._serialized_start=1543
+  _globals['_RELEASECAPEREQUEST']._serialized_end=1638
+  _globals['_RELEASECAPERESPONSE']._serialized_start=1640
+  _globals['_RELEASECAPERESPONSE']._serialized_end=1698
+  _globals['_RELEASECAPEGRADIENTREQUEST']._serialized_start=1701
+  _globals['_RELEASECAPEGRADIENTREQUEST']._serialized_end=1863
+  _globals['_RELEASECAPEGRADIENTRESPONSE']._serialized_start=1865
+  _globals['_RELEASECAPEGRADIENTRESPONSE']._serialized_end=1931
+  _globals['_CLOSECAPEJOBREQUEST']._serialized_start=1933
+  _globals['_CLOSECAPEJOBREQUEST']._serialized_end=1970
+  _globals['_CLOSECAPEJOBRESPONSE']._serialized_start=1972
+  _globals['_CLOSECAPEJOBRESPONSE']._serialized_end=2081
+  _globals['_WATCHCAPEJOBREQUEST']._serialized_start=2083
+  _globals['_WATCHCAPEJOBREQUEST']._serialized_end=2124
+  _globals['_WATCHCAPEJOBRESPONSE']._serialized_start=2126
+  _globals['_WATCHCAPEJOBRESPONSE']._serialized_end=2222
+  _globals['_FITCAPEREQUEST']._serialized_start=2225
+  _globals['_FITCAPEREQUEST']._serialized_end=2426
+  _globals['_FITCAPERESPONSE']._serialized_start=2428
+  _globals['_FITCAPERESPONSE']._serialized_end=2522
+  _globals['_ESTIMATECAPEMEANREQUEST']._serialized_start=2525
+  _globals['_ESTIMATECAPEMEANREQUEST']._serialized_end=2735
+  _globals['_ESTIMATECAPEMEANRESPONSE']._serialized_start=2737
+  _globals['_ESTIMATECAPEMEANRESPONSE']._serialized_end=2818
+  _globals['_TRAINCAPEREQUEST']._serialized_start=2821
+  _globals['_TRAINCAPEREQUEST']._serialized_end=3032
+  _globals['_TRAINCAPERESPONSE']._serialized_start=3034
+  _globals['_TRAINCAPERESPONSE']._serialized_end=3114
+  _globals['_CAPESITESERVICE']._serialized_start=3356
+  _globals['_CAPESITESERVICE']._serialized_end=3901
+  _globals['_CAPESERVICE']._serialized_start=3904
+  _globals['_CAPESERVICE']._serialized_end=4247
 # @@protoc_insertion_point(module_scope)

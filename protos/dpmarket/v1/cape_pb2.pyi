@@ -5,6 +5,7 @@ isort:skip_file
 
 from collections import abc as _abc
 from dpmarket.v1 import array_pb2 as _array_pb2
+from dpmarket.v1 import market_pb2 as _market_pb2
 from dpmarket.v1 import privacy_pb2 as _privacy_pb2
 from dpmarket.v1 import schema_pb2 as _schema_pb2
 from google.protobuf import descriptor as _descriptor
@@ -237,6 +238,7 @@ class OpenCapeJobRequest(_message.Message):
     TRAINING_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
     LEDGER_RECEIPT_FIELD_NUMBER: _builtins.int
+    MARKET_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Curator-chosen random job id (at least 128 bits)."""
     consumer: _builtins.str
@@ -255,6 +257,13 @@ class OpenCapeJobRequest(_message.Message):
     def ledger_receipt(self) -> _privacy_pb2.LedgerReceipt:
         """The last receipt this curator holds from this owner, as in OpenSessionRequest."""
 
+    @_builtins.property
+    def market(self) -> _market_pb2.MarketTerms:
+        """This owner's line of the job's quote (max_points_read 0, summary_size 0, validation_size 0,
+        no reward): the owner recomputes its charge from its own prices at the job's epsilon and
+        refuses (FAILED_PRECONDITION) a quoted charge below it, or no quote when it has prices.
+        """
+
     def __init__(
         self,
         *,
@@ -264,10 +273,11 @@ class OpenCapeJobRequest(_message.Message):
         training: Global___CapeTrainingSpec | None = ...,
         seed: _builtins.int = ...,
         ledger_receipt: _privacy_pb2.LedgerReceipt | None = ...,
+        market: _market_pb2.MarketTerms | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "ledger_receipt", b"ledger_receipt", "spec", b"spec", "training", b"training"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "ledger_receipt", b"ledger_receipt", "market", b"market", "spec", b"spec", "training", b"training"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer", b"consumer", "job", b"job", "job_id", b"job_id", "ledger_receipt", b"ledger_receipt", "seed", b"seed", "spec", b"spec", "training", b"training"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer", b"consumer", "job", b"job", "job_id", b"job_id", "ledger_receipt", b"ledger_receipt", "market", b"market", "seed", b"seed", "spec", b"spec", "training", b"training"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_job: _TypeAlias = _typing.Literal["spec", "training"]  # noqa: Y015
     _WhichOneofArgType_job: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
@@ -671,10 +681,23 @@ class FitCapeRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
     SCHEMA_FIELD_NUMBER: _builtins.int
+    MIN_OWNERS_FIELD_NUMBER: _builtins.int
+    MAX_COST_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Client-chosen idempotency key (1 to 128 printable ASCII characters; empty: none)."""
     seed: _builtins.int
     """Seed of every random draw; honoured only by a curator that allows seeded sessions."""
+    min_owners: _builtins.int
+    """Owners that must open the job, or it fails FAILED_PRECONDITION before anything is drawn or
+    charged; 0 (the default): every owner the curator serves. Owners lost after the opening are
+    left out as the protocol tolerates (the report's "dropped").
+    """
+    max_cost: _builtins.int
+    """The most the consumer pays, micro-credits: a job whose quote (every owner's price per unit
+    epsilon at the job's epsilon, and its minimum) exceeds it fails FAILED_PRECONDITION before
+    any owner opens it, nothing charged anywhere; unset: no cap. The report states the quote
+    ("quote") and what the job cost ("cost", its signed statement's total).
+    """
     @_builtins.property
     def spec(self) -> Global___CapeSpec: ...
     @_builtins.property
@@ -691,13 +714,20 @@ class FitCapeRequest(_message.Message):
         request_id: _builtins.str = ...,
         seed: _builtins.int | None = ...,
         schema: _schema_pb2.DatasetSchema | None = ...,
+        min_owners: _builtins.int = ...,
+        max_cost: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_cost", b"_max_cost", "_seed", b"_seed", "max_cost", b"max_cost", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "request_id", b"request_id", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_cost", b"_max_cost", "_seed", b"_seed", "max_cost", b"max_cost", "min_owners", b"min_owners", "request_id", b"request_id", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_cost: _TypeAlias = _typing.Literal["max_cost"]  # noqa: Y015
+    _WhichOneofArgType__max_cost: _TypeAlias = _typing.Literal["_max_cost", b"_max_cost"]  # noqa: Y015
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_cost) -> _WhichOneofReturnType__max_cost | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__seed) -> _WhichOneofReturnType__seed | None: ...
 
 Global___FitCapeRequest: _TypeAlias = FitCapeRequest  # noqa: Y015
@@ -743,10 +773,23 @@ class EstimateCapeMeanRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
     SCHEMA_FIELD_NUMBER: _builtins.int
+    MIN_OWNERS_FIELD_NUMBER: _builtins.int
+    MAX_COST_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Client-chosen idempotency key (1 to 128 printable ASCII characters; empty: none)."""
     seed: _builtins.int
     """Seed of every random draw; honoured only by a curator that allows seeded sessions."""
+    min_owners: _builtins.int
+    """Owners that must open the job, or it fails FAILED_PRECONDITION before anything is drawn or
+    charged; 0 (the default): every owner the curator serves. Owners lost after the opening are
+    left out as the protocol tolerates (the report's "dropped").
+    """
+    max_cost: _builtins.int
+    """The most the consumer pays, micro-credits: a job whose quote (every owner's price per unit
+    epsilon at the job's epsilon, and its minimum) exceeds it fails FAILED_PRECONDITION before
+    any owner opens it, nothing charged anywhere; unset: no cap. The report states the quote
+    ("quote") and what the job cost ("cost", its signed statement's total).
+    """
     @_builtins.property
     def spec(self) -> Global___CapeSpec:
         """task CAPE_TASK_MEAN; the features are the columns averaged; no target."""
@@ -765,13 +808,20 @@ class EstimateCapeMeanRequest(_message.Message):
         request_id: _builtins.str = ...,
         seed: _builtins.int | None = ...,
         schema: _schema_pb2.DatasetSchema | None = ...,
+        min_owners: _builtins.int = ...,
+        max_cost: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_cost", b"_max_cost", "_seed", b"_seed", "max_cost", b"max_cost", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "request_id", b"request_id", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_cost", b"_max_cost", "_seed", b"_seed", "max_cost", b"max_cost", "min_owners", b"min_owners", "request_id", b"request_id", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_cost: _TypeAlias = _typing.Literal["max_cost"]  # noqa: Y015
+    _WhichOneofArgType__max_cost: _TypeAlias = _typing.Literal["_max_cost", b"_max_cost"]  # noqa: Y015
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_cost) -> _WhichOneofReturnType__max_cost | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__seed) -> _WhichOneofReturnType__seed | None: ...
 
 Global___EstimateCapeMeanRequest: _TypeAlias = EstimateCapeMeanRequest  # noqa: Y015
@@ -813,11 +863,24 @@ class TrainCapeRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
     SCHEMA_FIELD_NUMBER: _builtins.int
+    MIN_OWNERS_FIELD_NUMBER: _builtins.int
+    MAX_COST_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Client-chosen idempotency key (1 to 128 printable ASCII characters; empty: none)."""
     seed: _builtins.int
     """Seed of every random draw (the initial parameters included); honoured only by a curator
     that allows seeded sessions.
+    """
+    min_owners: _builtins.int
+    """Owners that must open the job, or it fails FAILED_PRECONDITION before anything is drawn or
+    charged; 0 (the default): every owner the curator serves. Owners lost after the opening are
+    left out as the protocol tolerates (the report's "dropped").
+    """
+    max_cost: _builtins.int
+    """The most the consumer pays, micro-credits: a job whose quote (every owner's price per unit
+    epsilon at the job's epsilon, and its minimum) exceeds it fails FAILED_PRECONDITION before
+    any owner opens it, nothing charged anywhere; unset: no cap. The report states the quote
+    ("quote") and what the job cost ("cost", its signed statement's total).
     """
     @_builtins.property
     def spec(self) -> Global___CapeTrainingSpec: ...
@@ -835,13 +898,20 @@ class TrainCapeRequest(_message.Message):
         request_id: _builtins.str = ...,
         seed: _builtins.int | None = ...,
         schema: _schema_pb2.DatasetSchema | None = ...,
+        min_owners: _builtins.int = ...,
+        max_cost: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_cost", b"_max_cost", "_seed", b"_seed", "max_cost", b"max_cost", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "request_id", b"request_id", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_cost", b"_max_cost", "_seed", b"_seed", "max_cost", b"max_cost", "min_owners", b"min_owners", "request_id", b"request_id", "schema", b"schema", "seed", b"seed", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_cost: _TypeAlias = _typing.Literal["max_cost"]  # noqa: Y015
+    _WhichOneofArgType__max_cost: _TypeAlias = _typing.Literal["_max_cost", b"_max_cost"]  # noqa: Y015
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_cost) -> _WhichOneofReturnType__max_cost | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__seed) -> _WhichOneofReturnType__seed | None: ...
 
 Global___TrainCapeRequest: _TypeAlias = TrainCapeRequest  # noqa: Y015

@@ -23,55 +23,73 @@ _sym_db = _symbol_database.Default()
 
 
 from dpmarket.v1 import array_pb2 as dpmarket_dot_v1_dot_array__pb2
+from dpmarket.v1 import market_pb2 as dpmarket_dot_v1_dot_market__pb2
 from dpmarket.v1 import schema_pb2 as dpmarket_dot_v1_dot_schema__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x64pmarket/v1/curator.proto\x12\x0b\x64pmarket.v1\x1a\x17\x64pmarket/v1/array.proto\x1a\x18\x64pmarket/v1/schema.proto\x1a\x1egoogle/protobuf/duration.proto\"\xcd\x07\n\x13SummarizationParams\x12\x15\n\rrff_dimension\x18\x01 \x01(\x03\x12\r\n\x05gamma\x18\x02 \x01(\x01\x12\x1a\n\x12\x65psilon_validation\x18\x03 \x01(\x01\x12\x1a\n\x12iterations_initial\x18\x04 \x01(\x03\x12\x1d\n\x15iterations_subsequent\x18\x05 \x01(\x03\x12\x1b\n\x13\x65psilon_first_epoch\x18\x06 \x01(\x01\x12\x17\n\x0f\x65psilon_summary\x18\x07 \x01(\x01\x12\x19\n\x11quantization_step\x18\x08 \x01(\x01\x12\x17\n\x0f\x65psilon_auction\x18\t \x01(\x01\x12\x14\n\x0c\x64\x65lta_owners\x18\n \x01(\x01\x12\x18\n\x10\x64\x65lta_validation\x18\x0b \x01(\x01\x12 \n\x18\x65psilon_validation_total\x18\x0c \x01(\x01\x12\x1c\n\x14\x65psilon_owners_total\x18\r \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x0e \x01(\x01\x12\x1a\n\x12\x63\x61ndidate_fraction\x18\x0f \x01(\x01\x12\x1b\n\x13relevance_threshold\x18\x10 \x01(\x01\x12\x1c\n\x14\x63\x61ndidate_even_share\x18\x11 \x01(\x01\x12\x18\n\x10\x65mbedding_rerank\x18\x12 \x01(\x08\x12:\n\x12validation_release\x18\x13 \x01(\x0e\x32\x1e.dpmarket.v1.ValidationRelease\x12\x34\n\x0fsummary_release\x18\x14 \x01(\x0e\x32\x1b.dpmarket.v1.SummaryRelease\x12.\n\x0cpool_scoring\x18\x15 \x01(\x0e\x32\x18.dpmarket.v1.PoolScoring\x12\x15\n\rauction_share\x18\x16 \x01(\x01\x12%\n\x07\x61uction\x18\x17 \x01(\x0e\x32\x14.dpmarket.v1.Auction\x12\x1a\n\x12\x63\x61ndidate_multiple\x18\x18 \x01(\x01\x12+\n\nallocation\x18\x19 \x01(\x0e\x32\x17.dpmarket.v1.Allocation\x12\x34\n\x0frelevance_score\x18\x1a \x01(\x0e\x32\x1b.dpmarket.v1.RelevanceScore\x12\x18\n\x10\x61llocation_share\x18\x1b \x01(\x01\x12\x34\n\x0f\x65mbedding_prior\x18\x1c \x01(\x0e\x32\x1b.dpmarket.v1.EmbeddingPrior\x12\x11\n\tshrinkage\x18\x1d \x01(\x01\x12\x1d\n\x15relevance_norm_weight\x18\x1e \x01(\x01\"\xf0\x02\n\x14\x43reateSessionRequest\x12&\n\nvalidation\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12$\n\x08seed_set\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x14\n\x0csummary_size\x18\x03 \x01(\x03\x12#\n\x06method\x18\x04 \x01(\x0e\x32\x13.dpmarket.v1.Method\x12\x30\n\x06params\x18\x05 \x01(\x0b\x32 .dpmarket.v1.SummarizationParams\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12*\n\x06schema\x18\x08 \x01(\x0b\x32\x1a.dpmarket.v1.DatasetSchema\x12\x15\n\rfeature_names\x18\t \x03(\t\x12\x12\n\nmin_owners\x18\n \x01(\x03\x12\x16\n\x0e\x65xclude_owners\x18\x0b \x03(\tB\x07\n\x05_seed\"+\n\x15\x43reateSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\")\n\x13WatchSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\xc6\x01\n\x14WatchSessionResponse\x12!\n\x05stage\x18\x01 \x01(\x0e\x32\x12.dpmarket.v1.Stage\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x14\n\x0ctotal_rounds\x18\x03 \x01(\x03\x12\x17\n\x0fpoints_accessed\x18\x04 \x01(\x03\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\x12*\n\x06report\x18\x07 \x01(\x0b\x32\x1a.dpmarket.v1.SessionReport\"\'\n\x11GetSummaryRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\xc1\x03\n\rSessionReport\x12#\n\x06method\x18\x01 \x01(\x0e\x32\x13.dpmarket.v1.Method\x12\x14\n\x0csummary_size\x18\x02 \x01(\x03\x12\x0e\n\x06rounds\x18\x03 \x01(\x03\x12\x1d\n\x15owner_points_accessed\x18\x04 \x01(\x03\x12\"\n\x1avalidation_points_accessed\x18\x05 \x01(\x03\x12\x18\n\x10\x61ll_owners_bound\x18\x06 \x01(\x03\x12\x13\n\x0bpaper_bound\x18\x07 \x01(\x01\x12\x16\n\x0e\x64ropped_owners\x18\x08 \x03(\t\x12\x13\n\x0bledger_json\x18\t \x01(\t\x12,\n\twall_time\x18\n \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x17\n\x0frejected_points\x18\x0b \x01(\x03\x12\x15\n\rround_seconds\x18\x0c \x03(\x01\x12\r\n\x05\x65rror\x18\r \x01(\t\x12,\n\x0bowner_spend\x18\x0e \x03(\x0b\x32\x17.dpmarket.v1.OwnerSpend\x12+\n\x08left_out\x18\x0f \x03(\x0b\x32\x19.dpmarket.v1.LeftOutOwner\"0\n\x0cLeftOutOwner\x12\x10\n\x08owner_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"t\n\nOwnerSpend\x12\x10\n\x08owner_id\x18\x01 \x01(\t\x12\x0f\n\x07\x65psilon\x18\x02 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\x01\x12\x0e\n\x06points\x18\x04 \x01(\x03\x12\x13\n\x0bnon_private\x18\x05 \x01(\x08\x12\x0f\n\x07unknown\x18\x06 \x01(\t\"\x9c\x01\n\x12GetSummaryResponse\x12#\n\x07summary\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\"\n\x06labels\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x11\n\towner_ids\x18\x03 \x03(\t\x12*\n\x06report\x18\x04 \x01(\x0b\x32\x1a.dpmarket.v1.SessionReport*\x85\x01\n\x06Method\x12\x16\n\x12METHOD_UNSPECIFIED\x10\x00\x12\x12\n\x0eMETHOD_PRIVATE\x10\x01\x12\x11\n\rMETHOD_GREEDY\x10\x02\x12\x12\n\x0eMETHOD_UNIFORM\x10\x03\x12\x15\n\x11METHOD_CANDIDATES\x10\x04\x12\x11\n\rMETHOD_ROUNDS\x10\x05*u\n\x11ValidationRelease\x12\"\n\x1eVALIDATION_RELEASE_UNSPECIFIED\x10\x00\x12\x1b\n\x17VALIDATION_RELEASE_MWEM\x10\x01\x12\x1f\n\x1bVALIDATION_RELEASE_GAUSSIAN\x10\x02*\x7f\n\x0eSummaryRelease\x12\x1f\n\x1bSUMMARY_RELEASE_UNSPECIFIED\x10\x00\x12\x18\n\x14SUMMARY_RELEASE_MWEM\x10\x01\x12\x18\n\x14SUMMARY_RELEASE_TREE\x10\x02\x12\x18\n\x14SUMMARY_RELEASE_NONE\x10\x03*V\n\nAllocation\x12\x1a\n\x16\x41LLOCATION_UNSPECIFIED\x10\x00\x12\x15\n\x11\x41LLOCATION_SKETCH\x10\x01\x12\x15\n\x11\x41LLOCATION_COUNTS\x10\x02*\xb5\x01\n\x0eRelevanceScore\x12\x1f\n\x1bRELEVANCE_SCORE_UNSPECIFIED\x10\x00\x12\x1b\n\x17RELEVANCE_SCORE_DENSITY\x10\x01\x12\x18\n\x14RELEVANCE_SCORE_MASS\x10\x02\x12\x17\n\x13RELEVANCE_SCORE_M2M\x10\x03\x12\x17\n\x13RELEVANCE_SCORE_MMD\x10\x04\x12\x19\n\x15RELEVANCE_SCORE_SHARE\x10\x05*\x80\x01\n\x0e\x45mbeddingPrior\x12\x1f\n\x1b\x45MBEDDING_PRIOR_UNSPECIFIED\x10\x00\x12\x19\n\x15\x45MBEDDING_PRIOR_OWNER\x10\x01\x12\x18\n\x14\x45MBEDDING_PRIOR_SEED\x10\x02\x12\x18\n\x14\x45MBEDDING_PRIOR_NONE\x10\x03*G\n\x07\x41uction\x12\x17\n\x13\x41UCTION_UNSPECIFIED\x10\x00\x12\x10\n\x0c\x41UCTION_PURE\x10\x01\x12\x11\n\rAUCTION_PAPER\x10\x02*_\n\x0bPoolScoring\x12\x1c\n\x18POOL_SCORING_UNSPECIFIED\x10\x00\x12\x1a\n\x16POOL_SCORING_EMBEDDING\x10\x01\x12\x16\n\x12POOL_SCORING_EXACT\x10\x02*c\n\x05Stage\x12\x15\n\x11STAGE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bSTAGE_SETUP\x10\x01\x12\x10\n\x0cSTAGE_ROUNDS\x10\x02\x12\x0e\n\nSTAGE_DONE\x10\x03\x12\x10\n\x0cSTAGE_FAILED\x10\x04\x32\x8e\x02\n\x0e\x43uratorService\x12V\n\rCreateSession\x12!.dpmarket.v1.CreateSessionRequest\x1a\".dpmarket.v1.CreateSessionResponse\x12U\n\x0cWatchSession\x12 .dpmarket.v1.WatchSessionRequest\x1a!.dpmarket.v1.WatchSessionResponse0\x01\x12M\n\nGetSummary\x12\x1e.dpmarket.v1.GetSummaryRequest\x1a\x1f.dpmarket.v1.GetSummaryResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x64pmarket/v1/curator.proto\x12\x0b\x64pmarket.v1\x1a\x17\x64pmarket/v1/array.proto\x1a\x18\x64pmarket/v1/market.proto\x1a\x18\x64pmarket/v1/schema.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcd\x07\n\x13SummarizationParams\x12\x15\n\rrff_dimension\x18\x01 \x01(\x03\x12\r\n\x05gamma\x18\x02 \x01(\x01\x12\x1a\n\x12\x65psilon_validation\x18\x03 \x01(\x01\x12\x1a\n\x12iterations_initial\x18\x04 \x01(\x03\x12\x1d\n\x15iterations_subsequent\x18\x05 \x01(\x03\x12\x1b\n\x13\x65psilon_first_epoch\x18\x06 \x01(\x01\x12\x17\n\x0f\x65psilon_summary\x18\x07 \x01(\x01\x12\x19\n\x11quantization_step\x18\x08 \x01(\x01\x12\x17\n\x0f\x65psilon_auction\x18\t \x01(\x01\x12\x14\n\x0c\x64\x65lta_owners\x18\n \x01(\x01\x12\x18\n\x10\x64\x65lta_validation\x18\x0b \x01(\x01\x12 \n\x18\x65psilon_validation_total\x18\x0c \x01(\x01\x12\x1c\n\x14\x65psilon_owners_total\x18\r \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x0e \x01(\x01\x12\x1a\n\x12\x63\x61ndidate_fraction\x18\x0f \x01(\x01\x12\x1b\n\x13relevance_threshold\x18\x10 \x01(\x01\x12\x1c\n\x14\x63\x61ndidate_even_share\x18\x11 \x01(\x01\x12\x18\n\x10\x65mbedding_rerank\x18\x12 \x01(\x08\x12:\n\x12validation_release\x18\x13 \x01(\x0e\x32\x1e.dpmarket.v1.ValidationRelease\x12\x34\n\x0fsummary_release\x18\x14 \x01(\x0e\x32\x1b.dpmarket.v1.SummaryRelease\x12.\n\x0cpool_scoring\x18\x15 \x01(\x0e\x32\x18.dpmarket.v1.PoolScoring\x12\x15\n\rauction_share\x18\x16 \x01(\x01\x12%\n\x07\x61uction\x18\x17 \x01(\x0e\x32\x14.dpmarket.v1.Auction\x12\x1a\n\x12\x63\x61ndidate_multiple\x18\x18 \x01(\x01\x12+\n\nallocation\x18\x19 \x01(\x0e\x32\x17.dpmarket.v1.Allocation\x12\x34\n\x0frelevance_score\x18\x1a \x01(\x0e\x32\x1b.dpmarket.v1.RelevanceScore\x12\x18\n\x10\x61llocation_share\x18\x1b \x01(\x01\x12\x34\n\x0f\x65mbedding_prior\x18\x1c \x01(\x0e\x32\x1b.dpmarket.v1.EmbeddingPrior\x12\x11\n\tshrinkage\x18\x1d \x01(\x01\x12\x1d\n\x15relevance_norm_weight\x18\x1e \x01(\x01\"\xb9\x03\n\x14\x43reateSessionRequest\x12&\n\nvalidation\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12$\n\x08seed_set\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x14\n\x0csummary_size\x18\x03 \x01(\x03\x12#\n\x06method\x18\x04 \x01(\x0e\x32\x13.dpmarket.v1.Method\x12\x30\n\x06params\x18\x05 \x01(\x0b\x32 .dpmarket.v1.SummarizationParams\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12*\n\x06schema\x18\x08 \x01(\x0b\x32\x1a.dpmarket.v1.DatasetSchema\x12\x15\n\rfeature_names\x18\t \x03(\t\x12\x12\n\nmin_owners\x18\n \x01(\x03\x12\x16\n\x0e\x65xclude_owners\x18\x0b \x03(\t\x12\x15\n\x08max_cost\x18\x0c \x01(\x03H\x01\x88\x01\x01\x12#\n\x06reward\x18\r \x01(\x0b\x32\x13.dpmarket.v1.RewardB\x07\n\x05_seedB\x0b\n\t_max_cost\"N\n\x15\x43reateSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12!\n\x05quote\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Quote\"I\n\x13QuoteSessionRequest\x12\x32\n\x07request\x18\x01 \x01(\x0b\x32!.dpmarket.v1.CreateSessionRequest\"9\n\x14QuoteSessionResponse\x12!\n\x05quote\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Quote\"\x14\n\x12ListMethodsRequest\"\x83\x01\n\x0bMethodOffer\x12#\n\x06method\x18\x01 \x01(\x0e\x32\x13.dpmarket.v1.Method\x12\x0e\n\x06served\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x16\n\x0eserving_owners\x18\x04 \x03(\t\x12\x17\n\x0frefusing_owners\x18\x05 \x03(\t\"@\n\x13ListMethodsResponse\x12)\n\x07methods\x18\x01 \x03(\x0b\x32\x18.dpmarket.v1.MethodOffer\":\n\x15ListStatementsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x03\"\xa1\x01\n\x11\x43onsumerStatement\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12.\n\nsettled_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\tstatement\x18\x03 \x01(\x0b\x32\x1c.dpmarket.v1.SignedStatement\x12\x17\n\x0fowners_recorded\x18\x04 \x01(\x03\"i\n\x16ListStatementsResponse\x12\x32\n\nstatements\x18\x01 \x03(\x0b\x32\x1e.dpmarket.v1.ConsumerStatement\x12\x1b\n\x13\x63urator_certificate\x18\x02 \x01(\x0c\")\n\x13WatchSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\xc6\x01\n\x14WatchSessionResponse\x12!\n\x05stage\x18\x01 \x01(\x0e\x32\x12.dpmarket.v1.Stage\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x14\n\x0ctotal_rounds\x18\x03 \x01(\x03\x12\x17\n\x0fpoints_accessed\x18\x04 \x01(\x03\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\x12*\n\x06report\x18\x07 \x01(\x0b\x32\x1a.dpmarket.v1.SessionReport\"\'\n\x11GetSummaryRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x80\x04\n\rSessionReport\x12#\n\x06method\x18\x01 \x01(\x0e\x32\x13.dpmarket.v1.Method\x12\x14\n\x0csummary_size\x18\x02 \x01(\x03\x12\x0e\n\x06rounds\x18\x03 \x01(\x03\x12\x1d\n\x15owner_points_accessed\x18\x04 \x01(\x03\x12\"\n\x1avalidation_points_accessed\x18\x05 \x01(\x03\x12\x18\n\x10\x61ll_owners_bound\x18\x06 \x01(\x03\x12\x13\n\x0bpaper_bound\x18\x07 \x01(\x01\x12\x16\n\x0e\x64ropped_owners\x18\x08 \x03(\t\x12\x13\n\x0bledger_json\x18\t \x01(\t\x12,\n\twall_time\x18\n \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x17\n\x0frejected_points\x18\x0b \x01(\x03\x12\x15\n\rround_seconds\x18\x0c \x03(\x01\x12\r\n\x05\x65rror\x18\r \x01(\t\x12,\n\x0bowner_spend\x18\x0e \x03(\x0b\x32\x17.dpmarket.v1.OwnerSpend\x12+\n\x08left_out\x18\x0f \x03(\x0b\x32\x19.dpmarket.v1.LeftOutOwner\x12!\n\x05quote\x18\x10 \x01(\x0b\x32\x12.dpmarket.v1.Quote\x12\x11\n\x04\x63ost\x18\x11 \x01(\x03H\x00\x88\x01\x01\x42\x07\n\x05_cost\"0\n\x0cLeftOutOwner\x12\x10\n\x08owner_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"t\n\nOwnerSpend\x12\x10\n\x08owner_id\x18\x01 \x01(\t\x12\x0f\n\x07\x65psilon\x18\x02 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\x01\x12\x0e\n\x06points\x18\x04 \x01(\x03\x12\x13\n\x0bnon_private\x18\x05 \x01(\x08\x12\x0f\n\x07unknown\x18\x06 \x01(\t\"\x9c\x01\n\x12GetSummaryResponse\x12#\n\x07summary\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\"\n\x06labels\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x11\n\towner_ids\x18\x03 \x03(\t\x12*\n\x06report\x18\x04 \x01(\x0b\x32\x1a.dpmarket.v1.SessionReport*\x85\x01\n\x06Method\x12\x16\n\x12METHOD_UNSPECIFIED\x10\x00\x12\x12\n\x0eMETHOD_PRIVATE\x10\x01\x12\x11\n\rMETHOD_GREEDY\x10\x02\x12\x12\n\x0eMETHOD_UNIFORM\x10\x03\x12\x15\n\x11METHOD_CANDIDATES\x10\x04\x12\x11\n\rMETHOD_ROUNDS\x10\x05*u\n\x11ValidationRelease\x12\"\n\x1eVALIDATION_RELEASE_UNSPECIFIED\x10\x00\x12\x1b\n\x17VALIDATION_RELEASE_MWEM\x10\x01\x12\x1f\n\x1bVALIDATION_RELEASE_GAUSSIAN\x10\x02*\x7f\n\x0eSummaryRelease\x12\x1f\n\x1bSUMMARY_RELEASE_UNSPECIFIED\x10\x00\x12\x18\n\x14SUMMARY_RELEASE_MWEM\x10\x01\x12\x18\n\x14SUMMARY_RELEASE_TREE\x10\x02\x12\x18\n\x14SUMMARY_RELEASE_NONE\x10\x03*V\n\nAllocation\x12\x1a\n\x16\x41LLOCATION_UNSPECIFIED\x10\x00\x12\x15\n\x11\x41LLOCATION_SKETCH\x10\x01\x12\x15\n\x11\x41LLOCATION_COUNTS\x10\x02*\xb5\x01\n\x0eRelevanceScore\x12\x1f\n\x1bRELEVANCE_SCORE_UNSPECIFIED\x10\x00\x12\x1b\n\x17RELEVANCE_SCORE_DENSITY\x10\x01\x12\x18\n\x14RELEVANCE_SCORE_MASS\x10\x02\x12\x17\n\x13RELEVANCE_SCORE_M2M\x10\x03\x12\x17\n\x13RELEVANCE_SCORE_MMD\x10\x04\x12\x19\n\x15RELEVANCE_SCORE_SHARE\x10\x05*\x80\x01\n\x0e\x45mbeddingPrior\x12\x1f\n\x1b\x45MBEDDING_PRIOR_UNSPECIFIED\x10\x00\x12\x19\n\x15\x45MBEDDING_PRIOR_OWNER\x10\x01\x12\x18\n\x14\x45MBEDDING_PRIOR_SEED\x10\x02\x12\x18\n\x14\x45MBEDDING_PRIOR_NONE\x10\x03*G\n\x07\x41uction\x12\x17\n\x13\x41UCTION_UNSPECIFIED\x10\x00\x12\x10\n\x0c\x41UCTION_PURE\x10\x01\x12\x11\n\rAUCTION_PAPER\x10\x02*_\n\x0bPoolScoring\x12\x1c\n\x18POOL_SCORING_UNSPECIFIED\x10\x00\x12\x1a\n\x16POOL_SCORING_EMBEDDING\x10\x01\x12\x16\n\x12POOL_SCORING_EXACT\x10\x02*c\n\x05Stage\x12\x15\n\x11STAGE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bSTAGE_SETUP\x10\x01\x12\x10\n\x0cSTAGE_ROUNDS\x10\x02\x12\x0e\n\nSTAGE_DONE\x10\x03\x12\x10\n\x0cSTAGE_FAILED\x10\x04\x32\x90\x04\n\x0e\x43uratorService\x12V\n\rCreateSession\x12!.dpmarket.v1.CreateSessionRequest\x1a\".dpmarket.v1.CreateSessionResponse\x12U\n\x0cWatchSession\x12 .dpmarket.v1.WatchSessionRequest\x1a!.dpmarket.v1.WatchSessionResponse0\x01\x12S\n\x0cQuoteSession\x12 .dpmarket.v1.QuoteSessionRequest\x1a!.dpmarket.v1.QuoteSessionResponse\x12Y\n\x0eListStatements\x12\".dpmarket.v1.ListStatementsRequest\x1a#.dpmarket.v1.ListStatementsResponse\x12M\n\nGetSummary\x12\x1e.dpmarket.v1.GetSummaryRequest\x1a\x1f.dpmarket.v1.GetSummaryResponse\x12P\n\x0bListMethods\x12\x1f.dpmarket.v1.ListMethodsRequest\x1a .dpmarket.v1.ListMethodsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dpmarket.v1.curator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_METHOD']._serialized_start=2582
-  _globals['_METHOD']._serialized_end=2715
-  _globals['_VALIDATIONRELEASE']._serialized_start=2717
-  _globals['_VALIDATIONRELEASE']._serialized_end=2834
-  _globals['_SUMMARYRELEASE']._serialized_start=2836
-  _globals['_SUMMARYRELEASE']._serialized_end=2963
-  _globals['_ALLOCATION']._serialized_start=2965
-  _globals['_ALLOCATION']._serialized_end=3051
-  _globals['_RELEVANCESCORE']._serialized_start=3054
-  _globals['_RELEVANCESCORE']._serialized_end=3235
-  _globals['_EMBEDDINGPRIOR']._serialized_start=3238
-  _globals['_EMBEDDINGPRIOR']._serialized_end=3366
-  _globals['_AUCTION']._serialized_start=3368
-  _globals['_AUCTION']._serialized_end=3439
-  _globals['_POOLSCORING']._serialized_start=3441
-  _globals['_POOLSCORING']._serialized_end=3536
-  _globals['_STAGE']._serialized_start=3538
-  _globals['_STAGE']._serialized_end=3637
-  _globals['_SUMMARIZATIONPARAMS']._serialized_start=126
-  _globals['_SUMMARIZATIONPARAMS']._serialized_end=1099
-  _globals['_CREATESESSIONREQUEST']._serialized_start=1102
-  _globals['_CREATESESSIONREQUEST']._serialized_end=1470
-  _globals['_CREATESESSIONRESPONSE']._serialized_start=1472
-  _globals['_CREATESESSIONRESPONSE']._serialized_end=1515
-  _globals['_WATCHSESSIONREQUEST']._serialized_start=1517
-  _globals['_WATCHSESSIONREQUEST']._serialized_end=1558
-  _globals['_WATCHSESSIONRESPONSE']._serialized_start=1561
-  _globals['_WATCHSESSIONRESPONSE']._serialized_end=1759
-  _globals['_GETSUMMARYREQUEST']._serialized_start=1761
-  _globals['_GETSUMMARYREQUEST']._serialized_end=1800
-  _globals['_SESSIONREPORT']._serialized_start=1803
-  _globals['_SESSIONREPORT']._serialized_end=2252
-  _globals['_LEFTOUTOWNER']._serialized_start=2254
-  _globals['_LEFTOUTOWNER']._serialized_end=2302
-  _globals['_OWNERSPEND']._serialized_start=2304
-  _globals['_OWNERSPEND']._serialized_end=2420
-  _globals['_GETSUMMARYRESPONSE']._serialized_start=2423
-  _globals['_GETSUMMARYRESPONSE']._serialized_end=2579
-  _globals['_CURATORSERVICE']._serialized_start=3640
-  _globals['_CURATORSERVICE']._serialized_end=3910
+  _globals['_METHOD']._serialized_start=3499
+  _globals['_METHOD']._serialized_end=3632
+  _globals['_VALIDATIONRELEASE']._serialized_start=3634
+  _globals['_VALIDATIONRELEASE']._serialized_end=3751
+  _globals['_SUMMARYRELEASE']._serialized_start=3753
+  _globals['_SUMMARYRELEASE']._serialized_end=3880
+  _globals['_ALLOCATION']._serialized_start=3882
+  _globals['_ALLOCATION']._serialized_end=3968
+  _globals['_RELEVANCESCORE']._serialized_start=3971
+  _globals['_RELEVANCESCORE']._serialized_end=4152
+  _globals['_EMBEDDINGPRIOR']._serialized_start=4155
+  _globals['_EMBEDDINGPRIOR']._serialized_end=4283
+  _globals['_AUCTION']._serialized_start=4285
+  _globals['_AUCTION']._serialized_end=4356
+  _globals['_POOLSCORING']._serialized_start=4358
+  _globals['_POOLSCORING']._serialized_end=4453
+  _globals['_STAGE']._serialized_start=4455
+  _globals['_STAGE']._serialized_end=4554
+  _globals['_SUMMARIZATIONPARAMS']._serialized_start=185
+  _globals['_SUMMARIZATIONPARAMS']._serialized_end=1158
+  _globals['_CREATESESSIONREQUEST']._serialized_start=1161
+  _globals['_CREATESESSIONREQUEST']._serialized_end=1602
+  _globals['_CREATESESSIONRESPONSE']._serialized_start=1604
+  _globals['_CREATESESSIONRESPONSE']._serialized_end=1682
+  _globals['_QUOTESESSIONREQUEST']._serialized_start=1684
+  _globals['_QUOTESESSIONREQUEST']._serialized_end=1757
+  _globals['_QUOTESESSIONRESPONSE']._serialized_start=1759
+  _globals['_QUOTESESSIONRESPONSE']._serialized_end=1816
+  _globals['_LISTMETHODSREQUEST']._serialized_start=1818
+  _globals['_LISTMETHODSREQUEST']._serialized_end=1838
+  _globals['_METHODOFFER']._serialized_start=1841
+  _globals['_METHODOFFER']._serialized_end=1972
+  _globals['_LISTMETHODSRESPONSE']._serialized_start=1974
+  _globals['_LISTMETHODSRESPONSE']._serialized_end=2038
+  _globals['_LISTSTATEMENTSREQUEST']._serialized_start=2040
+  _globals['_LISTSTATEMENTSREQUEST']._serialized_end=2098
+  _globals['_CONSUMERSTATEMENT']._serialized_start=2101
+  _globals['_CONSUMERSTATEMENT']._serialized_end=2262
+  _globals['_LISTSTATEMENTSRESPONSE']._serialized_start=2264
+  _globals['_LISTSTATEMENTSRESPONSE']._serialized_end=2369
+  _globals['_WATCHSESSIONREQUEST']._serialized_start=2371
+  _globals['_WATCHSESSIONREQUEST']._serialized_end=2412
+  _globals['_WATCHSESSIONRESPONSE']._serialized_start=2415
+  _globals['_WATCHSESSIONRESPONSE']._serialized_end=2613
+  _globals['_GETSUMMARYREQUEST']._serialized_start=2615
+  _globals['_GETSUMMARYREQUEST']._serialized_end=2654
+  _globals['_SESSIONREPORT']._serialized_start=2657
+  _globals['_SESSIONREPORT']._serialized_end=3169
+  _globals['_LEFTOUTOWNER']._serialized_start=3171
+  _globals['_LEFTOUTOWNER']._serialized_end=3219
+  _globals['_OWNERSPEND']._serialized_start=3221
+  _globals['_OWNERSPEND']._serialized_end=3337
+  _globals['_GETSUMMARYRESPONSE']._serialized_start=3340
+  _globals['_GETSUMMARYRESPONSE']._serialized_end=3496
+  _globals['_CURATORSERVICE']._serialized_start=4557
+  _globals['_CURATORSERVICE']._serialized_end=5085
 # @@protoc_insertion_point(module_scope)

@@ -5,10 +5,12 @@ isort:skip_file
 
 from collections import abc as _abc
 from dpmarket.v1 import array_pb2 as _array_pb2
+from dpmarket.v1 import market_pb2 as _market_pb2
 from dpmarket.v1 import schema_pb2 as _schema_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
@@ -471,6 +473,8 @@ class CreateSessionRequest(_message.Message):
     FEATURE_NAMES_FIELD_NUMBER: _builtins.int
     MIN_OWNERS_FIELD_NUMBER: _builtins.int
     EXCLUDE_OWNERS_FIELD_NUMBER: _builtins.int
+    MAX_COST_FIELD_NUMBER: _builtins.int
+    REWARD_FIELD_NUMBER: _builtins.int
     summary_size: _builtins.int
     """p: number of owner points in the summary."""
     method: Global___Method.ValueType
@@ -491,6 +495,12 @@ class CreateSessionRequest(_message.Message):
     left out and why: with UNAVAILABLE if an owner could not be reached, else with
     FAILED_PRECONDITION. Fails with INVALID_ARGUMENT if larger than the owners the session may
     ask.
+    """
+    max_cost: _builtins.int
+    """The most the consumer pays for the session, micro-credits; unset: no cap. The curator quotes
+    the request's maximum cost from every owner's prices before anything is released or charged
+    and refuses a quote above the cap with FAILED_PRECONDITION (nothing released or charged
+    anywhere). Fails with INVALID_ARGUMENT if negative.
     """
     @_builtins.property
     def validation(self) -> _array_pb2.Array:
@@ -523,6 +533,13 @@ class CreateSessionRequest(_message.Message):
         owners, a repeated name, or when no owner is left.
         """
 
+    @_builtins.property
+    def reward(self) -> _market_pb2.Reward:
+        """A value-based reward paid on top of the owners' prices, split by the private payout release;
+        unset: none. Fails with INVALID_ARGUMENT for a rule without an amount > 0 and a finite
+        epsilon > 0, or an amount or epsilon without a rule.
+        """
+
     def __init__(
         self,
         *,
@@ -537,13 +554,20 @@ class CreateSessionRequest(_message.Message):
         feature_names: _abc.Iterable[_builtins.str] | None = ...,
         min_owners: _builtins.int = ...,
         exclude_owners: _abc.Iterable[_builtins.str] | None = ...,
+        max_cost: _builtins.int | None = ...,
+        reward: _market_pb2.Reward | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "params", b"params", "schema", b"schema", "seed", b"seed", "seed_set", b"seed_set", "validation", b"validation"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_cost", b"_max_cost", "_seed", b"_seed", "max_cost", b"max_cost", "params", b"params", "reward", b"reward", "schema", b"schema", "seed", b"seed", "seed_set", b"seed_set", "validation", b"validation"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "exclude_owners", b"exclude_owners", "feature_names", b"feature_names", "method", b"method", "min_owners", b"min_owners", "params", b"params", "request_id", b"request_id", "schema", b"schema", "seed", b"seed", "seed_set", b"seed_set", "summary_size", b"summary_size", "validation", b"validation"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_cost", b"_max_cost", "_seed", b"_seed", "exclude_owners", b"exclude_owners", "feature_names", b"feature_names", "max_cost", b"max_cost", "method", b"method", "min_owners", b"min_owners", "params", b"params", "request_id", b"request_id", "reward", b"reward", "schema", b"schema", "seed", b"seed", "seed_set", b"seed_set", "summary_size", b"summary_size", "validation", b"validation"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_cost: _TypeAlias = _typing.Literal["max_cost"]  # noqa: Y015
+    _WhichOneofArgType__max_cost: _TypeAlias = _typing.Literal["_max_cost", b"_max_cost"]  # noqa: Y015
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_cost) -> _WhichOneofReturnType__max_cost | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__seed) -> _WhichOneofReturnType__seed | None: ...
 
 Global___CreateSessionRequest: _TypeAlias = CreateSessionRequest  # noqa: Y015
@@ -553,19 +577,234 @@ class CreateSessionResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
+    QUOTE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
+    @_builtins.property
+    def quote(self) -> _market_pb2.Quote:
+        """The quote the session was accepted under."""
+
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
+        quote: _market_pb2.Quote | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["quote", b"quote"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["quote", b"quote", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CreateSessionResponse: _TypeAlias = CreateSessionResponse  # noqa: Y015
+
+@_typing.final
+class QuoteSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def request(self) -> Global___CreateSessionRequest:
+        """The request to quote, as CreateSession would take it."""
+
+    def __init__(
+        self,
+        *,
+        request: Global___CreateSessionRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QuoteSessionRequest: _TypeAlias = QuoteSessionRequest  # noqa: Y015
+
+@_typing.final
+class QuoteSessionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUOTE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def quote(self) -> _market_pb2.Quote: ...
+    def __init__(
+        self,
+        *,
+        quote: _market_pb2.Quote | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["quote", b"quote"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["quote", b"quote"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QuoteSessionResponse: _TypeAlias = QuoteSessionResponse  # noqa: Y015
+
+@_typing.final
+class ListMethodsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListMethodsRequest: _TypeAlias = ListMethodsRequest  # noqa: Y015
+
+@_typing.final
+class MethodOffer(_message.Message):
+    """One summarization method as this deployment serves it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    METHOD_FIELD_NUMBER: _builtins.int
+    SERVED_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    SERVING_OWNERS_FIELD_NUMBER: _builtins.int
+    REFUSING_OWNERS_FIELD_NUMBER: _builtins.int
+    method: Global___Method.ValueType
+    served: _builtins.bool
+    """A session of this method with every owner would open (no refusal is known beforehand)."""
+    reason: _builtins.str
+    """Why not, or what to know ("" when served by the curator and every owner): the curator's
+    policy does not serve it, or the owners that refuse it and the policy flag they leave off.
+    """
+    @_builtins.property
+    def serving_owners(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The owners that would serve it (their published access allows it, or they publish none)."""
+
+    @_builtins.property
+    def refusing_owners(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The owners that refuse it."""
+
+    def __init__(
+        self,
+        *,
+        method: Global___Method.ValueType = ...,
+        served: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+        serving_owners: _abc.Iterable[_builtins.str] | None = ...,
+        refusing_owners: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["method", b"method", "reason", b"reason", "refusing_owners", b"refusing_owners", "served", b"served", "serving_owners", b"serving_owners"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MethodOffer: _TypeAlias = MethodOffer  # noqa: Y015
+
+@_typing.final
+class ListMethodsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    METHODS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def methods(self) -> _containers.RepeatedCompositeFieldContainer[Global___MethodOffer]: ...
+    def __init__(
+        self,
+        *,
+        methods: _abc.Iterable[Global___MethodOffer] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["methods", b"methods"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListMethodsResponse: _TypeAlias = ListMethodsResponse  # noqa: Y015
+
+@_typing.final
+class ListStatementsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """Only this session's statement (the consumer's session id); empty: every one."""
+    limit: _builtins.int
+    """At most this many, newest first; 0: every one."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListStatementsRequest: _TypeAlias = ListStatementsRequest  # noqa: Y015
+
+@_typing.final
+class ConsumerStatement(_message.Message):
+    """A settled session's statement as the consumer sees it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    SETTLED_AT_FIELD_NUMBER: _builtins.int
+    STATEMENT_FIELD_NUMBER: _builtins.int
+    OWNERS_RECORDED_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The consumer's session id."""
+    owners_recorded: _builtins.int
+    """How many owners have recorded their part so far."""
+    @_builtins.property
+    def settled_at(self) -> _timestamp_pb2.Timestamp:
+        """When the curator settled it."""
+
+    @_builtins.property
+    def statement(self) -> _market_pb2.SignedStatement:
+        """The whole statement's canonical bytes and the curator's signature."""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        settled_at: _timestamp_pb2.Timestamp | None = ...,
+        statement: _market_pb2.SignedStatement | None = ...,
+        owners_recorded: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["settled_at", b"settled_at", "statement", b"statement"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["owners_recorded", b"owners_recorded", "session_id", b"session_id", "settled_at", b"settled_at", "statement", b"statement"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConsumerStatement: _TypeAlias = ConsumerStatement  # noqa: Y015
+
+@_typing.final
+class ListStatementsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATEMENTS_FIELD_NUMBER: _builtins.int
+    CURATOR_CERTIFICATE_FIELD_NUMBER: _builtins.int
+    curator_certificate: _builtins.bytes
+    """The curator's certificate (PEM), whose key signed every statement. The consumer checks it
+    against the deployment CA and the curator identity it expects, then every signature, and
+    refuses a statement whose signature does not verify (docs/reference.md, "Statements").
+    """
+    @_builtins.property
+    def statements(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConsumerStatement]: ...
+    def __init__(
+        self,
+        *,
+        statements: _abc.Iterable[Global___ConsumerStatement] | None = ...,
+        curator_certificate: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["curator_certificate", b"curator_certificate", "statements", b"statements"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListStatementsResponse: _TypeAlias = ListStatementsResponse  # noqa: Y015
 
 @_typing.final
 class WatchSessionRequest(_message.Message):
@@ -670,6 +909,8 @@ class SessionReport(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     OWNER_SPEND_FIELD_NUMBER: _builtins.int
     LEFT_OUT_FIELD_NUMBER: _builtins.int
+    QUOTE_FIELD_NUMBER: _builtins.int
+    COST_FIELD_NUMBER: _builtins.int
     method: Global___Method.ValueType
     summary_size: _builtins.int
     rounds: _builtins.int
@@ -686,6 +927,10 @@ class SessionReport(_message.Message):
     """Number of acquired points rejected because they did not match their bid."""
     error: _builtins.str
     """Why the session failed; empty when it succeeded."""
+    cost: _builtins.int
+    """What the session cost, micro-credits, as its settlement statement states it (ListStatements
+    has the statement); unset while the session is not settled.
+    """
     @_builtins.property
     def dropped_owners(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Owners that failed during the session, by owner id."""
@@ -706,6 +951,10 @@ class SessionReport(_message.Message):
     def left_out(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeftOutOwner]:
         """Every owner the session ran without, with a public reason."""
 
+    @_builtins.property
+    def quote(self) -> _market_pb2.Quote:
+        """The quote the session was accepted under (unset for a session of an older curator)."""
+
     def __init__(
         self,
         *,
@@ -724,12 +973,16 @@ class SessionReport(_message.Message):
         error: _builtins.str = ...,
         owner_spend: _abc.Iterable[Global___OwnerSpend] | None = ...,
         left_out: _abc.Iterable[Global___LeftOutOwner] | None = ...,
+        quote: _market_pb2.Quote | None = ...,
+        cost: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["wall_time", b"wall_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cost", b"_cost", "cost", b"cost", "quote", b"quote", "wall_time", b"wall_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_owners_bound", b"all_owners_bound", "dropped_owners", b"dropped_owners", "error", b"error", "ledger_json", b"ledger_json", "left_out", b"left_out", "method", b"method", "owner_points_accessed", b"owner_points_accessed", "owner_spend", b"owner_spend", "paper_bound", b"paper_bound", "rejected_points", b"rejected_points", "round_seconds", b"round_seconds", "rounds", b"rounds", "summary_size", b"summary_size", "validation_points_accessed", b"validation_points_accessed", "wall_time", b"wall_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cost", b"_cost", "all_owners_bound", b"all_owners_bound", "cost", b"cost", "dropped_owners", b"dropped_owners", "error", b"error", "ledger_json", b"ledger_json", "left_out", b"left_out", "method", b"method", "owner_points_accessed", b"owner_points_accessed", "owner_spend", b"owner_spend", "paper_bound", b"paper_bound", "quote", b"quote", "rejected_points", b"rejected_points", "round_seconds", b"round_seconds", "rounds", b"rounds", "summary_size", b"summary_size", "validation_points_accessed", b"validation_points_accessed", "wall_time", b"wall_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__cost: _TypeAlias = _typing.Literal["cost"]  # noqa: Y015
+    _WhichOneofArgType__cost: _TypeAlias = _typing.Literal["_cost", b"_cost"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cost) -> _WhichOneofReturnType__cost | None: ...
 
 Global___SessionReport: _TypeAlias = SessionReport  # noqa: Y015
 

@@ -53,10 +53,25 @@ class CuratorServiceStub:
                 request_serializer=dpmarket_dot_v1_dot_curator__pb2.WatchSessionRequest.SerializeToString,
                 response_deserializer=dpmarket_dot_v1_dot_curator__pb2.WatchSessionResponse.FromString,
                 _registered_method=True)
+        self.QuoteSession = channel.unary_unary(
+                '/dpmarket.v1.CuratorService/QuoteSession',
+                request_serializer=dpmarket_dot_v1_dot_curator__pb2.QuoteSessionRequest.SerializeToString,
+                response_deserializer=dpmarket_dot_v1_dot_curator__pb2.QuoteSessionResponse.FromString,
+                _registered_method=True)
+        self.ListStatements = channel.unary_unary(
+                '/dpmarket.v1.CuratorService/ListStatements',
+                request_serializer=dpmarket_dot_v1_dot_curator__pb2.ListStatementsRequest.SerializeToString,
+                response_deserializer=dpmarket_dot_v1_dot_curator__pb2.ListStatementsResponse.FromString,
+                _registered_method=True)
         self.GetSummary = channel.unary_unary(
                 '/dpmarket.v1.CuratorService/GetSummary',
                 request_serializer=dpmarket_dot_v1_dot_curator__pb2.GetSummaryRequest.SerializeToString,
                 response_deserializer=dpmarket_dot_v1_dot_curator__pb2.GetSummaryResponse.FromString,
+                _registered_method=True)
+        self.ListMethods = channel.unary_unary(
+                '/dpmarket.v1.CuratorService/ListMethods',
+                request_serializer=dpmarket_dot_v1_dot_curator__pb2.ListMethodsRequest.SerializeToString,
+                response_deserializer=dpmarket_dot_v1_dot_curator__pb2.ListMethodsResponse.FromString,
                 _registered_method=True)
 
 
@@ -99,10 +114,43 @@ class CuratorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def QuoteSession(self, request, context):
+        """Quote a request without running it: the most it can cost, from every owner's published
+        prices and the session's terms, computed as CreateSession computes it before it opens the
+        session. Asks the owners for their descriptions only: nothing is released or charged, and no
+        session is created. Fails as CreateSession fails before it opens (INVALID_ARGUMENT for a
+        malformed request or one outside the curator's policy, FAILED_PRECONDITION when the request
+        exceeds its max_cost or an owner prices epsilon and the method is non-private,
+        RESOURCE_EXHAUSTED past the consumer's request rate, UNAVAILABLE if no owner answers).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListStatements(self, request, context):
+        """List the consumer's settlement statements, newest first: for every session the curator
+        settled, the whole statement (every owner's line) signed by the curator. Never another
+        consumer's. The response carries the curator's certificate, so that the consumer checks
+        every signature. Fails with INVALID_ARGUMENT for a negative limit.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetSummary(self, request, context):
         """Return a finished session's summary and report. Fails with NOT_FOUND for an unknown or
         expired session or one of another consumer, FAILED_PRECONDITION while it is running, ABORTED
         if it failed (the message says why; the report is on the last WatchSession message).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListMethods(self, request, context):
+        """Which summarization methods this deployment serves, before anything is asked: each method
+        with whether the curator's policy serves it and which owners refuse it (from the access
+        flags each owner publishes in its description), and why. Asks the owners for their
+        descriptions only. Fails with UNAVAILABLE if no owner answers.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -121,10 +169,25 @@ def add_CuratorServiceServicer_to_server(servicer, server):
                     request_deserializer=dpmarket_dot_v1_dot_curator__pb2.WatchSessionRequest.FromString,
                     response_serializer=dpmarket_dot_v1_dot_curator__pb2.WatchSessionResponse.SerializeToString,
             ),
+            'QuoteSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.QuoteSession,
+                    request_deserializer=dpmarket_dot_v1_dot_curator__pb2.QuoteSessionRequest.FromString,
+                    response_serializer=dpmarket_dot_v1_dot_curator__pb2.QuoteSessionResponse.SerializeToString,
+            ),
+            'ListStatements': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListStatements,
+                    request_deserializer=dpmarket_dot_v1_dot_curator__pb2.ListStatementsRequest.FromString,
+                    response_serializer=dpmarket_dot_v1_dot_curator__pb2.ListStatementsResponse.SerializeToString,
+            ),
             'GetSummary': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSummary,
                     request_deserializer=dpmarket_dot_v1_dot_curator__pb2.GetSummaryRequest.FromString,
                     response_serializer=dpmarket_dot_v1_dot_curator__pb2.GetSummaryResponse.SerializeToString,
+            ),
+            'ListMethods': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListMethods,
+                    request_deserializer=dpmarket_dot_v1_dot_curator__pb2.ListMethodsRequest.FromString,
+                    response_serializer=dpmarket_dot_v1_dot_curator__pb2.ListMethodsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -201,6 +264,60 @@ class CuratorService:
             _registered_method=True)
 
     @staticmethod
+    def QuoteSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpmarket.v1.CuratorService/QuoteSession',
+            dpmarket_dot_v1_dot_curator__pb2.QuoteSessionRequest.SerializeToString,
+            dpmarket_dot_v1_dot_curator__pb2.QuoteSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListStatements(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpmarket.v1.CuratorService/ListStatements',
+            dpmarket_dot_v1_dot_curator__pb2.ListStatementsRequest.SerializeToString,
+            dpmarket_dot_v1_dot_curator__pb2.ListStatementsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def GetSummary(request,
             target,
             options=(),
@@ -217,6 +334,33 @@ class CuratorService:
             '/dpmarket.v1.CuratorService/GetSummary',
             dpmarket_dot_v1_dot_curator__pb2.GetSummaryRequest.SerializeToString,
             dpmarket_dot_v1_dot_curator__pb2.GetSummaryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListMethods(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpmarket.v1.CuratorService/ListMethods',
+            dpmarket_dot_v1_dot_curator__pb2.ListMethodsRequest.SerializeToString,
+            dpmarket_dot_v1_dot_curator__pb2.ListMethodsResponse.FromString,
             options,
             channel_credentials,
             insecure,

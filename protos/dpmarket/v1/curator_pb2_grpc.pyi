@@ -61,10 +61,31 @@ class CuratorServiceStub:
     the session's report, with the ledger of what it spent, whether it succeeded or failed. Fails
     with NOT_FOUND for an unknown session or one of another consumer.
     """
+    QuoteSession: _grpc.UnaryUnaryMultiCallable[_curator_pb2.QuoteSessionRequest, _curator_pb2.QuoteSessionResponse]
+    """Quote a request without running it: the most it can cost, from every owner's published
+    prices and the session's terms, computed as CreateSession computes it before it opens the
+    session. Asks the owners for their descriptions only: nothing is released or charged, and no
+    session is created. Fails as CreateSession fails before it opens (INVALID_ARGUMENT for a
+    malformed request or one outside the curator's policy, FAILED_PRECONDITION when the request
+    exceeds its max_cost or an owner prices epsilon and the method is non-private,
+    RESOURCE_EXHAUSTED past the consumer's request rate, UNAVAILABLE if no owner answers).
+    """
+    ListStatements: _grpc.UnaryUnaryMultiCallable[_curator_pb2.ListStatementsRequest, _curator_pb2.ListStatementsResponse]
+    """List the consumer's settlement statements, newest first: for every session the curator
+    settled, the whole statement (every owner's line) signed by the curator. Never another
+    consumer's. The response carries the curator's certificate, so that the consumer checks
+    every signature. Fails with INVALID_ARGUMENT for a negative limit.
+    """
     GetSummary: _grpc.UnaryUnaryMultiCallable[_curator_pb2.GetSummaryRequest, _curator_pb2.GetSummaryResponse]
     """Return a finished session's summary and report. Fails with NOT_FOUND for an unknown or
     expired session or one of another consumer, FAILED_PRECONDITION while it is running, ABORTED
     if it failed (the message says why; the report is on the last WatchSession message).
+    """
+    ListMethods: _grpc.UnaryUnaryMultiCallable[_curator_pb2.ListMethodsRequest, _curator_pb2.ListMethodsResponse]
+    """Which summarization methods this deployment serves, before anything is asked: each method
+    with whether the curator's policy serves it and which owners refuse it (from the access
+    flags each owner publishes in its description), and why. Asks the owners for their
+    descriptions only. Fails with UNAVAILABLE if no owner answers.
     """
 
 @_typing.type_check_only
@@ -100,10 +121,31 @@ class CuratorServiceAsyncStub(CuratorServiceStub):
     the session's report, with the ledger of what it spent, whether it succeeded or failed. Fails
     with NOT_FOUND for an unknown session or one of another consumer.
     """
+    QuoteSession: _aio.UnaryUnaryMultiCallable[_curator_pb2.QuoteSessionRequest, _curator_pb2.QuoteSessionResponse]  # type: ignore[assignment]
+    """Quote a request without running it: the most it can cost, from every owner's published
+    prices and the session's terms, computed as CreateSession computes it before it opens the
+    session. Asks the owners for their descriptions only: nothing is released or charged, and no
+    session is created. Fails as CreateSession fails before it opens (INVALID_ARGUMENT for a
+    malformed request or one outside the curator's policy, FAILED_PRECONDITION when the request
+    exceeds its max_cost or an owner prices epsilon and the method is non-private,
+    RESOURCE_EXHAUSTED past the consumer's request rate, UNAVAILABLE if no owner answers).
+    """
+    ListStatements: _aio.UnaryUnaryMultiCallable[_curator_pb2.ListStatementsRequest, _curator_pb2.ListStatementsResponse]  # type: ignore[assignment]
+    """List the consumer's settlement statements, newest first: for every session the curator
+    settled, the whole statement (every owner's line) signed by the curator. Never another
+    consumer's. The response carries the curator's certificate, so that the consumer checks
+    every signature. Fails with INVALID_ARGUMENT for a negative limit.
+    """
     GetSummary: _aio.UnaryUnaryMultiCallable[_curator_pb2.GetSummaryRequest, _curator_pb2.GetSummaryResponse]  # type: ignore[assignment]
     """Return a finished session's summary and report. Fails with NOT_FOUND for an unknown or
     expired session or one of another consumer, FAILED_PRECONDITION while it is running, ABORTED
     if it failed (the message says why; the report is on the last WatchSession message).
+    """
+    ListMethods: _aio.UnaryUnaryMultiCallable[_curator_pb2.ListMethodsRequest, _curator_pb2.ListMethodsResponse]  # type: ignore[assignment]
+    """Which summarization methods this deployment serves, before anything is asked: each method
+    with whether the curator's policy serves it and which owners refuse it (from the access
+    flags each owner publishes in its description), and why. Asks the owners for their
+    descriptions only. Fails with UNAVAILABLE if no owner answers.
     """
 
 class CuratorServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -150,6 +192,33 @@ class CuratorServiceServicer(metaclass=_abc_1.ABCMeta):
         """
 
     @_abc_1.abstractmethod
+    def QuoteSession(
+        self,
+        request: _curator_pb2.QuoteSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_curator_pb2.QuoteSessionResponse, _abc.Awaitable[_curator_pb2.QuoteSessionResponse]]:
+        """Quote a request without running it: the most it can cost, from every owner's published
+        prices and the session's terms, computed as CreateSession computes it before it opens the
+        session. Asks the owners for their descriptions only: nothing is released or charged, and no
+        session is created. Fails as CreateSession fails before it opens (INVALID_ARGUMENT for a
+        malformed request or one outside the curator's policy, FAILED_PRECONDITION when the request
+        exceeds its max_cost or an owner prices epsilon and the method is non-private,
+        RESOURCE_EXHAUSTED past the consumer's request rate, UNAVAILABLE if no owner answers).
+        """
+
+    @_abc_1.abstractmethod
+    def ListStatements(
+        self,
+        request: _curator_pb2.ListStatementsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_curator_pb2.ListStatementsResponse, _abc.Awaitable[_curator_pb2.ListStatementsResponse]]:
+        """List the consumer's settlement statements, newest first: for every session the curator
+        settled, the whole statement (every owner's line) signed by the curator. Never another
+        consumer's. The response carries the curator's certificate, so that the consumer checks
+        every signature. Fails with INVALID_ARGUMENT for a negative limit.
+        """
+
+    @_abc_1.abstractmethod
     def GetSummary(
         self,
         request: _curator_pb2.GetSummaryRequest,
@@ -158,6 +227,18 @@ class CuratorServiceServicer(metaclass=_abc_1.ABCMeta):
         """Return a finished session's summary and report. Fails with NOT_FOUND for an unknown or
         expired session or one of another consumer, FAILED_PRECONDITION while it is running, ABORTED
         if it failed (the message says why; the report is on the last WatchSession message).
+        """
+
+    @_abc_1.abstractmethod
+    def ListMethods(
+        self,
+        request: _curator_pb2.ListMethodsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_curator_pb2.ListMethodsResponse, _abc.Awaitable[_curator_pb2.ListMethodsResponse]]:
+        """Which summarization methods this deployment serves, before anything is asked: each method
+        with whether the curator's policy serves it and which owners refuse it (from the access
+        flags each owner publishes in its description), and why. Asks the owners for their
+        descriptions only. Fails with UNAVAILABLE if no owner answers.
         """
 
 def add_CuratorServiceServicer_to_server(servicer: CuratorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -4,6 +4,7 @@ isort:skip_file
 """
 
 from dpmarket.v1 import array_pb2 as _array_pb2
+from dpmarket.v1 import market_pb2 as _market_pb2
 from dpmarket.v1 import privacy_pb2 as _privacy_pb2
 from dpmarket.v1 import schema_pb2 as _schema_pb2
 from google.protobuf import descriptor as _descriptor
@@ -93,6 +94,8 @@ class GetOwnerInfoResponse(_message.Message):
     NUM_FEATURES_FIELD_NUMBER: _builtins.int
     HAS_LABELS_FIELD_NUMBER: _builtins.int
     SCHEMA_FIELD_NUMBER: _builtins.int
+    PRICES_FIELD_NUMBER: _builtins.int
+    ACCESS_FIELD_NUMBER: _builtins.int
     owner_id: _builtins.str
     """Operator-chosen name of this owner."""
     num_points: _builtins.int
@@ -108,6 +111,19 @@ class GetOwnerInfoResponse(_message.Message):
         before a session or job opens.
         """
 
+    @_builtins.property
+    def prices(self) -> _market_pb2.Prices:
+        """The owner's prices (its policy's [prices]; all zero: free). The curator quotes every session
+        from them before anything is charged.
+        """
+
+    @_builtins.property
+    def access(self) -> Global___OwnerAccess:
+        """What the owner's policy lets a session's method ask of it (its [access] flags, checked at
+        OpenSession); unset when the owner does not say. The curator tells consumers which methods
+        the deployment serves from it (CuratorService.ListMethods).
+        """
+
     def __init__(
         self,
         *,
@@ -116,14 +132,48 @@ class GetOwnerInfoResponse(_message.Message):
         num_features: _builtins.int = ...,
         has_labels: _builtins.bool = ...,
         schema: _schema_pb2.DatasetSchema | None = ...,
+        prices: _market_pb2.Prices | None = ...,
+        access: Global___OwnerAccess | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["schema", b"schema"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["access", b"access", "prices", b"prices", "schema", b"schema"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["has_labels", b"has_labels", "num_features", b"num_features", "num_points", b"num_points", "owner_id", b"owner_id", "schema", b"schema"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["access", b"access", "has_labels", b"has_labels", "num_features", b"num_features", "num_points", b"num_points", "owner_id", b"owner_id", "prices", b"prices", "schema", b"schema"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetOwnerInfoResponse: _TypeAlias = GetOwnerInfoResponse  # noqa: Y015
+
+@_typing.final
+class OwnerAccess(_message.Message):
+    """The flags of an owner's policy that decide which summarization methods it serves: its terms,
+    not its data.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ALLOW_EXACT_BIDS_FIELD_NUMBER: _builtins.int
+    ALLOW_STEERED_SELECTION_FIELD_NUMBER: _builtins.int
+    ALLOW_NON_PRIVATE_FIELD_NUMBER: _builtins.int
+    allow_exact_bids: _builtins.bool
+    """access.allow_exact_bids: the per-round methods (private, rounds, greedy)."""
+    allow_steered_selection: _builtins.bool
+    """access.allow_steered_selection: the candidates method and its hashes mode."""
+    allow_non_private: _builtins.bool
+    """access.allow_non_private: a non-private method (greedy)."""
+    def __init__(
+        self,
+        *,
+        allow_exact_bids: _builtins.bool = ...,
+        allow_steered_selection: _builtins.bool = ...,
+        allow_non_private: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_exact_bids", b"allow_exact_bids", "allow_non_private", b"allow_non_private", "allow_steered_selection", b"allow_steered_selection"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OwnerAccess: _TypeAlias = OwnerAccess  # noqa: Y015
 
 @_typing.final
 class OpenSessionRequest(_message.Message):
@@ -201,7 +251,10 @@ class SessionTerms(_message.Message):
     not what the method's steps release (0 for uniform and candidates-sketch, which release raw
     points only; finite and > 0 for candidates-counts, whose noisy count is drawn at it, and for
     private and rounds; inf for greedy), a delta outside [0, 1) (or not 0 with epsilon 0), or
-    max_rounds not >= 1 for a method with rounds and 0 for the others.
+    max_rounds not >= 1 for a method with rounds and 0 for the others, or market terms that are
+    malformed (a negative count or amount, p or m < 1, a reward rule without an amount and an
+    epsilon > 0). Terms without `market` are accepted only by an owner whose prices are all zero
+    (FAILED_PRECONDITION otherwise), as are terms whose quoted charge is below the owner's prices.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -210,6 +263,7 @@ class SessionTerms(_message.Message):
     EPSILON_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
     MAX_ROUNDS_FIELD_NUMBER: _builtins.int
+    MARKET_FIELD_NUMBER: _builtins.int
     method: Global___SessionMethod.ValueType
     epsilon: _builtins.float
     """epsilon and delta of the whole session with respect to one owner's data."""
@@ -218,6 +272,10 @@ class SessionTerms(_message.Message):
     """private, rounds and greedy: the most Bid rounds the session runs (its summary size times
     the auction iterations one point may take); 0 for the other methods.
     """
+    @_builtins.property
+    def market(self) -> _market_pb2.MarketTerms:
+        """This owner's part of the session's quote and settlement; unset: no quote."""
+
     def __init__(
         self,
         *,
@@ -225,10 +283,11 @@ class SessionTerms(_message.Message):
         epsilon: _builtins.float = ...,
         delta: _builtins.float = ...,
         max_rounds: _builtins.int = ...,
+        market: _market_pb2.MarketTerms | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["market", b"market"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "epsilon", b"epsilon", "max_rounds", b"max_rounds", "method", b"method"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "epsilon", b"epsilon", "market", b"market", "max_rounds", b"max_rounds", "method", b"method"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -738,3 +797,53 @@ class GetProgressResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetProgressResponse: _TypeAlias = GetProgressResponse  # noqa: Y015
+
+@_typing.final
+class RecordStatementRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATEMENT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def statement(self) -> _market_pb2.SignedStatement:
+        """The owner's part of the statement (its canonical bytes) and the curator's signature."""
+
+    def __init__(
+        self,
+        *,
+        statement: _market_pb2.SignedStatement | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["statement", b"statement"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["statement", b"statement"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordStatementRequest: _TypeAlias = RecordStatementRequest  # noqa: Y015
+
+@_typing.final
+class RecordStatementResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATEMENT_ID_FIELD_NUMBER: _builtins.int
+    RECORDED_NOW_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    statement_id: _builtins.str
+    """The statement's id: SHA-256 of its canonical bytes, hex."""
+    recorded_now: _builtins.bool
+    """False when the same statement was recorded before (nothing changed)."""
+    total: _builtins.int
+    """What the statement pays this owner, micro-credits."""
+    def __init__(
+        self,
+        *,
+        statement_id: _builtins.str = ...,
+        recorded_now: _builtins.bool = ...,
+        total: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["recorded_now", b"recorded_now", "statement_id", b"statement_id", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordStatementResponse: _TypeAlias = RecordStatementResponse  # noqa: Y015

@@ -111,6 +111,11 @@ class OwnerServiceStub:
                 request_serializer=dpmarket_dot_v1_dot_owner__pb2.CloseSessionRequest.SerializeToString,
                 response_deserializer=dpmarket_dot_v1_dot_owner__pb2.CloseSessionResponse.FromString,
                 _registered_method=True)
+        self.RecordStatement = channel.unary_unary(
+                '/dpmarket.v1.OwnerService/RecordStatement',
+                request_serializer=dpmarket_dot_v1_dot_owner__pb2.RecordStatementRequest.SerializeToString,
+                response_deserializer=dpmarket_dot_v1_dot_owner__pb2.RecordStatementResponse.FromString,
+                _registered_method=True)
         self.GetProgress = channel.unary_unary(
                 '/dpmarket.v1.OwnerService/GetProgress',
                 request_serializer=dpmarket_dot_v1_dot_owner__pb2.GetProgressRequest.SerializeToString,
@@ -269,6 +274,23 @@ class OwnerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecordStatement(self, request, context):
+        """Deliver a session's settlement statement: this owner's part (the header and its own line),
+        signed by the curator. The owner verifies the signature with the key of the caller's verified
+        certificate, checks the statement against its own ledger's record of the session (raw points
+        released, epsilon charged) and the market terms and prices it accepted when the session
+        opened, and records it in its earnings. The same statement again is recorded once (the
+        response says it was recorded before). Fails with INVALID_ARGUMENT if the bytes are not a
+        canonical statement or the signature does not verify, NOT_FOUND if this owner accepted no
+        market terms for that session of this curator, FAILED_PRECONDITION if the statement
+        disagrees with the owner's records (the message lists every field: the owner's own figures
+        and the statement's, no data) or another statement settled the session already. Nothing is
+        recorded when it fails.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetProgress(self, request, context):
         """How far the session's running step (or its opening) has gone, in partitions or chunks of
         the owner's table: public sizes only. A curator waiting on a long step asks it to tell a slow
@@ -330,6 +352,11 @@ def add_OwnerServiceServicer_to_server(servicer, server):
                     servicer.CloseSession,
                     request_deserializer=dpmarket_dot_v1_dot_owner__pb2.CloseSessionRequest.FromString,
                     response_serializer=dpmarket_dot_v1_dot_owner__pb2.CloseSessionResponse.SerializeToString,
+            ),
+            'RecordStatement': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordStatement,
+                    request_deserializer=dpmarket_dot_v1_dot_owner__pb2.RecordStatementRequest.FromString,
+                    response_serializer=dpmarket_dot_v1_dot_owner__pb2.RecordStatementResponse.SerializeToString,
             ),
             'GetProgress': grpc.unary_unary_rpc_method_handler(
                     servicer.GetProgress,
@@ -634,6 +661,33 @@ class OwnerService:
             '/dpmarket.v1.OwnerService/CloseSession',
             dpmarket_dot_v1_dot_owner__pb2.CloseSessionRequest.SerializeToString,
             dpmarket_dot_v1_dot_owner__pb2.CloseSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordStatement(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpmarket.v1.OwnerService/RecordStatement',
+            dpmarket_dot_v1_dot_owner__pb2.RecordStatementRequest.SerializeToString,
+            dpmarket_dot_v1_dot_owner__pb2.RecordStatementResponse.FromString,
             options,
             channel_credentials,
             insecure,

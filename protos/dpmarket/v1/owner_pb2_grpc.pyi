@@ -140,6 +140,19 @@ class OwnerServiceStub:
     """Forget a session's features and state, stopping its running step at once; returns what the
     session spent of this owner's budget. Fails with NOT_FOUND for an unknown session.
     """
+    RecordStatement: _grpc.UnaryUnaryMultiCallable[_owner_pb2.RecordStatementRequest, _owner_pb2.RecordStatementResponse]
+    """Deliver a session's settlement statement: this owner's part (the header and its own line),
+    signed by the curator. The owner verifies the signature with the key of the caller's verified
+    certificate, checks the statement against its own ledger's record of the session (raw points
+    released, epsilon charged) and the market terms and prices it accepted when the session
+    opened, and records it in its earnings. The same statement again is recorded once (the
+    response says it was recorded before). Fails with INVALID_ARGUMENT if the bytes are not a
+    canonical statement or the signature does not verify, NOT_FOUND if this owner accepted no
+    market terms for that session of this curator, FAILED_PRECONDITION if the statement
+    disagrees with the owner's records (the message lists every field: the owner's own figures
+    and the statement's, no data) or another statement settled the session already. Nothing is
+    recorded when it fails.
+    """
     GetProgress: _grpc.UnaryUnaryMultiCallable[_owner_pb2.GetProgressRequest, _owner_pb2.GetProgressResponse]
     """How far the session's running step (or its opening) has gone, in partitions or chunks of
     the owner's table: public sizes only. A curator waiting on a long step asks it to tell a slow
@@ -257,6 +270,19 @@ class OwnerServiceAsyncStub(OwnerServiceStub):
     CloseSession: _aio.UnaryUnaryMultiCallable[_owner_pb2.CloseSessionRequest, _owner_pb2.CloseSessionResponse]  # type: ignore[assignment]
     """Forget a session's features and state, stopping its running step at once; returns what the
     session spent of this owner's budget. Fails with NOT_FOUND for an unknown session.
+    """
+    RecordStatement: _aio.UnaryUnaryMultiCallable[_owner_pb2.RecordStatementRequest, _owner_pb2.RecordStatementResponse]  # type: ignore[assignment]
+    """Deliver a session's settlement statement: this owner's part (the header and its own line),
+    signed by the curator. The owner verifies the signature with the key of the caller's verified
+    certificate, checks the statement against its own ledger's record of the session (raw points
+    released, epsilon charged) and the market terms and prices it accepted when the session
+    opened, and records it in its earnings. The same statement again is recorded once (the
+    response says it was recorded before). Fails with INVALID_ARGUMENT if the bytes are not a
+    canonical statement or the signature does not verify, NOT_FOUND if this owner accepted no
+    market terms for that session of this curator, FAILED_PRECONDITION if the statement
+    disagrees with the owner's records (the message lists every field: the owner's own figures
+    and the statement's, no data) or another statement settled the session already. Nothing is
+    recorded when it fails.
     """
     GetProgress: _aio.UnaryUnaryMultiCallable[_owner_pb2.GetProgressRequest, _owner_pb2.GetProgressResponse]  # type: ignore[assignment]
     """How far the session's running step (or its opening) has gone, in partitions or chunks of
@@ -432,6 +458,25 @@ class OwnerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_owner_pb2.CloseSessionResponse, _abc.Awaitable[_owner_pb2.CloseSessionResponse]]:
         """Forget a session's features and state, stopping its running step at once; returns what the
         session spent of this owner's budget. Fails with NOT_FOUND for an unknown session.
+        """
+
+    @_abc_1.abstractmethod
+    def RecordStatement(
+        self,
+        request: _owner_pb2.RecordStatementRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_owner_pb2.RecordStatementResponse, _abc.Awaitable[_owner_pb2.RecordStatementResponse]]:
+        """Deliver a session's settlement statement: this owner's part (the header and its own line),
+        signed by the curator. The owner verifies the signature with the key of the caller's verified
+        certificate, checks the statement against its own ledger's record of the session (raw points
+        released, epsilon charged) and the market terms and prices it accepted when the session
+        opened, and records it in its earnings. The same statement again is recorded once (the
+        response says it was recorded before). Fails with INVALID_ARGUMENT if the bytes are not a
+        canonical statement or the signature does not verify, NOT_FOUND if this owner accepted no
+        market terms for that session of this curator, FAILED_PRECONDITION if the statement
+        disagrees with the owner's records (the message lists every field: the owner's own figures
+        and the statement's, no data) or another statement settled the session already. Nothing is
+        recorded when it fails.
         """
 
     @_abc_1.abstractmethod

@@ -113,7 +113,7 @@ Global___AdvertiseKeysRequest: _TypeAlias = AdvertiseKeysRequest  # noqa: Y015
 
 @_typing.final
 class KeyAdvertisement(_message.Message):
-    """A site's signed public keys."""
+    """A site's public keys of a round (dpmarket.common.secagg.pairkeys)."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -126,17 +126,22 @@ class KeyAdvertisement(_message.Message):
     site: _builtins.str
     """The site (owner name) that advertises."""
     c_public: _builtins.bytes
-    """X25519 public keys, 32 raw bytes each: c for encrypting shares, s for pairwise masks."""
+    """X25519 public keys, 32 raw bytes each: c is the site's static key (the same every round
+    until it rotates; with each peer's, the pair key from which each round's share-encryption
+    and authentication keys are derived), s the round's fresh key for the pairwise masks.
+    """
     s_public: _builtins.bytes
     signature: _builtins.bytes
-    """Signature of (round_id, site, c_public, s_public) with the site's certificate key
-    (ECDSA P-256, DER).
+    """Signature of (deployment, site, c_public), the static key's binding to the site, with the
+    site's certificate key (ECDSA P-256, DER); verified once per peer and key. The round's keys
+    (s_public, commitment) are authenticated to each holder by an HMAC under the pair's key of
+    the round, which leads the sender's share ciphertext.
     """
     certificate: _builtins.bytes
     """The site's certificate (PEM), issued by the deployment's CA."""
     commitment: _builtins.bytes
     """Sparse rounds: SHA-256 commitment (32 bytes) to the site's graph nonce, covered by the
-    signature (which then signs it last); empty in complete-graph rounds.
+    per-pair HMAC; empty in complete-graph rounds.
     """
     def __init__(
         self,
@@ -283,7 +288,9 @@ Global___ShareKeysRequest: _TypeAlias = ShareKeysRequest  # noqa: Y015
 
 @_typing.final
 class SiteCiphertext(_message.Message):
-    """An AEAD ciphertext from one site to another."""
+    """A site's shares for another, encrypted: the 32-byte HMAC of the sender's advertisement under
+    the pair's key of the round, then the AEAD ciphertext.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -23,60 +23,67 @@ _sym_db = _symbol_database.Default()
 
 
 from dpmarket.v1 import array_pb2 as dpmarket_dot_v1_dot_array__pb2
+from dpmarket.v1 import privacy_pb2 as dpmarket_dot_v1_dot_privacy__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x64pmarket/v1/sketch.proto\x12\x0b\x64pmarket.v1\x1a\x17\x64pmarket/v1/array.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"G\n\x0cSketchColumn\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03low\x18\x02 \x01(\x01\x12\x0c\n\x04high\x18\x03 \x01(\x01\x12\x0e\n\x06levels\x18\x04 \x03(\x01\":\n\x0cSketchDomain\x12*\n\x07\x63olumns\x18\x01 \x03(\x0b\x32\x19.dpmarket.v1.SketchColumn\":\n\x06RffMap\x12!\n\x05omega\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\r\n\x05sigma\x18\x02 \x01(\x01\"~\n\x07RaceMap\x12\'\n\x0bprojections\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12#\n\x07offsets\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x14\n\x0c\x62ucket_width\x18\x03 \x01(\x01\x12\x0f\n\x07\x62uckets\x18\x04 \x01(\x03\"n\n\x07HistMap\x12\x1f\n\x03low\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12 \n\x04high\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12 \n\x04\x62ins\x18\x03 \x01(\x0b\x32\x12.dpmarket.v1.Array\"\xdd\x01\n\x0cMarginalsMap\x12\x1f\n\x03low\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12 \n\x04high\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12 \n\x04\x63uts\x18\x03 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12!\n\x05\x63\x65lls\x18\x04 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x0e\n\x06rounds\x18\x05 \x01(\x03\x12\x14\n\x0cmeasurements\x18\x06 \x01(\x03\x12\x11\n\tmax_cells\x18\x07 \x01(\x03\x12\x0c\n\x04rows\x18\x08 \x01(\x03\"\xb4\x01\n\nFeatureMap\x12\"\n\x03rff\x18\x01 \x01(\x0b\x32\x13.dpmarket.v1.RffMapH\x00\x12$\n\x04race\x18\x02 \x01(\x0b\x32\x14.dpmarket.v1.RaceMapH\x00\x12$\n\x04hist\x18\x03 \x01(\x0b\x32\x14.dpmarket.v1.HistMapH\x00\x12.\n\tmarginals\x18\x04 \x01(\x0b\x32\x19.dpmarket.v1.MarginalsMapH\x00\x42\x06\n\x04kind\"R\n\rNoisyMarginal\x12\x0e\n\x06\x63lique\x18\x01 \x03(\x03\x12\"\n\x06values\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\r\n\x05sigma\x18\x03 \x01(\x01\"`\n\x10MarginalsRelease\x12\x30\n\x0cmeasurements\x18\x01 \x03(\x0b\x32\x1a.dpmarket.v1.NoisyMarginal\x12\x1a\n\x12selection_epsilons\x18\x02 \x03(\x01\"\xf4\x01\n\x0fSketchMechanism\x12,\n\x0b\x66\x65\x61ture_map\x18\x01 \x01(\x0b\x32\x17.dpmarket.v1.FeatureMap\x12)\n\x06\x64omain\x18\x02 \x01(\x0b\x32\x19.dpmarket.v1.SketchDomain\x12\'\n\x05noise\x18\x03 \x01(\x0e\x32\x18.dpmarket.v1.SketchNoise\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\x01\x12\x17\n\x0fnumerator_share\x18\x06 \x01(\x01\x12\x11\n\tsum_scale\x18\x07 \x01(\x01\x12\x13\n\x0b\x63ount_scale\x18\x08 \x01(\x01\"\xae\x01\n\rPrivateSketch\x12/\n\tmechanism\x18\x01 \x01(\x0b\x32\x1c.dpmarket.v1.SketchMechanism\x12%\n\tnoisy_sum\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x13\n\x0bnoisy_count\x18\x03 \x01(\x01\x12\x30\n\tmarginals\x18\x04 \x01(\x0b\x32\x1d.dpmarket.v1.MarginalsRelease\"\xa1\x02\n\nSketchSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12,\n\x0b\x66\x65\x61ture_map\x18\x03 \x01(\x0b\x32\x17.dpmarket.v1.FeatureMap\x12)\n\x06\x64omain\x18\x04 \x01(\x0b\x32\x19.dpmarket.v1.SketchDomain\x12\'\n\x05noise\x18\x05 \x01(\x0e\x32\x18.dpmarket.v1.SketchNoise\x12\x0f\n\x07\x65psilon\x18\x06 \x01(\x01\x12\x13\n\x0bmin_epsilon\x18\x07 \x01(\x01\x12\x13\n\x0bmax_epsilon\x18\x08 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\t \x01(\x01\x12\x17\n\x0fnumerator_share\x18\n \x01(\x01\x12\x0b\n\x03key\x18\x0b \x01(\t\"\x8c\x01\n\x0fPublishedSketch\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x0c\n\x04spec\x18\x02 \x01(\t\x12\x30\n\x0cpublish_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12*\n\x06sketch\x18\x04 \x01(\x0b\x32\x1a.dpmarket.v1.PrivateSketch\"\x18\n\x16ListSketchSpecsRequest\"Z\n\x17ListSketchSpecsResponse\x12&\n\x05specs\x18\x01 \x03(\x0b\x32\x17.dpmarket.v1.SketchSpec\x12\x17\n\x0f\x61llocation_spec\x18\x02 \x01(\t\"$\n\x14GetSketchSpecRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"l\n\x15GetSketchSpecResponse\x12%\n\x04spec\x18\x01 \x01(\x0b\x32\x17.dpmarket.v1.SketchSpec\x12\x11\n\tpublished\x18\x02 \x01(\x08\x12\x19\n\x11publications_left\x18\x03 \x01(\x03\"P\n\x14PublishSketchRequest\x12\x0c\n\x04spec\x18\x01 \x01(\t\x12*\n\x06sketch\x18\x02 \x01(\x0b\x32\x1a.dpmarket.v1.PrivateSketch\"c\n\x15PublishSketchResponse\x12/\n\tpublished\x18\x01 \x01(\x0b\x32\x1c.dpmarket.v1.PublishedSketch\x12\x19\n\x11\x61lready_published\x18\x02 \x01(\x08\"3\n\x13ListSketchesRequest\x12\x0c\n\x04spec\x18\x01 \x01(\t\x12\x0e\n\x06owners\x18\x02 \x03(\t\"F\n\x14ListSketchesResponse\x12.\n\x08sketches\x18\x01 \x03(\x0b\x32\x1c.dpmarket.v1.PublishedSketch*`\n\x0bSketchNoise\x12\x1c\n\x18SKETCH_NOISE_UNSPECIFIED\x10\x00\x12\x18\n\x14SKETCH_NOISE_LAPLACE\x10\x01\x12\x19\n\x15SKETCH_NOISE_GAUSSIAN\x10\x02\x32\xf9\x02\n\x14SketchCatalogService\x12\\\n\x0fListSketchSpecs\x12#.dpmarket.v1.ListSketchSpecsRequest\x1a$.dpmarket.v1.ListSketchSpecsResponse\x12V\n\rGetSketchSpec\x12!.dpmarket.v1.GetSketchSpecRequest\x1a\".dpmarket.v1.GetSketchSpecResponse\x12V\n\rPublishSketch\x12!.dpmarket.v1.PublishSketchRequest\x1a\".dpmarket.v1.PublishSketchResponse\x12S\n\x0cListSketches\x12 .dpmarket.v1.ListSketchesRequest\x1a!.dpmarket.v1.ListSketchesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x64pmarket/v1/sketch.proto\x12\x0b\x64pmarket.v1\x1a\x17\x64pmarket/v1/array.proto\x1a\x19\x64pmarket/v1/privacy.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"G\n\x0cSketchColumn\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03low\x18\x02 \x01(\x01\x12\x0c\n\x04high\x18\x03 \x01(\x01\x12\x0e\n\x06levels\x18\x04 \x03(\x01\":\n\x0cSketchDomain\x12*\n\x07\x63olumns\x18\x01 \x03(\x0b\x32\x19.dpmarket.v1.SketchColumn\":\n\x06RffMap\x12!\n\x05omega\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\r\n\x05sigma\x18\x02 \x01(\x01\"~\n\x07RaceMap\x12\'\n\x0bprojections\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12#\n\x07offsets\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x14\n\x0c\x62ucket_width\x18\x03 \x01(\x01\x12\x0f\n\x07\x62uckets\x18\x04 \x01(\x03\"n\n\x07HistMap\x12\x1f\n\x03low\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12 \n\x04high\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12 \n\x04\x62ins\x18\x03 \x01(\x0b\x32\x12.dpmarket.v1.Array\"\xdd\x01\n\x0cMarginalsMap\x12\x1f\n\x03low\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12 \n\x04high\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12 \n\x04\x63uts\x18\x03 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12!\n\x05\x63\x65lls\x18\x04 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x0e\n\x06rounds\x18\x05 \x01(\x03\x12\x14\n\x0cmeasurements\x18\x06 \x01(\x03\x12\x11\n\tmax_cells\x18\x07 \x01(\x03\x12\x0c\n\x04rows\x18\x08 \x01(\x03\"\xb4\x01\n\nFeatureMap\x12\"\n\x03rff\x18\x01 \x01(\x0b\x32\x13.dpmarket.v1.RffMapH\x00\x12$\n\x04race\x18\x02 \x01(\x0b\x32\x14.dpmarket.v1.RaceMapH\x00\x12$\n\x04hist\x18\x03 \x01(\x0b\x32\x14.dpmarket.v1.HistMapH\x00\x12.\n\tmarginals\x18\x04 \x01(\x0b\x32\x19.dpmarket.v1.MarginalsMapH\x00\x42\x06\n\x04kind\"R\n\rNoisyMarginal\x12\x0e\n\x06\x63lique\x18\x01 \x03(\x03\x12\"\n\x06values\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\r\n\x05sigma\x18\x03 \x01(\x01\"\x88\x01\n\x10MarginalsRelease\x12\x30\n\x0cmeasurements\x18\x01 \x03(\x0b\x32\x1a.dpmarket.v1.NoisyMarginal\x12\x1a\n\x12selection_epsilons\x18\x02 \x03(\x01\x12&\n\x03\x66it\x18\x03 \x01(\x0b\x32\x19.dpmarket.v1.MarginalsFit\"P\n\x0c\x46ittedBelief\x12\x0f\n\x07\x63olumns\x18\x01 \x03(\x03\x12\x0c\n\x04\x61xes\x18\x02 \x03(\x03\x12!\n\x05table\x18\x03 \x01(\x0b\x32\x12.dpmarket.v1.Array\"V\n\nFittedTree\x12\r\n\x05total\x18\x01 \x01(\x01\x12*\n\x07\x62\x65liefs\x18\x02 \x03(\x0b\x32\x19.dpmarket.v1.FittedBelief\x12\r\n\x05\x65\x64ges\x18\x03 \x03(\x03\"\x9b\x01\n\x0cMarginalsFit\x12\x15\n\rsketch_digest\x18\x01 \x01(\t\x12\x11\n\tbootstrap\x18\x02 \x01(\x03\x12\x0c\n\x04seed\x18\x03 \x01(\x03\x12&\n\x05model\x18\x04 \x01(\x0b\x32\x17.dpmarket.v1.FittedTree\x12+\n\nreplicates\x18\x05 \x03(\x0b\x32\x17.dpmarket.v1.FittedTree\"\xf4\x01\n\x0fSketchMechanism\x12,\n\x0b\x66\x65\x61ture_map\x18\x01 \x01(\x0b\x32\x17.dpmarket.v1.FeatureMap\x12)\n\x06\x64omain\x18\x02 \x01(\x0b\x32\x19.dpmarket.v1.SketchDomain\x12\'\n\x05noise\x18\x03 \x01(\x0e\x32\x18.dpmarket.v1.SketchNoise\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\x01\x12\x17\n\x0fnumerator_share\x18\x06 \x01(\x01\x12\x11\n\tsum_scale\x18\x07 \x01(\x01\x12\x13\n\x0b\x63ount_scale\x18\x08 \x01(\x01\"\xae\x01\n\rPrivateSketch\x12/\n\tmechanism\x18\x01 \x01(\x0b\x32\x1c.dpmarket.v1.SketchMechanism\x12%\n\tnoisy_sum\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x13\n\x0bnoisy_count\x18\x03 \x01(\x01\x12\x30\n\tmarginals\x18\x04 \x01(\x0b\x32\x1d.dpmarket.v1.MarginalsRelease\"\xa1\x02\n\nSketchSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12,\n\x0b\x66\x65\x61ture_map\x18\x03 \x01(\x0b\x32\x17.dpmarket.v1.FeatureMap\x12)\n\x06\x64omain\x18\x04 \x01(\x0b\x32\x19.dpmarket.v1.SketchDomain\x12\'\n\x05noise\x18\x05 \x01(\x0e\x32\x18.dpmarket.v1.SketchNoise\x12\x0f\n\x07\x65psilon\x18\x06 \x01(\x01\x12\x13\n\x0bmin_epsilon\x18\x07 \x01(\x01\x12\x13\n\x0bmax_epsilon\x18\x08 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\t \x01(\x01\x12\x17\n\x0fnumerator_share\x18\n \x01(\x01\x12\x0b\n\x03key\x18\x0b \x01(\t\"\x8c\x01\n\x0fPublishedSketch\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x0c\n\x04spec\x18\x02 \x01(\t\x12\x30\n\x0cpublish_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12*\n\x06sketch\x18\x04 \x01(\x0b\x32\x1a.dpmarket.v1.PrivateSketch\"\x18\n\x16ListSketchSpecsRequest\"Z\n\x17ListSketchSpecsResponse\x12&\n\x05specs\x18\x01 \x03(\x0b\x32\x17.dpmarket.v1.SketchSpec\x12\x17\n\x0f\x61llocation_spec\x18\x02 \x01(\t\"$\n\x14GetSketchSpecRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x99\x01\n\x15GetSketchSpecResponse\x12%\n\x04spec\x18\x01 \x01(\x0b\x32\x17.dpmarket.v1.SketchSpec\x12\x11\n\tpublished\x18\x02 \x01(\x08\x12\x19\n\x11publications_left\x18\x03 \x01(\x03\x12+\n\x07receipt\x18\x04 \x01(\x0b\x32\x1a.dpmarket.v1.LedgerReceipt\"}\n\x14PublishSketchRequest\x12\x0c\n\x04spec\x18\x01 \x01(\t\x12*\n\x06sketch\x18\x02 \x01(\x0b\x32\x1a.dpmarket.v1.PrivateSketch\x12+\n\x07receipt\x18\x03 \x01(\x0b\x32\x1a.dpmarket.v1.LedgerReceipt\"c\n\x15PublishSketchResponse\x12/\n\tpublished\x18\x01 \x01(\x0b\x32\x1c.dpmarket.v1.PublishedSketch\x12\x19\n\x11\x61lready_published\x18\x02 \x01(\x08\"3\n\x13ListSketchesRequest\x12\x0c\n\x04spec\x18\x01 \x01(\t\x12\x0e\n\x06owners\x18\x02 \x03(\t\"F\n\x14ListSketchesResponse\x12.\n\x08sketches\x18\x01 \x03(\x0b\x32\x1c.dpmarket.v1.PublishedSketch*`\n\x0bSketchNoise\x12\x1c\n\x18SKETCH_NOISE_UNSPECIFIED\x10\x00\x12\x18\n\x14SKETCH_NOISE_LAPLACE\x10\x01\x12\x19\n\x15SKETCH_NOISE_GAUSSIAN\x10\x02\x32\xf9\x02\n\x14SketchCatalogService\x12\\\n\x0fListSketchSpecs\x12#.dpmarket.v1.ListSketchSpecsRequest\x1a$.dpmarket.v1.ListSketchSpecsResponse\x12V\n\rGetSketchSpec\x12!.dpmarket.v1.GetSketchSpecRequest\x1a\".dpmarket.v1.GetSketchSpecResponse\x12V\n\rPublishSketch\x12!.dpmarket.v1.PublishSketchRequest\x1a\".dpmarket.v1.PublishSketchResponse\x12S\n\x0cListSketches\x12 .dpmarket.v1.ListSketchesRequest\x1a!.dpmarket.v1.ListSketchesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dpmarket.v1.sketch_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SKETCHNOISE']._serialized_start=2554
-  _globals['_SKETCHNOISE']._serialized_end=2650
-  _globals['_SKETCHCOLUMN']._serialized_start=99
-  _globals['_SKETCHCOLUMN']._serialized_end=170
-  _globals['_SKETCHDOMAIN']._serialized_start=172
-  _globals['_SKETCHDOMAIN']._serialized_end=230
-  _globals['_RFFMAP']._serialized_start=232
-  _globals['_RFFMAP']._serialized_end=290
-  _globals['_RACEMAP']._serialized_start=292
-  _globals['_RACEMAP']._serialized_end=418
-  _globals['_HISTMAP']._serialized_start=420
-  _globals['_HISTMAP']._serialized_end=530
-  _globals['_MARGINALSMAP']._serialized_start=533
-  _globals['_MARGINALSMAP']._serialized_end=754
-  _globals['_FEATUREMAP']._serialized_start=757
-  _globals['_FEATUREMAP']._serialized_end=937
-  _globals['_NOISYMARGINAL']._serialized_start=939
-  _globals['_NOISYMARGINAL']._serialized_end=1021
-  _globals['_MARGINALSRELEASE']._serialized_start=1023
-  _globals['_MARGINALSRELEASE']._serialized_end=1119
-  _globals['_SKETCHMECHANISM']._serialized_start=1122
-  _globals['_SKETCHMECHANISM']._serialized_end=1366
-  _globals['_PRIVATESKETCH']._serialized_start=1369
-  _globals['_PRIVATESKETCH']._serialized_end=1543
-  _globals['_SKETCHSPEC']._serialized_start=1546
-  _globals['_SKETCHSPEC']._serialized_end=1835
-  _globals['_PUBLISHEDSKETCH']._serialized_start=1838
-  _globals['_PUBLISHEDSKETCH']._serialized_end=1978
-  _globals['_LISTSKETCHSPECSREQUEST']._serialized_start=1980
-  _globals['_LISTSKETCHSPECSREQUEST']._serialized_end=2004
-  _globals['_LISTSKETCHSPECSRESPONSE']._serialized_start=2006
-  _globals['_LISTSKETCHSPECSRESPONSE']._serialized_end=2096
-  _globals['_GETSKETCHSPECREQUEST']._serialized_start=2098
-  _globals['_GETSKETCHSPECREQUEST']._serialized_end=2134
-  _globals['_GETSKETCHSPECRESPONSE']._serialized_start=2136
-  _globals['_GETSKETCHSPECRESPONSE']._serialized_end=2244
-  _globals['_PUBLISHSKETCHREQUEST']._serialized_start=2246
-  _globals['_PUBLISHSKETCHREQUEST']._serialized_end=2326
-  _globals['_PUBLISHSKETCHRESPONSE']._serialized_start=2328
-  _globals['_PUBLISHSKETCHRESPONSE']._serialized_end=2427
-  _globals['_LISTSKETCHESREQUEST']._serialized_start=2429
-  _globals['_LISTSKETCHESREQUEST']._serialized_end=2480
-  _globals['_LISTSKETCHESRESPONSE']._serialized_start=2482
-  _globals['_LISTSKETCHESRESPONSE']._serialized_end=2552
-  _globals['_SKETCHCATALOGSERVICE']._serialized_start=2653
-  _globals['_SKETCHCATALOGSERVICE']._serialized_end=3030
+  _globals['_SKETCHNOISE']._serialized_start=3041
+  _globals['_SKETCHNOISE']._serialized_end=3137
+  _globals['_SKETCHCOLUMN']._serialized_start=126
+  _globals['_SKETCHCOLUMN']._serialized_end=197
+  _globals['_SKETCHDOMAIN']._serialized_start=199
+  _globals['_SKETCHDOMAIN']._serialized_end=257
+  _globals['_RFFMAP']._serialized_start=259
+  _globals['_RFFMAP']._serialized_end=317
+  _globals['_RACEMAP']._serialized_start=319
+  _globals['_RACEMAP']._serialized_end=445
+  _globals['_HISTMAP']._serialized_start=447
+  _globals['_HISTMAP']._serialized_end=557
+  _globals['_MARGINALSMAP']._serialized_start=560
+  _globals['_MARGINALSMAP']._serialized_end=781
+  _globals['_FEATUREMAP']._serialized_start=784
+  _globals['_FEATUREMAP']._serialized_end=964
+  _globals['_NOISYMARGINAL']._serialized_start=966
+  _globals['_NOISYMARGINAL']._serialized_end=1048
+  _globals['_MARGINALSRELEASE']._serialized_start=1051
+  _globals['_MARGINALSRELEASE']._serialized_end=1187
+  _globals['_FITTEDBELIEF']._serialized_start=1189
+  _globals['_FITTEDBELIEF']._serialized_end=1269
+  _globals['_FITTEDTREE']._serialized_start=1271
+  _globals['_FITTEDTREE']._serialized_end=1357
+  _globals['_MARGINALSFIT']._serialized_start=1360
+  _globals['_MARGINALSFIT']._serialized_end=1515
+  _globals['_SKETCHMECHANISM']._serialized_start=1518
+  _globals['_SKETCHMECHANISM']._serialized_end=1762
+  _globals['_PRIVATESKETCH']._serialized_start=1765
+  _globals['_PRIVATESKETCH']._serialized_end=1939
+  _globals['_SKETCHSPEC']._serialized_start=1942
+  _globals['_SKETCHSPEC']._serialized_end=2231
+  _globals['_PUBLISHEDSKETCH']._serialized_start=2234
+  _globals['_PUBLISHEDSKETCH']._serialized_end=2374
+  _globals['_LISTSKETCHSPECSREQUEST']._serialized_start=2376
+  _globals['_LISTSKETCHSPECSREQUEST']._serialized_end=2400
+  _globals['_LISTSKETCHSPECSRESPONSE']._serialized_start=2402
+  _globals['_LISTSKETCHSPECSRESPONSE']._serialized_end=2492
+  _globals['_GETSKETCHSPECREQUEST']._serialized_start=2494
+  _globals['_GETSKETCHSPECREQUEST']._serialized_end=2530
+  _globals['_GETSKETCHSPECRESPONSE']._serialized_start=2533
+  _globals['_GETSKETCHSPECRESPONSE']._serialized_end=2686
+  _globals['_PUBLISHSKETCHREQUEST']._serialized_start=2688
+  _globals['_PUBLISHSKETCHREQUEST']._serialized_end=2813
+  _globals['_PUBLISHSKETCHRESPONSE']._serialized_start=2815
+  _globals['_PUBLISHSKETCHRESPONSE']._serialized_end=2914
+  _globals['_LISTSKETCHESREQUEST']._serialized_start=2916
+  _globals['_LISTSKETCHESREQUEST']._serialized_end=2967
+  _globals['_LISTSKETCHESRESPONSE']._serialized_start=2969
+  _globals['_LISTSKETCHESRESPONSE']._serialized_end=3039
+  _globals['_SKETCHCATALOGSERVICE']._serialized_start=3140
+  _globals['_SKETCHCATALOGSERVICE']._serialized_end=3517
 # @@protoc_insertion_point(module_scope)

@@ -5,6 +5,7 @@ isort:skip_file
 
 from collections import abc as _abc
 from dpmarket.v1 import array_pb2 as _array_pb2
+from dpmarket.v1 import privacy_pb2 as _privacy_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
@@ -353,25 +354,147 @@ class MarginalsRelease(_message.Message):
 
     MEASUREMENTS_FIELD_NUMBER: _builtins.int
     SELECTION_EPSILONS_FIELD_NUMBER: _builtins.int
+    FIT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def measurements(self) -> _containers.RepeatedCompositeFieldContainer[Global___NoisyMarginal]: ...
     @_builtins.property
     def selection_epsilons(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
         """The exponential-mechanism epsilon of every selection made, in order."""
 
+    @_builtins.property
+    def fit(self) -> Global___MarginalsFit:
+        """The graphical model and bootstrap its owner fitted to these measurements when it published
+        them (unset: none; consumers fit). Post-processing of the release, carried beside it: not
+        part of what was charged, nor of the release's content digest.
+        """
+
     def __init__(
         self,
         *,
         measurements: _abc.Iterable[Global___NoisyMarginal] | None = ...,
         selection_epsilons: _abc.Iterable[_builtins.float] | None = ...,
+        fit: Global___MarginalsFit | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["fit", b"fit"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["measurements", b"measurements", "selection_epsilons", b"selection_epsilons"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fit", b"fit", "measurements", b"measurements", "selection_epsilons", b"selection_epsilons"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___MarginalsRelease: _TypeAlias = MarginalsRelease  # noqa: Y015
+
+@_typing.final
+class FittedBelief(_message.Message):
+    """One node of a fitted model's calibrated junction tree."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COLUMNS_FIELD_NUMBER: _builtins.int
+    AXES_FIELD_NUMBER: _builtins.int
+    TABLE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def columns(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The node's column indices, distinct."""
+
+    @_builtins.property
+    def axes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The same columns in the table's axis order."""
+
+    @_builtins.property
+    def table(self) -> _array_pb2.Array:
+        """float64 of shape (cells of each axis, in order): the model's counts on the node's cells,
+        >= 0, summing to the model's total.
+        """
+
+    def __init__(
+        self,
+        *,
+        columns: _abc.Iterable[_builtins.int] | None = ...,
+        axes: _abc.Iterable[_builtins.int] | None = ...,
+        table: _array_pb2.Array | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["table", b"table"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["axes", b"axes", "columns", b"columns", "table", b"table"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FittedBelief: _TypeAlias = FittedBelief  # noqa: Y015
+
+@_typing.final
+class FittedTree(_message.Message):
+    """A fitted graphical model as its calibrated junction tree (what answers read)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOTAL_FIELD_NUMBER: _builtins.int
+    BELIEFS_FIELD_NUMBER: _builtins.int
+    EDGES_FIELD_NUMBER: _builtins.int
+    total: _builtins.float
+    """The model's record count, > 0."""
+    @_builtins.property
+    def beliefs(self) -> _containers.RepeatedCompositeFieldContainer[Global___FittedBelief]: ...
+    @_builtins.property
+    def edges(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The tree's edges, as pairs of indices into beliefs, flattened: [a0, b0, a1, b1, ...]."""
+
+    def __init__(
+        self,
+        *,
+        total: _builtins.float = ...,
+        beliefs: _abc.Iterable[Global___FittedBelief] | None = ...,
+        edges: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["beliefs", b"beliefs", "edges", b"edges", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FittedTree: _TypeAlias = FittedTree  # noqa: Y015
+
+@_typing.final
+class MarginalsFit(_message.Message):
+    """A marginals release's graphical model and its parametric bootstrap, fitted by its owner with
+    the consumer's procedure (Private-PGM mirror descent, then the bootstrap refits). A receiver
+    uses it only for the release whose digest it names, checks every tree, and may refit instead.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SKETCH_DIGEST_FIELD_NUMBER: _builtins.int
+    BOOTSTRAP_FIELD_NUMBER: _builtins.int
+    SEED_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    REPLICATES_FIELD_NUMBER: _builtins.int
+    sketch_digest: _builtins.str
+    """SHA-256, hex, of the release's content: every measurement's clique (int64 little-endian),
+    sigma (float64), number of values (int64) and values (float64), in order.
+    """
+    bootstrap: _builtins.int
+    """Bootstrap refits (the length of replicates)."""
+    seed: _builtins.int
+    """The seed the bootstrap's noise was drawn with (the consumer's --seed it matches)."""
+    @_builtins.property
+    def model(self) -> Global___FittedTree: ...
+    @_builtins.property
+    def replicates(self) -> _containers.RepeatedCompositeFieldContainer[Global___FittedTree]: ...
+    def __init__(
+        self,
+        *,
+        sketch_digest: _builtins.str = ...,
+        bootstrap: _builtins.int = ...,
+        seed: _builtins.int = ...,
+        model: Global___FittedTree | None = ...,
+        replicates: _abc.Iterable[Global___FittedTree] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bootstrap", b"bootstrap", "model", b"model", "replicates", b"replicates", "seed", b"seed", "sketch_digest", b"sketch_digest"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MarginalsFit: _TypeAlias = MarginalsFit  # noqa: Y015
 
 @_typing.final
 class SketchMechanism(_message.Message):
@@ -630,22 +753,30 @@ class GetSketchSpecResponse(_message.Message):
     SPEC_FIELD_NUMBER: _builtins.int
     PUBLISHED_FIELD_NUMBER: _builtins.int
     PUBLICATIONS_LEFT_FIELD_NUMBER: _builtins.int
+    RECEIPT_FIELD_NUMBER: _builtins.int
     published: _builtins.bool
     """Owners only: whether the caller has published under this spec."""
     publications_left: _builtins.int
     """Owners only: how many more sketches the catalogue accepts from the caller."""
     @_builtins.property
     def spec(self) -> Global___SketchSpec: ...
+    @_builtins.property
+    def receipt(self) -> _privacy_pb2.LedgerReceipt:
+        """Owners only: the caller's last ledger receipt the curator holds (unset: none), which the
+        owner checks against its ledger before it charges a publication, as at a session's open.
+        """
+
     def __init__(
         self,
         *,
         spec: Global___SketchSpec | None = ...,
         published: _builtins.bool = ...,
         publications_left: _builtins.int = ...,
+        receipt: _privacy_pb2.LedgerReceipt | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["publications_left", b"publications_left", "published", b"published", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["publications_left", b"publications_left", "published", b"published", "receipt", b"receipt", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -657,19 +788,29 @@ class PublishSketchRequest(_message.Message):
 
     SPEC_FIELD_NUMBER: _builtins.int
     SKETCH_FIELD_NUMBER: _builtins.int
+    RECEIPT_FIELD_NUMBER: _builtins.int
     spec: _builtins.str
     """The spec's name."""
     @_builtins.property
     def sketch(self) -> Global___PrivateSketch: ...
+    @_builtins.property
+    def receipt(self) -> _privacy_pb2.LedgerReceipt:
+        """The owner's ledger receipt signed after the publication's charge: the curator keeps it as
+        this owner's last receipt and presents it at the next session or job, so that a ledger
+        restored from a copy older than the publication is found (as for a session's receipt).
+        Unset from an owner without certificates.
+        """
+
     def __init__(
         self,
         *,
         spec: _builtins.str = ...,
         sketch: Global___PrivateSketch | None = ...,
+        receipt: _privacy_pb2.LedgerReceipt | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["sketch", b"sketch"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt", "sketch", b"sketch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["sketch", b"sketch", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt", "sketch", b"sketch", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

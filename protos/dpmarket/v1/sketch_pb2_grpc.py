@@ -82,9 +82,10 @@ class SketchCatalogServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetSketchSpec(self, request, context):
-        """One spec and, for an owner, whether it has published under it and how many more sketches
-        the catalogue accepts from it. Served to the configured owners and to consumers. Fails with
-        NOT_FOUND for an unknown spec.
+        """One spec and, for an owner, whether it has published under it, how many more sketches the
+        catalogue accepts from it and the curator's held ledger receipt of it (which the owner checks
+        before charging a publication). Served to the configured owners and to consumers. Fails
+        with NOT_FOUND for an unknown spec.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -45,9 +45,10 @@ class SketchCatalogServiceStub:
     to the configured owners and to consumers.
     """
     GetSketchSpec: _grpc.UnaryUnaryMultiCallable[_sketch_pb2.GetSketchSpecRequest, _sketch_pb2.GetSketchSpecResponse]
-    """One spec and, for an owner, whether it has published under it and how many more sketches
-    the catalogue accepts from it. Served to the configured owners and to consumers. Fails with
-    NOT_FOUND for an unknown spec.
+    """One spec and, for an owner, whether it has published under it, how many more sketches the
+    catalogue accepts from it and the curator's held ledger receipt of it (which the owner checks
+    before charging a publication). Served to the configured owners and to consumers. Fails
+    with NOT_FOUND for an unknown spec.
     """
     PublishSketch: _grpc.UnaryUnaryMultiCallable[_sketch_pb2.PublishSketchRequest, _sketch_pb2.PublishSketchResponse]
     """Accept the calling owner's sketch under a spec and store it durably. Publishing the same
@@ -82,9 +83,10 @@ class SketchCatalogServiceAsyncStub(SketchCatalogServiceStub):
     to the configured owners and to consumers.
     """
     GetSketchSpec: _aio.UnaryUnaryMultiCallable[_sketch_pb2.GetSketchSpecRequest, _sketch_pb2.GetSketchSpecResponse]  # type: ignore[assignment]
-    """One spec and, for an owner, whether it has published under it and how many more sketches
-    the catalogue accepts from it. Served to the configured owners and to consumers. Fails with
-    NOT_FOUND for an unknown spec.
+    """One spec and, for an owner, whether it has published under it, how many more sketches the
+    catalogue accepts from it and the curator's held ledger receipt of it (which the owner checks
+    before charging a publication). Served to the configured owners and to consumers. Fails
+    with NOT_FOUND for an unknown spec.
     """
     PublishSketch: _aio.UnaryUnaryMultiCallable[_sketch_pb2.PublishSketchRequest, _sketch_pb2.PublishSketchResponse]  # type: ignore[assignment]
     """Accept the calling owner's sketch under a spec and store it durably. Publishing the same
@@ -128,9 +130,10 @@ class SketchCatalogServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _sketch_pb2.GetSketchSpecRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_sketch_pb2.GetSketchSpecResponse, _abc.Awaitable[_sketch_pb2.GetSketchSpecResponse]]:
-        """One spec and, for an owner, whether it has published under it and how many more sketches
-        the catalogue accepts from it. Served to the configured owners and to consumers. Fails with
-        NOT_FOUND for an unknown spec.
+        """One spec and, for an owner, whether it has published under it, how many more sketches the
+        catalogue accepts from it and the curator's held ledger receipt of it (which the owner checks
+        before charging a publication). Served to the configured owners and to consumers. Fails
+        with NOT_FOUND for an unknown spec.
         """
 
     @_abc_1.abstractmethod

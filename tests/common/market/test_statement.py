@@ -241,6 +241,32 @@ def test_the_owner_refuses_any_mismatch() -> None:
         )
 
 
+def test_the_owner_refuses_a_statement_above_the_consumers_cap() -> None:
+    """Issue 25, B3: a line whose total is above the header's ``max_cost``, or the ``max_cost``
+    of the terms the owner accepted, is refused. Control: a line exactly at the cap is taken."""
+    statement, records, _, q = _session()
+    view = statement.for_owner("clinic-a")
+    record = _own_record(records, "clinic-a")
+    total = view.line.total
+
+    def check(header_cap: int, terms_cap: int | None) -> None:
+        check_statement(
+            dataclasses.replace(view, header=dataclasses.replace(view.header, max_cost=header_cap)),
+            record,
+            PRICES["clinic-a"],
+            _terms(),
+            owner="clinic-a",
+            quoted_charge=q.line("clinic-a").charge.total,
+            max_cost=terms_cap,
+        )
+
+    check(total, total)  # the control: at the cap
+    with pytest.raises(StatementMismatchError, match="the header's max_cost"):
+        check(total - 1, None)
+    with pytest.raises(StatementMismatchError, match="the accepted terms' max_cost"):
+        check(total, total - 1)
+
+
 def test_a_proportional_split_pays_exactly_the_reward() -> None:
     statement, records, *_ = _session(ProportionalSplit(9_000_001))
     assert sum(line.reward for line in statement.lines) == 9_000_001

@@ -11,7 +11,7 @@ import pytest
 
 from dpmarket.common.errors import FailedPreconditionError
 from dpmarket.common.secagg import FixedPoint, RoundParams, SecAggError, run_in_process
-from dpmarket.common.secagg.protocol import SecAggAggregator, Stage
+from dpmarket.common.secagg.protocol import RoundStage, SecAggAggregator
 
 if TYPE_CHECKING:
     from tests.common.secagg.conftest import Identities, Session
@@ -29,8 +29,8 @@ def test_sum_is_exact_within_quantization(
     bound = n / s.fixed_point.scale
     assert np.max(np.abs(result - s.expected_sum(s.names))) < bound
     assert s.transcript.dropped == ()
-    assert all(site.stage is Stage.DONE for site in s.sites.values())
-    assert s.aggregator.stage is Stage.DONE
+    assert all(site.stage is RoundStage.DONE for site in s.sites.values())
+    assert s.aggregator.stage is RoundStage.DONE
 
 
 def test_run_in_process_matches_the_staged_round_bit_for_bit(
@@ -120,7 +120,7 @@ def test_below_threshold_aborts_at_each_stage_and_releases_nothing(
     drops = dict.fromkeys(["site-00", "site-02", "site-04"], stage)
     with pytest.raises(SecAggError, match="below the threshold t=3"):
         s.run(drops)
-    assert s.aggregator.stage is Stage.ABORTED
+    assert s.aggregator.stage is RoundStage.ABORTED
     assert s.transcript.result is None
 
 
@@ -172,11 +172,11 @@ def test_an_out_of_range_input_is_refused_and_may_be_corrected(session: SessionF
     site = s.sites["site-00"]
     with pytest.raises(ValueError, match=r"entry 3 is 1\.5, outside \[-1\.0, 1\.0\]"):
         site.masked_input(routed["site-00"], np.array([0.0, 0.1, -0.2, 1.5]), s.rng)
-    assert site.stage is Stage.SHARED  # nothing left the site; it can send a valid input
+    assert site.stage is RoundStage.SHARED  # nothing left the site; it can send a valid input
     with pytest.raises(ValueError, match=r"shape \(4,\)"):
         site.masked_input(routed["site-00"], np.zeros(5), s.rng)
     site.masked_input(routed["site-00"], np.array([0.0, 0.1, -0.2, 1.0]), s.rng)
-    assert site.stage is Stage.MASKED
+    assert site.stage is RoundStage.MASKED
 
 
 @pytest.mark.parametrize(

@@ -19,14 +19,13 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-import dpmarket.common.secagg.protocol as protocol
 from dpmarket.common.errors import FailedPreconditionError
 from dpmarket.common.secagg import FixedPoint, RoundParams, SecAggError, run_in_process
 from dpmarket.common.secagg.crypto import mac_tag
 from dpmarket.common.secagg.graph import NeighbourGraph, nonce_commitment, ring_order
 from dpmarket.common.secagg.protocol import (
     KeyAdvertisement,
-    Stage,
+    RoundStage,
     advertisement_message,
     consistency_message,
 )
@@ -153,7 +152,7 @@ def test_a_round_of_60_sites_sums_exactly_within_quantization() -> None:
     result = s.aggregator.finish(responses)
     bound = 60 / s.fixed_point.scale
     assert np.max(np.abs(result - s.expected_sum(s.names))) < bound
-    assert all(site.stage is Stage.DONE for site in s.sites.values())
+    assert all(site.stage is RoundStage.DONE for site in s.sites.values())
     # Each site shared with, masked with and heard from its neighbours only.
     for name in s.names:
         holders = s.graph.closed(name)
@@ -270,7 +269,7 @@ def test_a_forged_neighbour_advertisement_aborts_sharing() -> None:
     nonces = {n: t.sites[n].reveal_nonce(shown if n == victim else u1) for n in t.names}
     with pytest.raises(SecAggError, match=f"advertisement of '{neighbour}' is not signed by"):
         t.sites[victim].share_keys(nonces)
-    assert t.sites[victim].stage is Stage.ABORTED
+    assert t.sites[victim].stage is RoundStage.ABORTED
 
 
 def test_a_site_refuses_to_attest_a_neighbour_it_did_not_mask_with() -> None:
@@ -299,7 +298,7 @@ def test_reflected_missing_or_foreign_tags_are_refused() -> None:
     reflected[peer] = attested[victim][peer]  # the victim's own tag for peer
     with pytest.raises(SecAggError, match=f"'{peer}' did not attest"):
         s.sites[victim].unmask(s.survivors, s.dropped, reflected, acks)
-    assert s.sites[victim].stage is Stage.ABORTED
+    assert s.sites[victim].stage is RoundStage.ABORTED
 
     other = s.names[1]
     tags, acks = forwarded[other]
@@ -479,7 +478,7 @@ def test_the_attack_recovers_the_input_when_thresholds_ignore_the_colluders(
     neighbourhood (Condition A fails): the honest sites split by parity each gather enough
     attestations, the victim's neighbours give t_v shares of both secrets, and the attack code
     reads the victim's input to the quantization step."""
-    monkeypatch.setattr(protocol.graph, "failure_bound", lambda *args: 0.0)
+    monkeypatch.setattr("dpmarket.common.secagg.graph.failure_bound", lambda *args: 0.0)
     s = SparseSession(100, 15, 14, colluders=30, seed=41)
     victim, loot = _split_attack(s, 30, SPLITS["halves"])
     t = s.graph.threshold(victim)

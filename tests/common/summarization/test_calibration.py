@@ -95,7 +95,7 @@ def test_paper_mode_events_rejects_bad_input(n_owners: int, seed_set_size: int, 
 )
 def test_paper_mode_events_match_a_real_session(seed_set_size: int) -> None:
     from dpmarket.experiments.runner import simulate
-    from dpmarket.owner.data import PointSet
+    from dpmarket.runtime.tables import PointSet
 
     rng = np.random.default_rng(7)
     owners = [

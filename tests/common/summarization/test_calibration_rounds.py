@@ -142,7 +142,7 @@ def test_rounds_mode_events_match_a_real_session(
     validation: str, summary: str, seed_set_size: int
 ) -> None:
     from dpmarket.experiments.runner import simulate
-    from dpmarket.owner.data import PointSet
+    from dpmarket.runtime.tables import PointSet
 
     rng = np.random.default_rng(7)
     owners = [

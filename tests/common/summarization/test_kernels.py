@@ -11,6 +11,7 @@ import pytest
 from dpmarket.common.summarization.kernels import (
     bid_direction,
     bid_scores,
+    check_kernel_width,
     embedding_greedy,
     exact_kernel_greedy,
     exact_kernel_summary,
@@ -21,6 +22,7 @@ from dpmarket.common.summarization.kernels import (
     objective_j,
     rbf_kernel,
     rff_greedy,
+    suggested_gamma,
 )
 from dpmarket.common.summarization.rff import draw_rff_params, random_fourier_features
 
@@ -431,3 +433,20 @@ def test_embedding_greedy_skips_excluded_points_and_matches_rff_greedy() -> None
     assert not set(chosen) & set(full[:3])
     with pytest.raises(ValueError, match="57 available"):
         embedding_greedy(pool, validation.mean(axis=0), seed, 58, exclude=exclude)
+
+
+def test_the_suggested_gamma_is_the_one_a_refusal_names_and_is_accepted() -> None:
+    """On points in large units (a clinic's: BMI, blood pressure, progression) the method's
+    default gamma 0.1 is refused; the refusal names 1 / median squared distance, which is
+    :func:`suggested_gamma`, and that width is accepted with a median kernel value of exp(-1)."""
+    rng = np.random.default_rng(0)
+    points = rng.normal(0.0, 1.0, (60, 4)) * np.array([4.0, 14.0, 40.0, 77.0])
+    with pytest.raises(ValueError, match="makes the RBF kernel") as refused:
+        check_kernel_width(points, 0.1)
+    gamma = suggested_gamma(points)
+    assert f"= {gamma:.3g}" in str(refused.value)
+    assert check_kernel_width(points, gamma) == pytest.approx(math.exp(-1.0), rel=1e-9)
+    with pytest.raises(ValueError, match="at least 2"):
+        suggested_gamma(points[:1])
+    with pytest.raises(ValueError, match="most points repeat"):
+        suggested_gamma(np.ones((5, 4)))

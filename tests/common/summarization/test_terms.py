@@ -19,6 +19,7 @@ from dpmarket.common.summarization.methods import (
 )
 from dpmarket.common.summarization.terms import (
     METHOD_STEPS,
+    MIN_NOISE_EPSILON,
     OwnerTerms,
     SessionMethod,
     Step,
@@ -177,6 +178,9 @@ U, C, S, P, G = (
         ((S, 0.0, 1e-6), "releases only raw points"),
         ((C, 0.0, 0.0), "needs a finite epsilon > 0"),
         ((C, math.inf, 0.0), "needs a finite epsilon > 0"),
+        ((C, 5e-324, 0.0), "must be at least 1e-06"),  # issue 25, B5: scale 1/eps = inf
+        ((C, 1e-300, 0.0), "must be at least 1e-06"),
+        ((SessionMethod.HASHES_COUNTS, 1e-7, 0.0), "must be at least 1e-06"),
         ((P, 0.0, 1e-6, 10), "needs a finite epsilon > 0"),
         ((G, 5.0, 0.0, 10), "non-private: its epsilon must be inf"),
         # Rounds for the per-round methods only.
@@ -204,3 +208,16 @@ def test_owner_terms_refuse_bad_counts() -> None:
         owner_terms(cfg, 0, validation_size=M, seed_set_size=0)
     with pytest.raises(ValueError, match="validation_size"):
         owner_terms(cfg, K, validation_size=0, seed_set_size=0)
+
+
+def test_the_owners_count_epsilon_has_a_minimum_so_its_noise_scale_is_finite() -> None:
+    """Issue 25, B5: terms of epsilon 5e-324 were charged, then the count's Laplace scale 1/eps
+    was inf and nothing was released. Control: at the minimum the scale is finite and the
+    terms are taken; below it (the attack's epsilon) the scale the owner would draw at is
+    inf."""
+    at_min = OwnerTerms(C, MIN_NOISE_EPSILON, 0.0)
+    assert math.isfinite(1.0 / at_min.epsilon)
+    assert OwnerTerms(SessionMethod.HASHES_COUNTS, MIN_NOISE_EPSILON, 0.0).epsilon > 0
+    assert math.isinf(1.0 / 5e-324)
+    with pytest.raises(ValueError, match="at least"):
+        OwnerTerms(C, math.nextafter(MIN_NOISE_EPSILON, 0.0), 0.0)

@@ -393,7 +393,7 @@ def test_the_curator_returns_the_uniform_sample_when_it_is_closer() -> None:
     from dpmarket.common.summarization.kernels import mmd2
     from dpmarket.curator.summarization.candidates import CandidatesStrategy
     from dpmarket.curator.summarization.state import SessionState
-    from dpmarket.owner.data import PointSet
+    from dpmarket.runtime.tables import PointSet
 
     rng = np.random.default_rng(0)
     validation = rng.normal(size=(30, 2))

@@ -19,9 +19,9 @@ from dpmarket.curator.summarization.allocation import split_evenly
 from dpmarket.curator.summarization.candidates import CandidatesStrategy
 from dpmarket.curator.summarization.rounds import GreedyStrategy
 from dpmarket.curator.summarization.state import SessionContext, SessionState
-from dpmarket.owner.data import PointSet
 from dpmarket.owner.local import LocalOwnerEndpoint
 from dpmarket.owner.protocol import Owner
+from dpmarket.runtime.tables import PointSet
 
 
 def _state(config: SummarizationConfig, n_owners: int = 4) -> SessionState:

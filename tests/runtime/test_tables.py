@@ -1,4 +1,4 @@
-"""Tests of dpmarket.owner.data: PointSet validation and the file formats."""
+"""Tests of dpmarket.runtime.tables: PointSet validation and the file formats."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ import pandas as pd
 import pytest
 
 from dpmarket.common.schema import Schema
-from dpmarket.owner.data import (
+from dpmarket.runtime.schemas import load_schema
+from dpmarket.runtime.tables import (
     SUPPORTED_SUFFIXES,
     PointSet,
     Table,
-    load_owner_data,
     load_point_set,
+    load_points_and_table,
     load_table,
     save_point_set,
 )
-from dpmarket.runtime.schemas import load_schema
 
 
 @pytest.fixture
@@ -357,7 +357,7 @@ def _error(call: Callable[[], object]) -> str:
 def test_an_owner_table_is_read_through_its_schema(tmp_path: Path, schema: Schema) -> None:
     path = tmp_path / "clinic.parquet"
     _clinic().to_parquet(path, index=False)
-    points, table = load_owner_data(path, schema)
+    points, table = load_points_and_table(path, schema)
     assert points.columns == ("age", "bmi") and points.features.shape == (3, 2)
     assert points.labels is not None and points.labels.tolist() == [0, 1, 1]
     assert table.columns == ("age", "bmi", "high") and table.binary == ("high",)

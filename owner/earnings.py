@@ -1,0 +1,359 @@
+"""An owner's earnings: the market terms it accepted, and the statements it checked and recorded.
+
+Kept in the owner's own durable database, beside its privacy ledger
+(:class:`~dpmarket.owner.ledger.OwnerLedger`, tables ``session_market`` and ``earnings``):
+
+* when a session opens with market terms, the owner records them durably
+  (:meth:`Earnings.accept`: its line of the quote, its prices then, the settlement the terms
+  fixed), so that it can check the session's statement after a restart of either party;
+* when the curator delivers the session's statement (:meth:`Earnings.record`), the owner
+  verifies the curator's signature with the key of the curator's verified certificate, checks
+  the statement against its *own* ledger's record of the session (points released, epsilon
+  charged) and the terms and prices it accepted
+  (:func:`~dpmarket.common.market.statement.check_statement`), and only then records it. A
+  tampered statement is refused (``INVALID_ARGUMENT``), an inconsistent one too
+  (``FAILED_PRECONDITION``), neither is recorded; the same statement delivered again is recorded
+  once (its id is the SHA-256 of its canonical bytes; a *different* statement for a session
+  already settled is refused).
+
+What an owner's statement shows it: its own line and the header (its noisy value when the
+consumer asked for a reward: a charged DP release, :mod:`dpmarket.common.market.payouts`), never
+another owner's line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sqlite3
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+from dpmarket.common.errors import FailedPreconditionError, NotFoundError
+from dpmarket.common.market.pricing import OwnerPrices
+from dpmarket.common.market.statement import (
+    OwnerRecord,
+    OwnerStatement,
+    SettlementTerms,
+    check_statement,
+    decode_owner_statement,
+    verify_statement,
+)
+from dpmarket.common.market.terms import MarketTerms
+from dpmarket.owner.ledger import OwnerLedger
+
+__all__ = ["PAYOUT_MECHANISM", "Earning", "Earnings", "payout_session", "statement_id"]
+
+
+def statement_id(data: bytes) -> str:
+    """A statement's id: the SHA-256 of its canonical bytes, hex."""
+    return hashlib.sha256(bytes(data)).hexdigest()
+
+
+@dataclass(frozen=True)
+class Earning:
+    """One recorded statement: what a session earned this owner.
+
+    Attributes
+    ----------
+    id : str
+        :func:`statement_id` of the owner's statement.
+    curator, session, consumer : str
+    recorded_at : float
+        Unix time, seconds.
+    charge, reward, total : int
+        Micro-credits: its prices' charge, its reward, their sum.
+    statement : OwnerStatement
+    """
+
+    id: str
+    curator: str
+    session: str
+    consumer: str
+    recorded_at: float
+    charge: int
+    reward: int
+    total: int
+    statement: OwnerStatement
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"id", "curator", "session", "consumer", "recorded_at", "charge", "reward",
+        "total", "line": {...}, "header": {...}}`` (amounts in micro-credits)."""
+        return {
+            "id": self.id,
+            "curator": self.curator,
+            "session": self.session,
+            "consumer": self.consumer,
+            "recorded_at": self.recorded_at,
+            "charge": self.charge,
+            "reward": self.reward,
+            "total": self.total,
+            "header": asdict(self.statement.header),
+            "line": asdict(self.statement.line),
+        }
+
+
+def _terms_json(market: MarketTerms, prices: OwnerPrices) -> str:
+    return json.dumps(
+        {
+            "max_points_read": market.max_points_read,
+            "quoted_charge": market.quoted_charge,
+            "max_cost": market.max_cost,
+            "settlement": asdict(market.settlement),
+            "prices": asdict(prices),
+        },
+        sort_keys=True,
+    )
+
+
+def _priced(epsilon: float) -> float:
+    """The epsilon a statement states: the ledger's, 0 for a non-private session."""
+    return 0.0 if math.isinf(epsilon) else float(epsilon)
+
+
+class Earnings:
+    """The owner's earnings, in its ledger's database.
+
+    Parameters
+    ----------
+    ledger : OwnerLedger
+        The owner's open ledger (its database holds the tables).
+    owner : str
+        The owner's name (its certificate's): a statement must be for it.
+    """
+
+    def __init__(self, ledger: OwnerLedger, owner: str) -> None:
+        self.ledger = ledger
+        self.owner = owner
+
+    def accept(
+        self,
+        *,
+        curator: str,
+        session: str,
+        consumer: str,
+        market: MarketTerms,
+        prices: OwnerPrices,
+    ) -> None:
+        """Record the market terms a session opened with (once: a session reopened under its
+        id keeps the terms it first opened with)."""
+        now = time.time()
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT OR IGNORE INTO session_market (curator, session, consumer, terms_json, "
+                "accepted_at) VALUES (?, ?, ?, ?, ?)",
+                (curator, session, consumer, _terms_json(market, prices), now),
+            )
+
+        self.ledger.write(write)
+
+    def _accepted(self, curator: str, session: str) -> tuple[str, MarketTerms, OwnerPrices] | None:
+        row = self.ledger.read(
+            lambda conn: conn.execute(
+                "SELECT consumer, terms_json FROM session_market WHERE curator = ? AND session = ?",
+                (curator, session),
+            ).fetchone()
+        )
+        if row is None:
+            return None
+        data = json.loads(row[1])
+        market = MarketTerms(
+            data["max_points_read"],
+            data["quoted_charge"],
+            data["max_cost"],
+            SettlementTerms(**data["settlement"]),
+        )
+        return str(row[0]), market, OwnerPrices(**data["prices"])
+
+    def record(
+        self, data: bytes, signature: bytes, *, curator: str, curator_key: object | None
+    ) -> tuple[Earning, bool]:
+        """Check a delivered statement and record it.
+
+        Parameters
+        ----------
+        data : bytes
+            The owner statement's canonical bytes.
+        signature : bytes
+            The curator's signature over them.
+        curator : str
+            The caller's verified identity (``"curator:NAME"``).
+        curator_key : EC or Ed25519 public key, or None
+            The public key of the caller's verified certificate; None (plaintext transport) or
+            another kind: refused, a statement cannot be checked without it.
+
+        Returns
+        -------
+        (Earning, bool)
+            The recorded earning, and whether it was recorded now (False: the same statement
+            was recorded before; nothing changed).
+
+        Raises
+        ------
+        InvalidArgumentError
+            The bytes are not a canonical statement, or the signature does not verify with the
+            curator's certificate key (:class:`~dpmarket.common.market.statement.StatementError`).
+        NotFoundError
+            If this owner accepted no market terms for that session of this curator.
+        FailedPreconditionError
+            If the curator has no certificate key, the statement disagrees with the owner's
+            ledger, terms or prices
+            (:class:`~dpmarket.common.market.statement.StatementMismatchError`, listing every
+            field), or another statement was recorded for the session already. Nothing is
+            recorded.
+        """
+        if not isinstance(curator_key, ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey):
+            raise FailedPreconditionError(
+                "a statement can only be checked against the curator's certificate key (EC or "
+                "Ed25519): this owner serves without certificates, or the curator's has "
+                "another kind of key"
+            )
+        document = decode_owner_statement(data)
+        verify_statement(document, signature, curator_key)
+        session = document.header.session_id
+        accepted = self._accepted(curator, session)
+        if accepted is None:
+            raise NotFoundError(
+                f"this owner accepted no market terms from {curator} for session "
+                f"{session[:12]}: no statement to record"
+            )
+        consumer, market, prices = accepted
+        key = statement_id(data)
+        existing = self._by_session(curator, session)
+        if existing is not None:
+            if existing.id == key:
+                return existing, False
+            raise FailedPreconditionError(
+                f"session {session[:12]} of {curator} is settled already by statement "
+                f"{existing.id[:12]}; refused another ({key[:12]})"
+            )
+        self._check_against_ledger(document, consumer, market, prices)
+        line = document.line
+        earning = Earning(
+            key,
+            curator,
+            session,
+            consumer,
+            time.time(),
+            line.charge,
+            line.reward,
+            line.total,
+            document,
+        )
+
+        def write(conn: sqlite3.Connection) -> bool:
+            cursor = conn.execute(
+                "INSERT OR IGNORE INTO earnings (id, curator, session, consumer, recorded_at, "
+                "charge, reward, total, statement, signature) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    key,
+                    curator,
+                    session,
+                    consumer,
+                    earning.recorded_at,
+                    earning.charge,
+                    earning.reward,
+                    earning.total,
+                    bytes(data),
+                    bytes(signature),
+                ),
+            )
+            return cursor.rowcount == 1
+
+        try:
+            added = self.ledger.write(write)
+        except sqlite3.IntegrityError:  # another statement of the session won a race
+            raise FailedPreconditionError(
+                f"session {session[:12]} of {curator} is settled already; refused another"
+            ) from None
+        return earning, added
+
+    def _check_against_ledger(
+        self,
+        document: OwnerStatement,
+        consumer: str,
+        market: MarketTerms,
+        prices: OwnerPrices,
+    ) -> None:
+        """Check ``document`` against what this owner's ledger recorded for its session (points
+        released, ε charged for it and for its payout) and against the terms it accepted, for
+        :meth:`record`.
+
+        Raises
+        ------
+        FailedPreconditionError
+            :class:`~dpmarket.common.market.statement.StatementMismatchError`, listing every
+            field that disagrees.
+        """
+        session = document.header.session_id
+        totals = self.ledger.session_totals(session)
+        payout = self.ledger.session_totals(payout_session(session)).epsilon
+        record = OwnerRecord(
+            session_id=session,
+            consumer=consumer,
+            points_released=int(totals.points),
+            epsilon_session=_priced(totals.epsilon),
+            epsilon_payout=float(payout),
+        )
+        check_statement(
+            document,
+            record,
+            prices,
+            market.settlement,
+            owner=self.owner,
+            quoted_charge=market.quoted_charge,
+            max_cost=market.max_cost,
+        )
+
+    def _by_session(self, curator: str, session: str) -> Earning | None:
+        rows = self._rows("WHERE curator = ? AND session = ?", (curator, session))
+        return rows[0] if rows else None
+
+    def _rows(self, where: str, params: tuple[Any, ...]) -> list[Earning]:
+        rows = self.ledger.read(
+            lambda conn: conn.execute(
+                "SELECT id, curator, session, consumer, recorded_at, charge, reward, total, "
+                f"statement FROM earnings {where} ORDER BY recorded_at, id",
+                params,
+            ).fetchall()
+        )
+        return [
+            Earning(
+                str(r[0]),
+                str(r[1]),
+                str(r[2]),
+                str(r[3]),
+                float(r[4]),
+                int(r[5]),
+                int(r[6]),
+                int(r[7]),
+                decode_owner_statement(bytes(r[8])),
+            )
+            for r in rows
+        ]
+
+    def all(self) -> list[Earning]:
+        """Every recorded earning, oldest first."""
+        return self._rows("", ())
+
+    @property
+    def total(self) -> int:
+        """Everything earned, micro-credits."""
+        return sum(e.total for e in self.all())
+
+
+#: How an owner's ledger names the payout release's charge.
+PAYOUT_MECHANISM = "payout release (Laplace)"
+
+
+def payout_session(session: str) -> str:
+    """The ledger's session id of a session's payout release charge: apart from the session's
+    own charges, so that the session's record (what the curator settles from) is the terms and
+    the points alone, and the payout is read on its own."""
+    return f"{session}/payout"

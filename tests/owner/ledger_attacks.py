@@ -1,0 +1,156 @@
+"""Attacks on an owner's ledger file by someone with disk access, and the defence switched off.
+
+The attacks are the red team's of issue 25 (round three), as SQL on the file: delete or lower the
+running totals, remove the last charges with their chain rows, take the file back to the
+previous release's schema. :class:`NoGuard` is the owner's in-memory guard
+(:class:`dpmarket.owner.ledger_guard.ChainGuard`) switched off: it reads the running totals as
+the owner did before it, checking nothing; monkeypatch it in for a control.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from pathlib import Path
+
+from dpmarket.owner.ledger import ledger_path
+from dpmarket.owner.ledger_chain import head
+from dpmarket.owner.ledger_guard import ChainGuard
+
+REBUILD_TOTALS = (
+    "INSERT INTO charge_totals SELECT CAST(at / 86400 AS INTEGER), epsilon, delta, non_private, "
+    "COUNT(*), SUM(points) FROM charges GROUP BY 1, 2, 3, 4"
+)
+
+
+def delete_totals(data_dir: Path) -> None:
+    """``DELETE FROM charge_totals``: the red team's one statement (repro_totals.sh)."""
+    with closing(sqlite3.connect(ledger_path(data_dir))) as conn, conn:
+        conn.execute("DELETE FROM charge_totals")
+
+
+def lower_totals(data_dir: Path) -> None:
+    """Every running-totals row set to hold nothing."""
+    with closing(sqlite3.connect(ledger_path(data_dir))) as conn, conn:
+        conn.execute("UPDATE charge_totals SET charges = 0, points = 0")
+
+
+@contextmanager
+def without_triggers(conn: sqlite3.Connection, *names: str) -> Iterator[None]:
+    """Drop the triggers ``names`` for the edits of the ``with`` block, then create them again
+    as they were: the thorough attacker, who leaves no trigger missing for ``verify`` to see."""
+    saved = [
+        conn.execute(
+            "SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = ?", (n,)
+        ).fetchone()[0]
+        for n in names
+    ]
+    for name in names:
+        conn.execute(f"DROP TRIGGER {name}")
+    yield
+    for sql in saved:
+        conn.execute(sql)
+
+
+def drop_last_charge(data_dir: Path) -> None:
+    """Remove the last charge with its chain row (and its stored sketch, when it was a
+    publication's) and rebuild the totals: the chain stays whole, as in an older copy."""
+    with (
+        closing(sqlite3.connect(ledger_path(data_dir))) as conn,
+        conn,
+        without_triggers(conn, "charges_no_delete", "charge_chain_no_delete"),
+    ):
+        (last,) = conn.execute("SELECT MAX(id) FROM charges").fetchone()
+        conn.execute(
+            "DELETE FROM sketch_deliveries WHERE sketch IN "
+            "(SELECT id FROM sketches WHERE charge = ?)",
+            (last,),
+        )
+        conn.execute("DELETE FROM sketches WHERE charge = ?", (last,))
+        conn.execute("DELETE FROM charge_chain WHERE charge = ?", (last,))
+        conn.execute("DELETE FROM charges WHERE id = ?", (last,))
+        conn.execute("DELETE FROM charge_totals")
+        conn.execute(REBUILD_TOTALS)
+
+
+def downgrade(data_dir: Path, keep: int = 1) -> None:
+    """A schema-3 ledger (before the chain): identity, chain, keys, rollbacks and the later
+    market tables dropped with their triggers, every charge after ``keep`` deleted, totals
+    rebuilt (the red team's t12_downgrade.py)."""
+    with closing(sqlite3.connect(ledger_path(data_dir))) as c:
+        for trigger in (
+            "charges_no_update",
+            "charges_no_delete",
+            "charge_chain_no_update",
+            "charge_chain_no_delete",
+            "ledger_identity_fixed",
+            "ledger_identity_bound_once",
+            "ledger_identity_no_delete",
+            "earnings_no_update",
+            "earnings_no_delete",
+        ):
+            c.execute(f"DROP TRIGGER IF EXISTS {trigger}")
+        for table in (
+            "charge_chain",
+            "ledger_rollbacks",
+            "ledger_keys",
+            "ledger_identity",
+            "session_market",
+            "earnings",
+        ):
+            c.execute(f"DROP TABLE IF EXISTS {table}")
+        c.execute(
+            "DELETE FROM sketch_deliveries WHERE sketch IN (SELECT id FROM sketches "
+            "WHERE charge > ?)",
+            (keep,),
+        )
+        c.execute("DELETE FROM sketches WHERE charge > ?", (keep,))
+        c.execute("DELETE FROM charges WHERE id > ?", (keep,))
+        c.execute("DELETE FROM charge_totals")
+        c.execute(REBUILD_TOTALS)
+        c.execute(
+            "CREATE TRIGGER charges_no_update BEFORE UPDATE ON charges BEGIN "
+            "SELECT RAISE(ABORT, 'charges are append-only'); END"
+        )
+        c.execute(
+            "CREATE TRIGGER charges_no_delete BEFORE DELETE ON charges BEGIN "
+            "SELECT RAISE(ABORT, 'charges are append-only'); END"
+        )
+        c.execute("PRAGMA user_version = 3")
+        c.commit()
+
+
+def raw_charges(data_dir: Path) -> list[tuple[str, float, int]]:
+    """``(session, epsilon, points)`` of every charge, read without opening the ledger (which
+    refuses a tampered file)."""
+    with closing(sqlite3.connect(ledger_path(data_dir))) as conn:
+        rows = conn.execute("SELECT session, epsilon, points FROM charges ORDER BY id")
+        return [(str(s), float(e), int(p)) for s, e, p in rows]
+
+
+class NoGuard(ChainGuard):
+    """The defence off: the running totals are read as found, nothing is compared."""
+
+    @classmethod
+    def load(cls, conn: sqlite3.Connection, path: Path, **_: object) -> NoGuard:
+        sequence, digest = head(conn)
+        return cls(path, sequence, digest, {})
+
+    def sync(self, conn: sqlite3.Connection) -> None:
+        return None
+
+    def window(
+        self, conn: sqlite3.Connection, first_day: int
+    ) -> list[tuple[float, float, int, int, int]]:
+        return [
+            (float(e), float(d), int(n), int(c), int(p))
+            for e, d, n, c, p in conn.execute(
+                "SELECT epsilon, delta, non_private, charges, points FROM charge_totals "
+                "WHERE day >= ?",
+                (first_day,),
+            )
+        ]
+
+    def check_day(self, conn: sqlite3.Connection, day: int) -> None:
+        return None
