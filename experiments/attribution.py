@@ -78,6 +78,7 @@ from dpmarket.common.market.payouts import (
     release_own_payouts,
 )
 from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.experiments.attribution_limits import LIMIT_EPSILONS, measure_limits
 from dpmarket.experiments.suite_split import load_split, require_design
 
 __all__ = [
@@ -87,6 +88,7 @@ __all__ = [
     "ScenarioAttribution",
     "attribution_table",
     "diagnosis_table",
+    "limits_table",
     "own_table",
     "prior_fit",
     "run_attribution",
@@ -107,7 +109,7 @@ DRAWS = 200
 #: The payout epsilon of the pipeline's limit (:attr:`ScenarioAttribution.limit_j`): the same
 #: release and value rule with noise 1,000 times smaller than at epsilon 1, so what is left
 #: of the gap to ``J(S_C)``'s values is the game and the rule, not the noise.
-LIMIT_EPSILON = 1000.0
+LIMIT_EPSILON = LIMIT_EPSILONS[-1]
 
 
 def spearman(x: NDArray[np.float64], y: NDArray[np.float64]) -> float:
@@ -174,6 +176,11 @@ class ScenarioAttribution:
     own_exact: list[float] = field(default_factory=list)
     own_j: dict[str, list[float]] = field(default_factory=dict)
     own_paid_j: dict[str, list[float]] = field(default_factory=dict)
+    #: The own-data release at :data:`LIMIT_EPSILON` (mean Spearman per seed).
+    own_limit_j: list[float] = field(default_factory=list)
+    #: Per seed, what any release can reach against ``J(S_C)``'s values
+    #: (:func:`~dpmarket.experiments.attribution_limits.measure_limits`).
+    limits: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _summary(name: str, seed: int) -> tuple[Any, Any]:
@@ -287,6 +294,26 @@ def measure_scenario(
                 paid.append(spearman(np.maximum(values, 0.0), shapley))
             out.own_j[key].append(float(np.mean(released)))
             out.own_paid_j[key].append(float(np.mean(paid)))
+        own_limit = [
+            spearman(
+                release_own_payouts(blocks, LIMIT_EPSILON, rules["value"], own_noise).values,
+                shapley,
+            )
+            for _ in range(draws)
+        ]
+        out.own_limit_j.append(float(np.mean(own_limit)))
+        limits_rng = np.random.default_rng(10_000 * seed + 10)
+        out.limits.append(
+            measure_limits(
+                blocks,
+                shapley,
+                result.points,
+                scenario.validation,
+                scenario.gamma,
+                draws,
+                limits_rng,
+            )
+        )
         for rule_name, rule in rules.items():
             noise = SeededNoise(np.random.default_rng(10_000 * seed + 7))
             for eps, key in zip(epsilons, keys, strict=True):
@@ -528,6 +555,45 @@ def own_table(results: Sequence[ScenarioAttribution], epsilons: Sequence[float])
     return out
 
 
+def limits_table(results: Sequence[ScenarioAttribution]) -> Table:
+    """What any release can reach against ``J(S_C)``'s exact Shapley values, within 80 columns
+    (:mod:`dpmarket.experiments.attribution_limits`); at epsilon 1 but where marked ``k``
+    (epsilon 1,000): the median gap between adjacent delivering owners' values over the
+    oracle's noise scale (``gap``); the bound on every epsilon-DP mechanism from the values
+    after one or two replaced validation points (``any``; their Spearman is in the record);
+    the oracle, the values plus Laplace noise of their sensitivity to one validation point
+    (``orc``) or to that and one owner's point (``orcO``); the value rule's payouts (``pay``)
+    and the own-data release (``own``); the paper's rule (``rule``, no noise)."""
+    out = Table(
+        title="What any release reaches against J(S_C)'s Shapley values",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    columns = ["scenario", "h", "gap", "any", "orc", "orcO", "pay", "own"]
+    columns += ["orcK", "payK", "ownK", "rule"]
+    for name in columns:
+        left = name in ("scenario", "h")
+        out.add_column(name, justify="left" if left else "right", no_wrap=True)
+    one, big = (f"{e:g}" for e in LIMIT_EPSILONS)
+    for r in results:
+        out.add_row(
+            r.name,
+            "H" if r.half == "held-out" else "D",
+            f"{_mean([x['gap_median'] for x in r.limits]):.1f}",
+            f"{_mean([x['bound'][one] for x in r.limits]):.2f}",
+            f"{_mean([x['oracle'][one] for x in r.limits]):.2f}",
+            f"{_mean([x['oracle_owners'][one] for x in r.limits]):.2f}",
+            f"{_mean(r.payouts_j['value'].get(one, [])):.2f}",
+            f"{_mean(r.own_j.get(one, [])):.2f}",
+            f"{_mean([x['oracle'][big] for x in r.limits]):.2f}",
+            f"{_mean(r.limit_j):.2f}",
+            f"{_mean(r.own_limit_j):.2f}",
+            f"{_mean(r.paper_rule):.2f}",
+        )
+    return out
+
+
 def diagnosis_table(results: Sequence[ScenarioAttribution]) -> Table:
     """Where the ranking against ``J(S_C)``'s exact Shapley values is lost, within 80 columns:
     per scenario, owners with no delivered point (``null``: exactly 0 in both rankings, tied),
@@ -615,6 +681,7 @@ def run_attribution(
         console.print(table)
     console.print(diagnosis_table(results))
     console.print(own_table(results, epsilons))
+    console.print(limits_table(results))
     if fit:
         console.print(
             f"value rule's prior fitted on the design half ({len(fit['scenarios'])} scenarios, "
