@@ -1683,15 +1683,23 @@ def _print_answer(answer: Any, title: str) -> None:
         out.print(f"{code} (on the {on}): {reason}", highlight=False)
 
 
-def _validation(path: str, spec: SketchSpec) -> NDArray[np.float64]:
+def _validation(path: str, spec: SketchSpec, label: str | None = None) -> NDArray[np.float64]:
     """The validation set in the spec's column order: a table's named columns, or an array file
-    whose columns are the spec's, in order."""
+    whose columns are the spec's, in order; with ``label`` (the schema's label column), a set
+    may lack that column (the ranking then completes it over its values:
+    :func:`~dpmarket.consumer.catalogue.label_completed`)."""
     from dpmarket.runtime.tables import load_point_set, load_table
 
+    names = list(spec.domain.names)
     try:
         if Path(path).suffix.lower() in (".csv", ".parquet"):
-            return load_table(path).select(list(spec.domain.names))
+            table = load_table(path)
+            if label in names and label not in table.columns:
+                names.remove(label)
+            return table.select(names)
         points = load_point_set(path, label_column=None).features
+        if label in names and points.shape[1] == len(names) - 1:
+            return points
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     if points.shape[1] != spec.domain.n_attributes:
@@ -1708,13 +1716,19 @@ _RANK_FLAGS = {"clipped": "clipped", "order_not_resolved": "tie?"}
 
 
 def rank_sketches(
-    client: Any, validation_path: str, spec: str | None, owners: tuple[str, ...] = ()
+    client: Any,
+    validation_path: str,
+    spec: str | None,
+    owners: tuple[str, ...] = (),
+    label: str | None = None,
 ) -> Ranking:
     """Rank owners as ``dpmarket consumer rank-owners`` does
     (:func:`dpmarket.consumer.catalogue.rank`): the RFF spec ``spec`` (or the only one), the
     validation file read in its column order (:meth:`~dpmarket.consumer.catalogue.Ranking.rows`
     lists the owners, best first). Computed here: the validation set never leaves this process.
     (``rank-owners`` and the consumer's console, :mod:`dpmarket.console`, both call this.)
+    ``label``, the schema's label column: a validation file without it is completed over its
+    values when the spec's columns include it.
 
     Raises
     ------
@@ -1728,7 +1742,11 @@ def rank_sketches(
     from dpmarket.consumer.catalogue import rank
 
     return rank(
-        client, lambda chosen: _validation(validation_path, chosen), spec=spec, owners=owners
+        client,
+        lambda chosen: _validation(validation_path, chosen, label),
+        spec=spec,
+        owners=owners,
+        label=label,
     )
 
 
@@ -1749,6 +1767,14 @@ def rank_sketches(
     help="An RFF spec (default: the only one besides the curator's allocation spec's).",
 )
 @click.option("--owner", "owners", multiple=True, help="Rank only these owners (repeat).")
+@click.option(
+    "--schema",
+    "schema_path",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="The data's public schema (TOML): when the spec's columns include its label and the "
+    "validation set has no label column, every label value is weighted equally.",
+)
 @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False), help="JSON.")
 @json_option
 @tls_options
@@ -1758,6 +1784,7 @@ def rank_owners_command(
     validation_path: str,
     spec: str | None,
     owners: tuple[str, ...],
+    schema_path: str | None,
     out_path: str | None,
     as_json: bool,
     **tls: Any,
@@ -1767,9 +1794,12 @@ def rank_owners_command(
 
     if out_path is not None:
         check_outputs(out_path)
+    schema = read_schema(schema_path)
     try:
         with _client(curator, curator_name, tls) as client:
-            ranking = rank_sketches(client, validation_path, spec, owners)
+            ranking = rank_sketches(
+                client, validation_path, spec, owners, None if schema is None else schema.label
+            )
     except SpecChoiceError as exc:
         raise click.UsageError(str(exc)) from exc
     except (DPMarketError, ValueError) as exc:

@@ -57,6 +57,7 @@ from dpmarket.common.secagg.protocol import (
 from dpmarket.common.secagg.sparse import SparseSecAggSite, make_site
 from dpmarket.runtime.identity import (
     Identity,
+    check_issued_by,
     identity_from_certificate,
     key_fingerprint,
     normalize_fingerprint,
@@ -259,9 +260,7 @@ class SiteIdentity:
             return key
         try:
             cert = x509.load_pem_x509_certificate(pem)
-            cert.verify_directly_issued_by(self._ca)
-            if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
-                raise ValueError("the certificate is not valid now")
+            check_issued_by(cert, [self._ca])
             identity = identity_from_certificate(cert)
         except (ValueError, TypeError) as exc:
             raise SecAggError(f"the certificate of site {site!r} is not acceptable: {exc}") from exc

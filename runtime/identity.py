@@ -306,6 +306,63 @@ def peer_public_key(
     return x509.load_pem_x509_certificates(pem)[0].public_key()
 
 
+def check_issued_by(cert: x509.Certificate, cas: list[x509.Certificate]) -> x509.Certificate:
+    """The CA of ``cas`` that issued ``cert``, once the pair is checked as a TLS handshake would:
+    ``cert`` is signed directly by it, the issuer is a CA certificate (``BasicConstraints``
+    ``ca=True``, so an end-entity certificate of the deployment cannot stand in for the CA), and
+    both are valid now.
+
+    The one check behind a service's own credentials
+    (:func:`dpmarket.runtime.transport.load_credentials`) and a certificate handed over with a
+    signed document (:func:`certified_public_key`).
+
+    Parameters
+    ----------
+    cert : cryptography.x509.Certificate
+        The certificate to check.
+    cas : list of cryptography.x509.Certificate
+        The deployment's CA certificate(s).
+
+    Returns
+    -------
+    cryptography.x509.Certificate
+        The issuing CA.
+
+    Raises
+    ------
+    ValueError
+        If no certificate of ``cas`` signed ``cert``, the signer is not a CA certificate, or
+        either is not valid now; the message names the certificate (by subject) and the reason.
+    """
+    subject = cert.subject.rfc4514_string()
+    for ca in cas:
+        try:
+            cert.verify_directly_issued_by(ca)
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+        break
+    else:
+        raise ValueError(
+            f"certificate {subject!r} (issuer {cert.issuer.rfc4514_string()!r}) is not issued "
+            f"by this deployment's CA ({[ca.subject.rfc4514_string() for ca in cas]})"
+        )
+    try:
+        constraints = ca.extensions.get_extension_for_class(x509.BasicConstraints).value
+    except x509.ExtensionNotFound:
+        constraints = None
+    if constraints is None or not constraints.ca:
+        raise ValueError(f"{ca.subject.rfc4514_string()!r} is not a CA certificate")
+    now = datetime.datetime.now(datetime.UTC)
+    for checked in (ca, cert):
+        start, end = checked.not_valid_before_utc, checked.not_valid_after_utc
+        if not start <= now <= end:
+            raise ValueError(
+                f"certificate {checked.subject.rfc4514_string()!r} is valid from "
+                f"{start.isoformat()} to {end.isoformat()}, not now ({now.isoformat()})"
+            )
+    return ca
+
+
 def certified_public_key(
     cert_pem: bytes, ca_pem: bytes, expected: Identity
 ) -> CertificatePublicKeyTypes:
@@ -340,23 +397,10 @@ def certified_public_key(
         cas = x509.load_pem_x509_certificates(ca_pem)
     except ValueError as exc:
         raise ValueError(f"the certificate of {expected} is not a PEM certificate: {exc}") from None
-    for ca in cas:
-        try:
-            cert.verify_directly_issued_by(ca)
-            break
-        except (ValueError, TypeError, InvalidSignature):
-            continue
-    else:
-        raise ValueError(
-            f"the certificate presented for {expected} (subject "
-            f"{cert.subject.rfc4514_string()!r}) is not issued by this deployment's CA"
-        )
-    now = datetime.datetime.now(datetime.UTC)
-    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
-        raise ValueError(
-            f"the certificate presented for {expected} is valid from {cert.not_valid_before_utc} "
-            f"to {cert.not_valid_after_utc}, not now"
-        )
+    try:
+        check_issued_by(cert, cas)
+    except ValueError as exc:
+        raise ValueError(f"the certificate presented for {expected}: {exc}") from None
     found = identity_from_certificate(cert)
     if found != expected:
         raise ValueError(f"a certificate of {found} was presented for {expected}")

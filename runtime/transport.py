@@ -40,18 +40,17 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Literal
 
 import grpc
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
 from dpmarket.common.errors import UnavailableError
 from dpmarket.runtime import rpc_trace
 from dpmarket.runtime.framing import PiecesAioChannel, PiecesChannel
-from dpmarket.runtime.identity import Identity, identity_from_certificate
+from dpmarket.runtime.identity import Identity, check_issued_by, identity_from_certificate
 
 logger = logging.getLogger(__name__)
 
@@ -623,16 +622,6 @@ def _read(path: str | os.PathLike[str], what: str) -> bytes:
         raise OSError(f"cannot read {what} file {os.fspath(path)}: {exc.strerror or exc}") from exc
 
 
-def _check_valid_now(cert: x509.Certificate, source: str) -> None:
-    now = datetime.now(UTC)
-    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
-    if not start <= now <= end:
-        raise ValueError(
-            f"{source}: certificate {cert.subject.rfc4514_string()!r} is valid from "
-            f"{start.isoformat()} to {end.isoformat()}, not now ({now.isoformat()})"
-        )
-
-
 def _check_material(
     ca_pem: bytes | None,
     cert_pem: bytes | None,
@@ -669,28 +658,10 @@ def _check_material(
     if key.public_key().public_bytes(der, spki) != cert.public_key().public_bytes(der, spki):
         raise ValueError(f"{key_src} is not the private key of the certificate in {cert_src}")
 
-    issuer = None
-    for ca in cas:
-        try:
-            cert.verify_directly_issued_by(ca)
-        except (ValueError, TypeError, InvalidSignature):
-            continue
-        issuer = ca
-        break
-    if issuer is None:
-        raise ValueError(
-            f"{cert_src}: certificate {cert.subject.rfc4514_string()!r} (issuer "
-            f"{cert.issuer.rfc4514_string()!r}) is not issued by the CA in {ca_src} "
-            f"({[ca.subject.rfc4514_string() for ca in cas]})"
-        )
     try:
-        constraints = issuer.extensions.get_extension_for_class(x509.BasicConstraints).value
-    except x509.ExtensionNotFound:
-        constraints = None
-    if constraints is None or not constraints.ca:
-        raise ValueError(f"{ca_src}: {issuer.subject.rfc4514_string()!r} is not a CA certificate")
-    _check_valid_now(issuer, ca_src)
-    _check_valid_now(cert, cert_src)
+        check_issued_by(cert, cas)
+    except ValueError as exc:
+        raise ValueError(f"{cert_src}: {exc} (CA file {ca_src})") from None
     try:
         return identity_from_certificate(cert)
     except ValueError as exc:

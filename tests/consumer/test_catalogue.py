@@ -5,8 +5,10 @@ by the curator's summaries) and the one over every column, and a question means 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
+import click
 import numpy as np
 import pytest
 
@@ -26,6 +28,7 @@ from dpmarket.consumer.catalogue import (
     verify_fits,
     warm,
 )
+from dpmarket.consumer.cli import rank_sketches
 from dpmarket.consumer.explore import (
     MARGINALS_MODELS,
     Explorer,
@@ -174,7 +177,9 @@ def test_verifying_replaces_a_published_fit_that_shrinks_the_errors(
     MARGINALS_MODELS.clear()
 
 
-def test_owners_are_ranked_against_a_features_only_validation_set_when_the_label_is_named() -> None:
+def test_owners_are_ranked_against_a_features_only_validation_set_when_the_label_is_named(
+    tmp_path: Path,
+) -> None:
     """The spec over every column includes the label; D_v as a summary takes it (the features
     alone) ranks the owners once the label is named, each row counted once per label value;
     without it the error names the spec and its columns."""
@@ -218,3 +223,12 @@ def test_owners_are_ranked_against_a_features_only_validation_set_when_the_label
         rank(catalogue, features, spec=rff.name)
     with pytest.raises(InvalidArgumentError, match=r"clinics/rff.*age, bmi, high"):
         rank(catalogue, features, spec=rff.name, label="sex")  # not a column of the spec
+    # The CLI's reading (rank-owners --schema): a CSV without the label column ranks the
+    # same way once the schema's label is given, and is refused without it.
+    path = tmp_path / "validation.csv"
+    path.write_text("age,bmi\n" + "".join(f"{a},{b}\n" for a, b in features), encoding="utf-8")
+    by_file = rank_sketches(catalogue, str(path), rff.name, label="high")
+    assert [r.owner for r in by_file.owners] == ["young", "old"]
+    assert by_file.validation_points == len(features)
+    with pytest.raises(click.ClickException, match=r"no column\(s\) \[.high.\]"):
+        rank_sketches(catalogue, str(path), rff.name)

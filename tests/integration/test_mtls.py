@@ -173,7 +173,7 @@ def test_handshake_refuses_a_client_without_a_ca_issued_certificate(
 def test_other_ca_material_is_refused_before_any_connection(pki_dir: Path) -> None:
     ca, _, _ = identity_files(pki_dir / "ca", ALICE)
     _, cert, key = identity_files(pki_dir / "other", ALICE)
-    with pytest.raises(ValueError, match="not issued by the CA"):
+    with pytest.raises(ValueError, match="not issued by this deployment.s CA"):
         TransportSecurity.from_files(ca, cert, key)
 
 

@@ -72,7 +72,9 @@ def test_key_of_another_party_is_refused(ca_dir: Path) -> None:
 def test_certificate_of_another_ca_is_refused(ca_dir: Path, tmp_path: Path) -> None:
     init_ca(tmp_path / "other")
     _, cert, key = identity_files(ca_dir, OWNER_0)
-    with pytest.raises(ValueError, match=r"owner-owner-0\.crt.*not issued by the CA in .*other"):
+    with pytest.raises(
+        ValueError, match=r"owner-owner-0\.crt.*not issued by this deployment.s CA.*other"
+    ):
         TransportSecurity.from_files(tmp_path / "other" / "ca.crt", cert, key)
 
 
@@ -142,3 +144,44 @@ def test_a_signers_certificate_is_checked_against_the_ca_and_the_expected_identi
         certified_public_key(cert_pem, other, OWNER_0)
     with pytest.raises(ValueError, match=r"not a PEM certificate"):
         certified_public_key(b"junk", ca_pem, OWNER_0)
+
+
+def test_an_end_entity_certificate_cannot_stand_in_for_the_ca(ca_dir: Path, tmp_path: Path) -> None:
+    """A consumer's name on a certificate signed with an owner's key, with that owner's
+    certificate as its "CA", is refused for a signed document and for a service's own
+    credentials alike (BasicConstraints ca=False); the control: the deployment's CA issued it."""
+    _, owner_cert_path, owner_key_path = identity_files(ca_dir, OWNER_0)
+    owner_cert = x509.load_pem_x509_certificate(owner_cert_path.read_bytes())
+    owner_key = serialization.load_pem_private_key(owner_key_path.read_bytes(), password=None)
+    assert isinstance(owner_key, ec.EllipticCurvePrivateKey)
+    _, alice_cert_path, _ = identity_files(ca_dir, ALICE)
+    genuine = x509.load_pem_x509_certificate(alice_cert_path.read_bytes())
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.now(UTC)
+    forged = (
+        x509.CertificateBuilder()
+        .subject_name(genuine.subject)
+        .issuer_name(owner_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=1))
+        .not_valid_after(now + timedelta(days=1))
+        .add_extension(
+            genuine.extensions.get_extension_for_class(x509.SubjectAlternativeName).value,
+            critical=False,
+        )
+        .sign(owner_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    with pytest.raises(ValueError, match=r"is not a CA certificate"):
+        certified_public_key(forged.public_bytes(pem), owner_cert.public_bytes(pem), ALICE)
+    cert_path, key_path = tmp_path / "forged.crt", tmp_path / "forged.key"
+    cert_path.write_bytes(forged.public_bytes(pem))
+    key_path.write_bytes(
+        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    with pytest.raises(ValueError, match=r"forged\.crt: .* is not a CA certificate"):
+        TransportSecurity.from_files(owner_cert_path, cert_path, key_path)
+    ca_pem = (ca_dir / "ca.crt").read_bytes()
+    control = certified_public_key(alice_cert_path.read_bytes(), ca_pem, ALICE)
+    assert isinstance(control, ec.EllipticCurvePublicKey)
