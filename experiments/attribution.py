@@ -15,7 +15,11 @@ of the private payouts (:class:`~dpmarket.common.market.ValueReward`, the defaul
 budget-balanced :class:`~dpmarket.common.market.ProportionalSplit`), of the same value rule
 without its shrinkage (the noisy value clipped to ``[0, n_j / p]``), and, without noise, of the
 delivered counts ``n_j`` alone (no privacy needed: each owner knows its own), the paper's rule,
-leave-one-out and the embedding game's values.
+leave-one-out and the embedding game's values. Beside them, the own-data release
+(:func:`~dpmarket.common.market.payouts.release_own_payouts`: each owner's own-data part of its
+Shapley value of ``J(S_C)``, whose release needs no noise for the other owners) against the
+paper's game, and a diagnosis of that game's values (null and tied owners, their gaps against
+the payout noise, the same pipeline at epsilon 1,000).
 
 The value rule's prior (:data:`~dpmarket.common.market.payouts.POINT_VALUE_MEAN`,
 :data:`~dpmarket.common.market.payouts.POINT_VALUE_SPREAD`) is fitted on the design half of the
@@ -24,9 +28,9 @@ values are in closed form whatever K); each scenario's half is reported beside i
 held-out half is the measure.
 
 And the cost: the time of the attribution (kernel blocks, the paper's rule, exact Shapley values
-of the paper's game over 2^16 coalitions, leave-one-out, the embedding game's closed form) and
-of the payout release and the signed statements, at K = 16 and p = 200, against the default
-session's own time in process.
+of the paper's game over 2^16 coalitions, leave-one-out, the embedding game's closed form, the
+own-data values) and of the payout releases (both) and the signed statements, at K = 16 and
+p = 200, against the default session's own time in process.
 
 Owners with no delivered point have value 0 under every rule and receive exactly 0; the rank
 correlation runs over all K owners (ties ranked by their mean rank). A constant vector (every
@@ -67,8 +71,14 @@ from dpmarket.common.market import (
     settle,
     sign_statement,
 )
-from dpmarket.common.market.payouts import POINT_VALUE_MEAN, POINT_VALUE_SPREAD
+from dpmarket.common.market.attribution import own_shapley
+from dpmarket.common.market.payouts import (
+    POINT_VALUE_MEAN,
+    POINT_VALUE_SPREAD,
+    release_own_payouts,
+)
 from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.experiments.attribution_limits import LIMIT_EPSILONS, measure_limits
 from dpmarket.experiments.suite_split import load_split, require_design
 
 __all__ = [
@@ -78,6 +88,8 @@ __all__ = [
     "ScenarioAttribution",
     "attribution_table",
     "diagnosis_table",
+    "limits_table",
+    "own_table",
     "prior_fit",
     "run_attribution",
     "spearman",
@@ -97,7 +109,7 @@ DRAWS = 200
 #: The payout epsilon of the pipeline's limit (:attr:`ScenarioAttribution.limit_j`): the same
 #: release and value rule with noise 1,000 times smaller than at epsilon 1, so what is left
 #: of the gap to ``J(S_C)``'s values is the game and the rule, not the noise.
-LIMIT_EPSILON = 1000.0
+LIMIT_EPSILON = LIMIT_EPSILONS[-1]
 
 
 def spearman(x: NDArray[np.float64], y: NDArray[np.float64]) -> float:
@@ -156,6 +168,19 @@ class ScenarioAttribution:
     spread_j: list[float] = field(default_factory=list)
     close_pairs: list[float] = field(default_factory=list)
     limit_j: list[float] = field(default_factory=list)
+    #: The own-data release (:func:`~dpmarket.common.market.payouts.release_own_payouts`)
+    #: against the paper's game's Shapley values: its exact values per seed (``own_exact``: no
+    #: noise) and ``{epsilon: [mean Spearman per seed]}`` of its released values (``own_j``)
+    #: and of those values clipped at 0 (``own_paid_j``: the ranking of any payout that is a
+    #: nondecreasing function of the owner's own value, 0 below 0, with no cap reached).
+    own_exact: list[float] = field(default_factory=list)
+    own_j: dict[str, list[float]] = field(default_factory=dict)
+    own_paid_j: dict[str, list[float]] = field(default_factory=dict)
+    #: The own-data release at :data:`LIMIT_EPSILON` (mean Spearman per seed).
+    own_limit_j: list[float] = field(default_factory=list)
+    #: Per seed, what any release can reach against ``J(S_C)``'s values
+    #: (:func:`~dpmarket.experiments.attribution_limits.measure_limits`).
+    limits: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _summary(name: str, seed: int) -> tuple[Any, Any]:
@@ -225,6 +250,8 @@ def measure_scenario(
         table.update({rule: {k: [] for k in keys} for rule in rules})
     out.unshrunk_j.update({k: [] for k in keys})
     out.unshrunk_e.update({k: [] for k in keys})
+    out.own_j.update({k: [] for k in keys})
+    out.own_paid_j.update({k: [] for k in keys})
     for seed in range(seeds):
         _, result = _summary(name, seed)
         blocks = SummaryBlocks.from_summary(
@@ -257,6 +284,36 @@ def measure_scenario(
             release = release_payouts(blocks, LIMIT_EPSILON, rules["value"], limit_noise)
             limit.append(spearman(np.array(release.payouts, np.float64), shapley))
         out.limit_j.append(float(np.mean(limit)))
+        out.own_exact.append(spearman(own_shapley(blocks).values, shapley))
+        own_noise = SeededNoise(np.random.default_rng(10_000 * seed + 9))
+        for eps, key in zip(epsilons, keys, strict=True):
+            released, paid = [], []
+            for _ in range(draws):
+                values = release_own_payouts(blocks, eps, rules["value"], own_noise).values
+                released.append(spearman(values, shapley))
+                paid.append(spearman(np.maximum(values, 0.0), shapley))
+            out.own_j[key].append(float(np.mean(released)))
+            out.own_paid_j[key].append(float(np.mean(paid)))
+        own_limit = [
+            spearman(
+                release_own_payouts(blocks, LIMIT_EPSILON, rules["value"], own_noise).values,
+                shapley,
+            )
+            for _ in range(draws)
+        ]
+        out.own_limit_j.append(float(np.mean(own_limit)))
+        limits_rng = np.random.default_rng(10_000 * seed + 10)
+        out.limits.append(
+            measure_limits(
+                blocks,
+                shapley,
+                result.points,
+                scenario.validation,
+                scenario.gamma,
+                draws,
+                limits_rng,
+            )
+        )
         for rule_name, rule in rules.items():
             noise = SeededNoise(np.random.default_rng(10_000 * seed + 7))
             for eps, key in zip(epsilons, keys, strict=True):
@@ -335,9 +392,10 @@ def measure_cost(name: str, p: int = COST_P, repeats: int = 7) -> dict[str, Any]
     """Seconds of the default session, of the attribution and of payout + statement, K = 16.
 
     The attribution is what a curator would run after the session: the kernel blocks, the
-    paper's rule, exact Shapley values of the paper's game (2^16 coalitions), leave-one-out and
-    the embedding game's closed form; the payout step releases the noisy values, quotes, settles
-    and signs the statement (ECDSA P-256). The least of ``repeats`` runs of each (the run least
+    paper's rule, exact Shapley values of the paper's game (2^16 coalitions), leave-one-out, the
+    embedding game's closed form and the own-data values; the payout step releases the noisy
+    values (the embedding game's and the own-data ones), quotes, settles and signs the statement
+    (ECDSA P-256). The least of ``repeats`` runs of each (the run least
     disturbed by other work on the machine), and their ratio.
     """
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -374,10 +432,12 @@ def measure_cost(name: str, p: int = COST_P, repeats: int = 7) -> dict[str, Any]
         exact_shapley(game)
         leave_one_out(game)
         embedding_shapley(blocks)
+        own_shapley(blocks)
         attribution.append(time.perf_counter() - start)
         start = time.perf_counter()
         rule = ValueReward(10**6)
         release = release_payouts(blocks, 1.0, rule, OpenDPNoise())
+        release_own_payouts(blocks, 1.0, rule, OpenDPNoise())
         prices = {o: OwnerPrices(1, 10, 1000, 0) for o in owners}
         limits = {o: OwnerLimits(3 * p, 0.0, release.epsilon) for o in owners}
         quoted = quote(prices, limits, p, rule)
@@ -467,6 +527,73 @@ def attribution_table(
     return own, paper
 
 
+def own_table(results: Sequence[ScenarioAttribution], epsilons: Sequence[float]) -> Table:
+    """The own-data release against ``J(S_C)``'s exact Shapley values, within 80 columns for
+    five epsilons: its exact values (``own``, no noise), its released values at each epsilon,
+    and those clipped at 0 at epsilon 1 (``≥0 ε 1``), beside the value rule's payouts at
+    epsilon 1 (``pay ε 1``)."""
+    keys = [f"{e:g}" for e in epsilons]
+    out = Table(
+        title="The own-data release against J(S_C)'s Shapley values",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    columns = ["scenario", "h", "own", *(f"ε {k}" for k in keys), "≥0 ε 1", "pay ε 1"]
+    for name in columns:
+        left = name in ("scenario", "h")
+        out.add_column(name, justify="left" if left else "right", no_wrap=True)
+    for r in results:
+        out.add_row(
+            r.name,
+            "H" if r.half == "held-out" else "D",
+            f"{_mean(r.own_exact):.2f}",
+            *(f"{_mean(r.own_j[k]):.2f}" for k in keys),
+            f"{_mean(r.own_paid_j.get('1', [])):.2f}",
+            f"{_mean(r.payouts_j['value'].get('1', [])):.2f}",
+        )
+    return out
+
+
+def limits_table(results: Sequence[ScenarioAttribution]) -> Table:
+    """What any release can reach against ``J(S_C)``'s exact Shapley values, within 80 columns
+    (:mod:`dpmarket.experiments.attribution_limits`); at epsilon 1 but where marked ``k``
+    (epsilon 1,000): the median gap between adjacent delivering owners' values over the
+    oracle's noise scale (``gap``); the bound on every epsilon-DP mechanism from the values
+    after one or two replaced validation points (``any``; their Spearman is in the record);
+    the oracle, the values plus Laplace noise of their sensitivity to one validation point
+    (``orc``) or to that and one owner's point (``orcO``); the value rule's payouts (``pay``)
+    and the own-data release (``own``); the paper's rule (``rule``, no noise)."""
+    out = Table(
+        title="What any release reaches against J(S_C)'s Shapley values",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    columns = ["scenario", "h", "gap", "any", "orc", "orcO", "pay", "own"]
+    columns += ["orcK", "payK", "ownK", "rule"]
+    for name in columns:
+        left = name in ("scenario", "h")
+        out.add_column(name, justify="left" if left else "right", no_wrap=True)
+    one, big = (f"{e:g}" for e in LIMIT_EPSILONS)
+    for r in results:
+        out.add_row(
+            r.name,
+            "H" if r.half == "held-out" else "D",
+            f"{_mean([x['gap_median'] for x in r.limits]):.1f}",
+            f"{_mean([x['bound'][one] for x in r.limits]):.2f}",
+            f"{_mean([x['oracle'][one] for x in r.limits]):.2f}",
+            f"{_mean([x['oracle_owners'][one] for x in r.limits]):.2f}",
+            f"{_mean(r.payouts_j['value'].get(one, [])):.2f}",
+            f"{_mean(r.own_j.get(one, [])):.2f}",
+            f"{_mean([x['oracle'][big] for x in r.limits]):.2f}",
+            f"{_mean(r.limit_j):.2f}",
+            f"{_mean(r.own_limit_j):.2f}",
+            f"{_mean(r.paper_rule):.2f}",
+        )
+    return out
+
+
 def diagnosis_table(results: Sequence[ScenarioAttribution]) -> Table:
     """Where the ranking against ``J(S_C)``'s exact Shapley values is lost, within 80 columns:
     per scenario, owners with no delivered point (``null``: exactly 0 in both rankings, tied),
@@ -553,6 +680,8 @@ def run_attribution(
     for table in attribution_table(results, epsilons):
         console.print(table)
     console.print(diagnosis_table(results))
+    console.print(own_table(results, epsilons))
+    console.print(limits_table(results))
     if fit:
         console.print(
             f"value rule's prior fitted on the design half ({len(fit['scenarios'])} scenarios, "

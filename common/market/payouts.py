@@ -81,6 +81,34 @@ delivered (and which) is known to the curator and the consumer, and the values d
 of the data that this release does not account for; the session's own terms do, for what the
 session released.
 
+**The own-data release** (:func:`release_own_payouts`). It releases instead each owner's
+own-data part of its Shapley value of the paper's game
+(:func:`~dpmarket.common.market.attribution.own_shapley`), which ranks owners closer to that
+game's Shapley values::
+
+    psi_j = (2 a_j / m) E[1 / N_j] - (B_jj - n_j) E[1 / N_j^2] + c_j,
+
+with ``a_j = sum_{v, x in S_j} k(v, x)``, ``B_jj`` the kernel sum over pairs of j's points,
+and ``E[1 / N_j]``, ``E[1 / N_j^2]``, ``c_j`` functions of the counts alone
+(:class:`~dpmarket.common.market.attribution.OwnWeights`; ``0 < E[1 / N_j^2] <= E[1 / N_j]
+<= 1 / n_j``). (i) One validation point replaced moves only ``a_j``, by ``sum_{x in S_j}
+delta(x)`` (``delta`` as above), so ``|Delta psi_j| <= (2 / m) n_j E[1 / N_j]`` and
+
+    ``sum_j |Delta psi_j| <= D_V = (2 / m) sum_j n_j E[1 / N_j]``   (L1, attained when every
+    ``delta = +1``; ``sum_j n_j E[1 / N_j]`` is in ``[1, 1 + min(K - 1, ln p)]``, the bound of
+    the paper's game above, now exact for the counts).
+
+(ii) One delivered point of owner i replaced moves no other owner's ``psi_l`` (it reads only
+owner l's points, ``D_v`` and the counts, which the relation holds fixed): ``D_O = 0``, and the
+release charges no owner's ledger. Owner i's own value moves by at most ``2 E[1 / N_i] +
+2 (n_i - 1) E[1 / N_i^2]`` (``a_i`` by up to ``m``, ``B_ii - n_i`` by up to ``2 (n_i - 1)``);
+a reward rule that shows every value to every owner needs the largest of these over the
+owners as ``D_O`` (:func:`own_payout_sensitivity`). The noise scale ``b = max(D_V, D_O) /
+epsilon`` is a function of ``m`` and the counts: it shows the owners a function of the
+composition, which the curator knows from the session's output (post-processing; see "What is
+not protected"). An owner checking its statement needs the counts' weights (or ``D_V``) stated
+to recompute ``b``.
+
 References
 ----------
 Dwork, McSherry, Nissim & Smith (2006), the Laplace mechanism; summarization paper, Section 2
@@ -99,7 +127,13 @@ from typing import ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from dpmarket.common.market.attribution import SummaryBlocks, embedding_shapley
+from dpmarket.common.market.attribution import (
+    OwnWeights,
+    SummaryBlocks,
+    embedding_shapley,
+    own_shapley,
+    own_weights,
+)
 from dpmarket.common.market.money import VALUE_UNITS, value_units
 from dpmarket.common.privacy.accounting import PrivacyEvent
 from dpmarket.common.privacy.noise import NoiseSource
@@ -113,8 +147,10 @@ __all__ = [
     "ProportionalSplit",
     "RewardRule",
     "ValueReward",
+    "own_payout_sensitivity",
     "payout_noise_scale",
     "payout_sensitivity",
+    "release_own_payouts",
     "release_payouts",
 ]
 
@@ -476,6 +512,119 @@ def release_payouts(
     sens = payout_sensitivity(blocks.m, blocks.p, reveals_other_values=rule.reveals_other_values)
     scale = payout_noise_scale(blocks.m, blocks.p, eps, rule)
     exact = embedding_shapley(blocks).values
+    active = blocks.counts > 0
+    values = np.zeros(blocks.n_owners, dtype=np.float64)
+    values[active] = exact[active] + noise.laplace(scale, int(active.sum()))
+    shares = tuple(value_units(v) for v in values)
+    payouts = rule.payouts(shares, [int(n) for n in blocks.counts], blocks.p, value_units(scale))
+    return PayoutRelease(
+        owners=blocks.owners,
+        counts=blocks.counts.copy(),
+        values=values,
+        noise_scale=scale,
+        epsilon=eps,
+        sensitivity=sens,
+        rule=rule,
+        payouts=payouts,
+    )
+
+
+def own_payout_sensitivity(
+    counts: Sequence[int] | NDArray[np.int64],
+    m: int,
+    *,
+    reveals_other_values: bool,
+    weights: OwnWeights | None = None,
+) -> PayoutSensitivity:
+    """The sensitivities of the own-data release, from ``m`` and the delivered counts.
+
+    Parameters
+    ----------
+    counts : sequence of int, length K
+        Delivered points per owner (``>= 0``, at least one ``>= 1``).
+    m : int
+        ``|D_v|``, >= 1.
+    reveals_other_values : bool
+        Whether an owner's payout depends on the other owners' noisy values.
+    weights : OwnWeights, optional
+        ``own_weights(counts)``, if the caller has them already.
+
+    Returns
+    -------
+    PayoutSensitivity
+        ``validation = (2 / m) sum_j n_j E[1 / N_j]``; ``owner = 0``, or, when the rule
+        reveals every value, ``max_i 2 E[1 / N_i] + 2 (n_i - 1) E[1 / N_i^2]``.
+
+    Raises
+    ------
+    ValueError
+        If ``m`` is not an integer >= 1 or the counts are negative, not integers or all 0.
+
+    Notes
+    -----
+    Derived in the Notes of :mod:`dpmarket.common.market.payouts` ("The own-data release");
+    checked by an adversarial test on neighbouring validation sets and owner tables.
+    """
+    m = check_positive_int(m, "m")
+    n = np.asarray(counts)
+    w = own_weights(n) if weights is None else weights
+    if n.sum() < 1:
+        raise ValueError(f"the counts {list(n)} deliver no point: there is nothing to release")
+    validation = 2.0 / m * float(n @ w.inverse)
+    owner = 0.0
+    if reveals_other_values:
+        active = n > 0
+        owner = float(
+            np.max(2.0 * w.inverse[active] + 2.0 * (n[active] - 1) * w.inverse_square[active])
+        )
+    return PayoutSensitivity(validation=validation, owner=owner)
+
+
+def release_own_payouts(
+    blocks: SummaryBlocks, epsilon: float, rule: RewardRule, noise: NoiseSource
+) -> PayoutRelease:
+    """Release every owner's own-data value with Laplace noise and pay it by ``rule``.
+
+    The value is :func:`~dpmarket.common.market.attribution.own_shapley`'s.
+
+    Parameters
+    ----------
+    blocks : SummaryBlocks
+        The delivered summary against ``D_v`` (the curator computes them; they never leave it).
+    epsilon : float
+        The payout epsilon, > 0: ``epsilon_validation`` is this; ``epsilon_owner`` is 0 unless
+        the rule shows every value to every owner.
+    rule : ValueReward or ProportionalSplit
+        Its payouts are computed from the released values as they are (the value rule's prior
+        was fitted to the embedding game's values: a post-processing like any other, but not
+        tuned to these).
+    noise : NoiseSource
+
+    Returns
+    -------
+    PayoutRelease
+        ``values``: ``psi_j + Lap(b)`` for every owner with a delivered point, exactly 0 for
+        the others; ``noise_scale = max(D_V, D_O) / epsilon`` (:func:`own_payout_sensitivity`).
+
+    Raises
+    ------
+    ValueError
+        If ``epsilon`` is not a finite number > 0 or the summary is empty.
+
+    Notes
+    -----
+    Sensitivity and calibration: the Notes of :mod:`dpmarket.common.market.payouts`, "The
+    own-data release". The exact values are computed here and dropped.
+    """
+    eps = check_epsilon(epsilon, "payout epsilon")
+    if blocks.p < 1:
+        raise ValueError("the summary is empty: there is nothing to attribute or pay for")
+    weights = own_weights(blocks.counts)
+    sens = own_payout_sensitivity(
+        blocks.counts, blocks.m, reveals_other_values=rule.reveals_other_values, weights=weights
+    )
+    scale = max(sens.validation, sens.owner) / eps
+    exact = own_shapley(blocks, weights=weights).values
     active = blocks.counts > 0
     values = np.zeros(blocks.n_owners, dtype=np.float64)
     values[active] = exact[active] + noise.laplace(scale, int(active.sum()))

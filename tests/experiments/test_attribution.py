@@ -61,9 +61,22 @@ def test_the_experiment_measures_a_scenario_and_writes_its_record(tmp_path: Path
     assert 0 <= scenario["tied_owners"][0] <= scenario["delivering"][0]
     assert scenario["spread_j"][0] >= 0.0 and 0.0 <= scenario["close_pairs"][0] <= 1.0
     assert len(scenario["limit_j"]) == 1 and -1.0 <= scenario["limit_j"][0] <= 1.0
+    assert len(scenario["own_exact"]) == 1
+    for key in ("own_j", "own_paid_j"):
+        assert set(scenario[key]) == {"1", "10"}
+        assert all(-1.0 <= v <= 1.0 for v in scenario[key]["1"])
+    assert len(scenario["own_limit_j"]) == 1 and -1.0 <= scenario["own_limit_j"][0] <= 1.0
+    (limits,) = scenario["limits"]
+    assert limits["sensitivity"] >= 1.0  # J(S_C)'s values move more than the embedding game's
+    assert limits["owner_sensitivity"] > 0.0 and 0.0 <= limits["close"] <= 1.0
+    assert len(limits["flip"]) == 2 and all(-1.0 <= r <= 1.0 for r in limits["flip"])
+    for key in ("bound", "oracle", "oracle_owners"):
+        assert set(limits[key]) == {"1", "1000"}
+        assert all(-1.0 <= v <= 1.0 for v in limits[key].values())
     assert written["prior_fit"] == {}
     printed = out.getvalue()
     assert "wine-3" in printed and "embedding game" in printed and "is lost" in printed
+    assert "own-data release" in printed and "What any release reaches" in printed
     # Both tables fit 80 columns whole: nothing cut short.
     assert "…" not in printed and max(len(line) for line in printed.splitlines()) <= 80
 

@@ -21,6 +21,8 @@ from dpmarket.common.market.attribution import (
     embedding_shapley,
     exact_shapley,
     leave_one_out,
+    own_shapley,
+    own_weights,
     paper_rule,
     sampled_shapley,
 )
@@ -267,3 +269,68 @@ def test_sampled_shapley_needs_two_permutations() -> None:
     with pytest.raises(ValueError, match="n_permutations"):
         sampled_shapley(game, 1, np.random.default_rng(0))
     assert math.isfinite(game.grand_value())
+
+
+# ------------------------------------------------------------------ the own-data part
+def _brute_own(points: NDArray, ids: list[str], validation: NDArray, owners: tuple[str, ...]):
+    """psi_j as the mean over all K! orders of j's own-data marginal contribution: its own
+    closeness and redundancy at the weight of the coalition it joins, and the diagonal term."""
+    m = validation.shape[0]
+    kv = rbf_kernel(validation, points, GAMMA).sum(axis=0)
+    kss = rbf_kernel(points, points, GAMMA)
+    idx = {o: [i for i, x in enumerate(ids) if x == o] for o in owners}
+    psi = np.zeros(len(owners))
+    perms = list(itertools.permutations(range(len(owners))))
+    for perm in perms:
+        before = 0
+        for j in perm:
+            own = idx[owners[j]]
+            n = len(own)
+            if n:
+                big = before + n
+                redundancy = kss[np.ix_(own, own)].sum() - n
+                diagonal = (1.0 / before if before else 0.0) - 1.0 / big
+                psi[j] += 2.0 * kv[own].sum() / (m * big) - redundancy / big**2 + diagonal
+            before += n
+    return psi / len(perms)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_own_shapley_is_the_brute_force_mean_of_the_own_terms_over_orders(seed: int) -> None:
+    points, ids, validation = _case(seed, k=5)
+    got = own_shapley(_blocks(points, ids, validation, k=5))
+    np.testing.assert_allclose(got.values, _brute_own(points, ids, validation, OWNERS), atol=1e-12)
+    assert got.values[4] == 0.0  # null owner: exactly 0
+    assert got.rule == "shapley-own" and got.game == "objective"
+
+
+def test_own_weights_are_the_moments_of_the_coalition_size_over_orders() -> None:
+    counts = np.array([3, 1, 0, 2, 5])
+    inverse, square, term = np.zeros(5), np.zeros(5), np.zeros(5)
+    perms = list(itertools.permutations(range(5)))
+    for perm in perms:
+        before = 0
+        for j in perm:
+            if counts[j]:
+                big = before + counts[j]
+                inverse[j] += 1 / big
+                square[j] += 1 / big**2
+                term[j] += (1 / before if before else 0.0) - 1 / big
+            before += counts[j]
+    w = own_weights(counts)
+    for got, want in ((w.inverse, inverse), (w.inverse_square, square), (w.count_term, term)):
+        np.testing.assert_allclose(got, want / len(perms), atol=1e-14)
+    with pytest.raises(ValueError, match="integers >= 0"):
+        own_weights(np.array([1, -1]))
+
+
+def test_own_shapley_of_a_lone_owner_is_the_summarys_objective_and_symmetric_owners_tie() -> None:
+    points, _, validation = _case(4, p=9, k=2)
+    lone = own_shapley(_blocks(points, ["a"] * 9, validation))
+    assert lone.values[0] == pytest.approx(objective_j(points, validation, GAMMA), abs=1e-12)
+    assert lone.values[0] == pytest.approx(lone.total, abs=1e-12)
+    # Owners a and b hold the same points (b's a copy of a's); c holds others.
+    twin = np.concatenate([points[:4], points[:4], points[4:]])
+    ids = ["a"] * 4 + ["b"] * 4 + ["c"] * 5
+    values = own_shapley(_blocks(twin, ids, validation)).values
+    assert values[0] == pytest.approx(values[1], abs=1e-13) and values[3] == 0.0
