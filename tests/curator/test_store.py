@@ -147,17 +147,17 @@ def test_what_owners_charged_is_kept_as_soon_as_known_and_rebuilt_after_a_restar
     # What the restarted curator asks the owners for: every record it does not have, the one a
     # restart interrupted and the one of the owner it could not reach (so that it can settle).
     assert again.unrecorded_owner_sessions() == [
-        ("s", "o-2", "owner-side-id"),
-        ("s", "o-3", "owner-side-id"),
+        ("s", "o-2", "owner-side-id", False),
+        ("s", "o-3", "owner-side-id", False),
     ]
     again.record_owner_spend("s", "o-3", SessionSpend(0.5, 1e-6, 2))
     again.refresh_owner_spend("s")
-    assert again.unrecorded_owner_sessions() == [("s", "o-2", "owner-side-id")]
+    assert again.unrecorded_owner_sessions() == [("s", "o-2", "owner-side-id", False)]
     # A running session's owners are not asked (the session closes them itself).
     _create(again, "running")
     again.owners_opened("running", "other-id", ["o-1"])
     again.record_owner_spend("running", "o-1", SessionSpend.unknown_because(UNKNOWN_UNREACHABLE))
-    assert again.unrecorded_owner_sessions() == [("s", "o-2", "owner-side-id")]
+    assert again.unrecorded_owner_sessions() == [("s", "o-2", "owner-side-id", False)]
     report = again.get("s").report  # type: ignore[union-attr]
     assert report is not None and report.owner_spend["o-3"] == SessionSpend(0.5, 1e-6, 2)
     assert report.owner_points_accessed == 9
