@@ -49,6 +49,7 @@ from dpmarket.curator.store import CAPE_METHOD_PREFIX, CuratorStore
 from dpmarket.runtime import cape_messages as msg
 from dpmarket.runtime.admission import COLUMN_BYTES, SMALL_REQUEST_BYTES, ServiceLimits
 from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
+from dpmarket.runtime.market import quote_to_proto
 from dpmarket.runtime.schemas import schema_from_proto
 from dpmarket.v1 import cape_pb2, cape_pb2_grpc
 
@@ -205,21 +206,7 @@ class CapeJobs:
             As the job's ``run`` (:mod:`dpmarket.curator.cape`); nothing is released when an owner
             refuses at open.
         """
-        if seed is not None and not self.policy.allow_seeded_sessions:
-            raise PermissionDeniedError(
-                "this curator does not accept seeded jobs (start it with --allow-seeded-sessions)"
-            )
-        self.policy.check_cape(spec)
-        if not 0 <= min_owners <= len(self.owners):
-            raise InvalidArgumentError(
-                f"min_owners={min_owners} is outside [0, {len(self.owners)}], the owners this "
-                "curator serves (0: every owner)"
-            )
-        # An owner restarted a moment ago (or whose last connection failed) is connected before
-        # the job asks it anything, within a bounded wait.
-        await wait_for_owners(self.owners)
-        if schema is not None:
-            await self._check_schema(schema)
+        await self._check(spec, seed, schema, min_owners)
         if not request_id:
             try:
                 return await self._fit(
@@ -257,6 +244,56 @@ class CapeJobs:
                 raise
             self._done[key] = (request_digest, document)
             return document
+
+    async def quote(
+        self,
+        spec: AnyCapeSpec,
+        seed: int | None,
+        *,
+        consumer: str,
+        schema: Schema | None = None,
+        min_owners: int = 0,
+        max_cost: int | None = None,
+    ) -> Quote:
+        """Quote a job without running it: its checks and its quote as :meth:`fit` makes them
+        before any owner opens the job. Asks the owners for their prices (and their schemas,
+        with ``schema``) only: nothing is opened, released, charged or stored.
+
+        Raises
+        ------
+        PermissionDeniedError, InvalidArgumentError
+            As :meth:`fit`.
+        ResourceExhaustedError
+            Beyond the consumer's request rate (a quote counts as a request).
+        FailedPreconditionError
+            If an owner's schema differs from ``schema``, or the quote exceeds ``max_cost``
+            (``CostCapExceededError``).
+        """
+        await self._check(spec, seed, schema, min_owners)
+        self.rate.check(consumer)
+        quoted, _ = await self._quote(spec, max_cost)
+        return quoted
+
+    async def _check(
+        self, spec: AnyCapeSpec, seed: int | None, schema: Schema | None, min_owners: int
+    ) -> None:
+        """What :meth:`fit` and :meth:`quote` check before anything else: the seed, the spec
+        and the owner count against the policy, then every answering owner's schema."""
+        if seed is not None and not self.policy.allow_seeded_sessions:
+            raise PermissionDeniedError(
+                "this curator does not accept seeded jobs (start it with --allow-seeded-sessions)"
+            )
+        self.policy.check_cape(spec)
+        if not 0 <= min_owners <= len(self.owners):
+            raise InvalidArgumentError(
+                f"min_owners={min_owners} is outside [0, {len(self.owners)}], the owners this "
+                "curator serves (0: every owner)"
+            )
+        # An owner restarted a moment ago (or whose last connection failed) is connected before
+        # the job asks it anything, within a bounded wait.
+        await wait_for_owners(self.owners)
+        if schema is not None:
+            await self._check_schema(schema)
 
     def _progress_for(self, consumer: str, request_id: str | None, total: int) -> CapeProgress:
         """A new progress entry for a keyed job (a job without a key has no watcher)."""
@@ -627,10 +664,12 @@ def cape_limits(policy: CuratorPolicy) -> ServiceLimits:
     ``EstimateCapeMean`` and ``TrainCape`` carry a spec naming at most the policy's
     ``cape_columns`` bound of columns and a schema of as many
     (:data:`~dpmarket.runtime.admission.COLUMN_BYTES` each, twice), ``WatchCapeJob`` a request
-    id."""
+    id; ``QuoteCape`` one of those three jobs."""
     columns = int(policy.ranges.get("cape_columns", DEFAULT_RANGES["cape_columns"])[1])
     job = SMALL_REQUEST_BYTES + 2 * (columns + 1) * COLUMN_BYTES
-    return ServiceLimits({"FitCape": job, "EstimateCapeMean": job, "TrainCape": job})
+    return ServiceLimits(
+        {"FitCape": job, "EstimateCapeMean": job, "TrainCape": job, "QuoteCape": job}
+    )
 
 
 class CapeServicer(cape_pb2_grpc.CapeServiceServicer):
@@ -661,10 +700,7 @@ class CapeServicer(cape_pb2_grpc.CapeServiceServicer):
 
     @rpc("consumer")
     async def FitCape(self, request, context, caller):
-        spec = msg.spec_from_proto(request.spec)
-        if not isinstance(spec, CapeJobSpec):
-            raise InvalidArgumentError("FitCape fits regressions; ask EstimateCapeMean for a mean")
-        document = await self._run(request, spec, caller)
+        document = await self._run(request, _fit_spec(request), caller)
         return cape_pb2.FitCapeResponse(
             weights=msg.vector_to_proto(np.asarray(document["weights"], dtype=np.float64)),
             intercept=float(document["intercept"]),
@@ -673,12 +709,7 @@ class CapeServicer(cape_pb2_grpc.CapeServiceServicer):
 
     @rpc("consumer")
     async def EstimateCapeMean(self, request, context, caller):
-        spec = msg.spec_from_proto(request.spec)
-        if not isinstance(spec, CapeMeanSpec):
-            raise InvalidArgumentError(
-                "EstimateCapeMean needs the task CAPE_TASK_MEAN; ask FitCape for a regression"
-            )
-        document = await self._run(request, spec, caller)
+        document = await self._run(request, _mean_spec(request), caller)
         return cape_pb2.EstimateCapeMeanResponse(
             mean=msg.vector_to_proto(np.asarray(document["mean"], dtype=np.float64)),
             report_json=json.dumps(document["report"], sort_keys=True),
@@ -702,6 +733,60 @@ class CapeServicer(cape_pb2_grpc.CapeServiceServicer):
             parameters=msg.vector_to_proto(np.asarray(document["parameters"], dtype=np.float64)),
             report_json=json.dumps(document["report"], sort_keys=True),
         )
+
+    @rpc("consumer")
+    async def QuoteCape(self, request, context, caller):
+        kind = request.WhichOneof("job")
+        if kind is None:
+            raise InvalidArgumentError("QuoteCape needs the job to quote: fit, mean or training")
+        job = getattr(request, kind)
+        quoted = await self.jobs.quote(
+            _SPECS[kind](job),
+            int(job.seed) if job.HasField("seed") else None,
+            consumer=str(caller),
+            schema=schema_from_proto(job.schema, "the consumer"),
+            min_owners=int(job.min_owners),
+            max_cost=_max_cost(job),
+        )
+        return cape_pb2.QuoteCapeResponse(quote=quote_to_proto(quoted))
+
+
+def _fit_spec(request: Any) -> CapeJobSpec:
+    """A FitCapeRequest's spec.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a malformed spec, or the mean's task.
+    """
+    spec = msg.spec_from_proto(request.spec)
+    if not isinstance(spec, CapeJobSpec):
+        raise InvalidArgumentError("FitCape fits regressions; ask EstimateCapeMean for a mean")
+    return spec
+
+
+def _mean_spec(request: Any) -> CapeMeanSpec:
+    """An EstimateCapeMeanRequest's spec.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a malformed spec, or a regression's task.
+    """
+    spec = msg.spec_from_proto(request.spec)
+    if not isinstance(spec, CapeMeanSpec):
+        raise InvalidArgumentError(
+            "EstimateCapeMean needs the task CAPE_TASK_MEAN; ask FitCape for a regression"
+        )
+    return spec
+
+
+#: The spec of each job a QuoteCapeRequest may hold, by its field.
+_SPECS: dict[str, Callable[[Any], AnyCapeSpec]] = {
+    "fit": _fit_spec,
+    "mean": _mean_spec,
+    "training": lambda request: msg.training_from_proto(request.spec),
+}
 
 
 def _max_cost(request: Any) -> int | None:

@@ -712,10 +712,11 @@ class SessionManager:
         not be reached when it closed, or a restart interrupted it) for its ledger's record
         (``CloseSession``, or ``CloseCapeJob`` for a job, which a restarted owner answers from
         its ledger), settles the sessions and jobs whose records are then all known
-        (:meth:`settle_pending`), and delivers every owner's part not recorded yet. Each step is idempotent (a record is an update, a session
-        has one statement, an owner records a part once), and everything it needs is in the
-        store, so a curator killed during a pass loses nothing and pays nothing twice; the next
-        pass, or the restart's :meth:`reconcile`, takes up what is left.
+        (:meth:`settle_pending`), and delivers every owner's part not recorded yet. Each step
+        is idempotent (a record is an update, a session has one statement, an owner records a
+        part once), and everything it needs is in the store, so a curator killed during a pass
+        loses nothing and pays nothing twice; the next pass, or the restart's
+        :meth:`reconcile`, takes up what is left.
 
         Parameters
         ----------

@@ -142,6 +142,37 @@ def test_a_cape_job_over_its_cap_charges_nothing_and_one_at_its_cap_is_settled(
         assert len(earnings) == 1 and earnings[0].total == line.total == line.quoted
 
 
+def test_a_cape_job_is_quoted_alone_and_nothing_is_opened_or_charged(
+    priced: LocalCluster, tmp_path: Path
+) -> None:
+    """``cape mean --quote-only`` prints the job's quote (every owner's price at the job's
+    epsilon, topped up to its minimum), as JSON and as a table, and stops: no owner's ledger
+    changes, the curator stores no job, charge or statement, no file is written. A training is
+    quoted the same way through the client API, at its whole epsilon; a quote above the cap is
+    refused (FAILED_PRECONDITION) as the job itself would be."""
+    spec = _mean()
+    total = cape_quote(dict.fromkeys(priced.owner_ids, PRICES), spec.cost[0]).total
+    before, stored = _ledger_sizes(priced), _curator_rows(priced)
+    out = tmp_path / "mean.json"
+    quoted = _mean_cli(priced, out, "--quote-only", "--json")
+    assert quoted.exit_code == 0, quoted.output
+    quote = json.loads(quoted.stdout)
+    assert quote["total"] == total
+    assert sorted(line["owner"] for line in quote["lines"]) == sorted(priced.owner_ids)
+    table = _mean_cli(priced, out, "--quote-only")
+    assert table.exit_code == 0, table.output
+    assert f"quote for a CAPE mean: at most {format_credits(total)[:4]}" in table.output
+    training = _training(epsilon=0.5)
+    with CuratorClient(priced.curator_target, priced.consumer_security()) as client:
+        trained = client.quote_cape(training)
+        assert trained == cape_quote(dict.fromkeys(priced.owner_ids, PRICES), training.cost[0])
+        with pytest.raises(FailedPreconditionError, match="more than its cap"):
+            client.quote_cape(spec, max_cost=total - 1)
+    assert not out.exists()
+    assert _ledger_sizes(priced) == before, "an owner's ledger changed"
+    assert _curator_rows(priced) == stored, "the curator stored a job, a charge or a statement"
+
+
 def _new_entries(cluster: LocalCluster, before: dict[str, int]) -> dict[str, list[Any]]:
     out = {}
     for owner in cluster.owner_ids:
