@@ -168,6 +168,8 @@ def test_a_cape_job_is_quoted_alone_and_nothing_is_opened_or_charged(
         assert trained == cape_quote(dict.fromkeys(priced.owner_ids, PRICES), training.cost[0])
         with pytest.raises(FailedPreconditionError, match="more than its cap"):
             client.quote_cape(spec, max_cost=total - 1)
+    with Consumer(priced.curator_target, priced.consumer_security()) as consumer:
+        assert consumer.cape_quote(spec, max_cost=format_credits(total)).total == total
     assert not out.exists()
     assert _ledger_sizes(priced) == before, "an owner's ledger changed"
     assert _curator_rows(priced) == stored, "the curator stored a job, a charge or a statement"
