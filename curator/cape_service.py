@@ -571,7 +571,9 @@ class CapeJobs:
             logger.exception("CAPE job %s: settling it failed", short_id(job_id))
             return None
         if settled is None:
-            logger.warning("CAPE job %s: an owner's record is unknown: settled later", job_id)
+            logger.warning(
+                "CAPE job %s: an owner's record is unknown: settled later", short_id(job_id)
+            )
         return settled
 
     def _deliver(self, settled: SignedSettlement | None) -> None:

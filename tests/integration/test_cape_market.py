@@ -331,6 +331,7 @@ def test_a_cape_job_whose_owner_is_down_at_close_is_settled_once_it_is_back(
     assert _unrecorded(priced, job) == []
 
 
+@pytest.mark.slow
 def test_a_curator_killed_mid_cape_job_settles_it_from_the_owners_records_after_restart(
     priced: LocalCluster,
 ) -> None:
