@@ -994,7 +994,7 @@ def _print_cost(report: CapeReport) -> None:
     """``cost: X credits (quoted at most Y)`` under a CAPE job's output, when it was priced."""
     if report.quoted is None:
         return
-    cost = "not settled" if report.cost is None else f"{credits_text(report.cost)} credits"
+    cost = "not settled yet" if report.cost is None else f"{credits_text(report.cost)} credits"
     console.print(
         f"cost: {cost} (quoted at most {credits_text(report.quoted)}); the signed statement: "
         "dpmarket consumer statements",
