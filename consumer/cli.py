@@ -81,6 +81,7 @@ __all__ = [
 if TYPE_CHECKING:
     from rich.progress import Progress
 
+    from dpmarket.common.cape.spec import AnyCapeSpec
     from dpmarket.common.cape.uncertainty import Estimate, Flag
     from dpmarket.consumer.cape_report import CapeReport
     from dpmarket.consumer.catalogue import Exploration, Ranking
@@ -870,6 +871,12 @@ def _cape_options(default_out: str, default_delta: float) -> list[Callable[..., 
             "Default: no cap.",
         ),
         click.option(
+            "--quote-only",
+            is_flag=True,
+            help="Print the job's quote (the most it can cost, per owner) and stop: nothing is "
+            "opened, released or charged, no job is recorded, nothing is written.",
+        ),
+        click.option(
             "--min-owners",
             default=None,
             type=click.IntRange(min=1),
@@ -961,11 +968,33 @@ def _job_options(
     }
 
 
+def _print_cape_quote(
+    curator: str,
+    curator_name: str,
+    tls: dict[str, Any],
+    spec: AnyCapeSpec,
+    options: dict[str, Any],
+    as_json: bool,
+) -> None:
+    """``--quote-only``: ask the curator what the job would cost (QuoteCape: nothing opened,
+    released or charged) and print the quote, as JSON or a table."""
+    from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec
+    from dpmarket.consumer.market import quote_json, quote_table
+
+    terms = {k: v for k, v in options.items() if k != "request_id"}
+    quoted = _ask_curator(curator, curator_name, tls, lambda c: c.quote_cape(spec, **terms))
+    if as_json:
+        print_json(quote_json(quoted))
+    else:
+        task = spec.task if isinstance(spec, CapeJobSpec | CapeMeanSpec) else "training"
+        Console().print(quote_table(quoted, subject=f"a CAPE {task}"))
+
+
 def _print_cost(report: CapeReport) -> None:
     """``cost: X credits (quoted at most Y)`` under a CAPE job's output, when it was priced."""
     if report.quoted is None:
         return
-    cost = "not settled" if report.cost is None else f"{credits_text(report.cost)} credits"
+    cost = "not settled yet" if report.cost is None else f"{credits_text(report.cost)} credits"
     console.print(
         f"cost: {cost} (quoted at most {credits_text(report.quoted)}); the signed statement: "
         "dpmarket consumer statements",
@@ -1054,6 +1083,7 @@ def _fit_command(task: str) -> Callable[..., None]:
         seed: int | None,
         request_id: str | None,
         max_cost: int | None,
+        quote_only: bool,
         min_owners: int | None,
         out_path: str,
         as_json: bool,
@@ -1081,8 +1111,11 @@ def _fit_command(task: str) -> Callable[..., None]:
             )
         except ValueError as exc:
             raise click.BadParameter(str(exc)) from exc
-        check_outputs(out_path)
         options = _job_options(seed, request_id, schema, min_owners, max_cost)
+        if quote_only:
+            _print_cape_quote(curator, curator_name, tls, spec, options, as_json)
+            return
+        check_outputs(out_path)
         fit = _ask_curator(curator, curator_name, tls, lambda c: c.fit_cape(spec, **options))
         estimates = fit.estimates
         model = {
@@ -1153,6 +1186,7 @@ def cape_mean_command(
     seed: int | None,
     request_id: str | None,
     max_cost: int | None,
+    quote_only: bool,
     min_owners: int | None,
     out_path: str,
     as_json: bool,
@@ -1166,14 +1200,13 @@ def cape_mean_command(
         spec = CapeMeanSpec(tuple(columns), epsilon, delta, colluders, calibration)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
+    options = _job_options(seed, request_id, schema, min_owners, max_cost)
+    if quote_only:
+        _print_cape_quote(curator, curator_name, tls, spec, options, as_json)
+        return
     check_outputs(out_path)
     estimate = _ask_curator(
-        curator,
-        curator_name,
-        tls,
-        lambda c: c.estimate_cape_mean(
-            spec, **_job_options(seed, request_id, schema, min_owners, max_cost)
-        ),
+        curator, curator_name, tls, lambda c: c.estimate_cape_mean(spec, **options)
     )
     estimates = estimate.estimates
     document = {
@@ -1236,6 +1269,7 @@ def cape_train_command(
     seed: int | None,
     request_id: str | None,
     max_cost: int | None,
+    quote_only: bool,
     min_owners: int | None,
     out_path: str,
     as_json: bool,
@@ -1259,18 +1293,15 @@ def cape_train_command(
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
+    options = _job_options(seed, request_id, schema, min_owners, max_cost)
+    if quote_only:
+        _print_cape_quote(curator, curator_name, tls, spec, options, as_json)
+        return
     check_outputs(out_path)
     progress, update = _iterations_progress(iterations)
     with progress:
         network = _ask_curator(
-            curator,
-            curator_name,
-            tls,
-            lambda c: c.train_cape(
-                spec,
-                on_progress=update,
-                **_job_options(seed, request_id, schema, min_owners, max_cost),
-            ),
+            curator, curator_name, tls, lambda c: c.train_cape(spec, on_progress=update, **options)
         )
         update(iterations, iterations)
     document = _network_document(network)

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from numpy.typing import NDArray
 
 from dpmarket.common.cape.dpgd import accuracy, predict_proba
-from dpmarket.common.cape.spec import CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from dpmarket.common.cape.uncertainty import Estimate, training_estimates
 from dpmarket.common.errors import AbortedError, InvalidArgumentError
 from dpmarket.common.market.pricing import Quote
@@ -551,6 +551,41 @@ class CuratorClient:
         )
         report = CapeTrainingReport.from_json(json.loads(response.report_json))
         return CapeNetwork(spec=spec, parameters=parameters, report=report)
+
+    def quote_cape(
+        self,
+        spec: AnyCapeSpec,
+        *,
+        seed: int | None = None,
+        schema: Schema | None = None,
+        min_owners: int = 0,
+        max_cost: int | None = None,
+    ) -> Quote:
+        """The most a CAPE job would cost, without running it (QuoteCape): the owners are asked
+        for their prices only; nothing is opened, released or charged, and no job is recorded.
+        Raises as :meth:`fit_cape`, :meth:`estimate_cape_mean` or :meth:`train_cape` would
+        before any owner opens the job (a quote above ``max_cost``:
+        ``FailedPreconditionError``)."""
+        job: Any
+        if isinstance(spec, CapeTrainingSpec):
+            field = "training"
+            job = cape_pb2.TrainCapeRequest(spec=cape_messages.training_to_proto(spec))
+        elif isinstance(spec, CapeMeanSpec):
+            field = "mean"
+            job = cape_pb2.EstimateCapeMeanRequest(spec=cape_messages.spec_to_proto(spec))
+        else:
+            field = "fit"
+            job = cape_pb2.FitCapeRequest(spec=cape_messages.spec_to_proto(spec))
+        job.min_owners = min_owners
+        if max_cost is not None:
+            job.max_cost = max_cost
+        if seed is not None:
+            job.seed = seed
+        if schema is not None:
+            job.schema.CopyFrom(schema_to_proto(schema))
+        request = cape_pb2.QuoteCapeRequest(**{field: job})
+        response = self._cape_call("QuoteCape", request, None, self.timeout, None)
+        return quote_from_proto(response.quote)
 
     def _train_watched(
         self,

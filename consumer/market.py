@@ -42,11 +42,13 @@ def quote_line(quoted: Quote) -> str:
     )
 
 
-def quote_table(quoted: Quote, *, wide: bool = False) -> Table:
+def quote_table(quoted: Quote, *, wide: bool = False, subject: str | None = None) -> Table:
     """The quote, one row per owner: the most points read and delivered, the most epsilon
-    charged, and the owner's charge at those limits (credits); ``wide`` adds the components."""
+    charged, and the owner's charge at those limits (credits); ``wide`` adds the components.
+    ``subject`` names what is quoted in the title (default ``p = <summary size>``)."""
+    subject = f"p = {quoted.summary_size}" if subject is None else subject
     table = Table(
-        title=f"quote for p = {quoted.summary_size}: at most {credits(quoted.total)} credits",
+        title=f"quote for {subject}: at most {credits(quoted.total)} credits",
         title_justify="left",
     )
     table.add_column("owner", overflow="fold")

@@ -38,17 +38,18 @@ from dpmarket.common.ids import new_session_id, short_id
 from dpmarket.common.market.pricing import OwnerPrices, Quote, check_cap
 from dpmarket.common.market.statement import NO_SUMMARY, PrivateKey
 from dpmarket.common.market.terms import FREE, MarketTerms, cape_quote, quote_to_json
-from dpmarket.common.privacy.ledger import SessionSpend
+from dpmarket.common.privacy.ledger import UNKNOWN_NOT_RETURNED, SessionSpend
 from dpmarket.common.privacy.rng import make_rng
 from dpmarket.common.schema import Schema, disagreement
 from dpmarket.curator.cape import CapeMeanEstimate, CapeResult, CapeTrainingResult, job_for
 from dpmarket.curator.owners import wait_for_owners
 from dpmarket.curator.policy import DEFAULT_RANGES, CuratorPolicy, RequestRate
-from dpmarket.curator.settlement import SessionMarket, settle_session
-from dpmarket.curator.store import CuratorStore
+from dpmarket.curator.settlement import SessionMarket, SignedSettlement, settle_session
+from dpmarket.curator.store import CAPE_METHOD_PREFIX, CuratorStore
 from dpmarket.runtime import cape_messages as msg
 from dpmarket.runtime.admission import COLUMN_BYTES, SMALL_REQUEST_BYTES, ServiceLimits
 from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
+from dpmarket.runtime.market import quote_to_proto
 from dpmarket.runtime.schemas import schema_from_proto
 from dpmarket.v1 import cape_pb2, cape_pb2_grpc
 
@@ -205,21 +206,7 @@ class CapeJobs:
             As the job's ``run`` (:mod:`dpmarket.curator.cape`); nothing is released when an owner
             refuses at open.
         """
-        if seed is not None and not self.policy.allow_seeded_sessions:
-            raise PermissionDeniedError(
-                "this curator does not accept seeded jobs (start it with --allow-seeded-sessions)"
-            )
-        self.policy.check_cape(spec)
-        if not 0 <= min_owners <= len(self.owners):
-            raise InvalidArgumentError(
-                f"min_owners={min_owners} is outside [0, {len(self.owners)}], the owners this "
-                "curator serves (0: every owner)"
-            )
-        # An owner restarted a moment ago (or whose last connection failed) is connected before
-        # the job asks it anything, within a bounded wait.
-        await wait_for_owners(self.owners)
-        if schema is not None:
-            await self._check_schema(schema)
+        await self._check(spec, seed, schema, min_owners)
         if not request_id:
             try:
                 return await self._fit(
@@ -257,6 +244,56 @@ class CapeJobs:
                 raise
             self._done[key] = (request_digest, document)
             return document
+
+    async def quote(
+        self,
+        spec: AnyCapeSpec,
+        seed: int | None,
+        *,
+        consumer: str,
+        schema: Schema | None = None,
+        min_owners: int = 0,
+        max_cost: int | None = None,
+    ) -> Quote:
+        """Quote a job without running it: its checks and its quote as :meth:`fit` makes them
+        before any owner opens the job. Asks the owners for their prices (and their schemas,
+        with ``schema``) only: nothing is opened, released, charged or stored.
+
+        Raises
+        ------
+        PermissionDeniedError, InvalidArgumentError
+            As :meth:`fit`.
+        ResourceExhaustedError
+            Beyond the consumer's request rate (a quote counts as a request).
+        FailedPreconditionError
+            If an owner's schema differs from ``schema``, or the quote exceeds ``max_cost``
+            (``CostCapExceededError``).
+        """
+        await self._check(spec, seed, schema, min_owners)
+        self.rate.check(consumer)
+        quoted, _ = await self._quote(spec, max_cost)
+        return quoted
+
+    async def _check(
+        self, spec: AnyCapeSpec, seed: int | None, schema: Schema | None, min_owners: int
+    ) -> None:
+        """What :meth:`fit` and :meth:`quote` check before anything else: the seed, the spec
+        and the owner count against the policy, then every answering owner's schema."""
+        if seed is not None and not self.policy.allow_seeded_sessions:
+            raise PermissionDeniedError(
+                "this curator does not accept seeded jobs (start it with --allow-seeded-sessions)"
+            )
+        self.policy.check_cape(spec)
+        if not 0 <= min_owners <= len(self.owners):
+            raise InvalidArgumentError(
+                f"min_owners={min_owners} is outside [0, {len(self.owners)}], the owners this "
+                "curator serves (0: every owner)"
+            )
+        # An owner restarted a moment ago (or whose last connection failed) is connected before
+        # the job asks it anything, within a bounded wait.
+        await wait_for_owners(self.owners)
+        if schema is not None:
+            await self._check_schema(schema)
 
     def _progress_for(self, consumer: str, request_id: str | None, total: int) -> CapeProgress:
         """A new progress entry for a keyed job (a job without a key has no watcher)."""
@@ -378,16 +415,17 @@ class CapeJobs:
             raise _Refused(exc) from exc
         job_id = new_session_id()
         store = self.store
+        market = SessionMarket(job_id, consumer, quoted, prices, NO_SUMMARY)
         charged = False
 
         def on_charge(charges: Sequence[Any]) -> None:
             nonlocal charged
-            if store is not None:
-                store.record_charges(job_id, charges)
+            if store is not None:  # with the market: from now on the job is settled, surely
+                store.record_charges(job_id, charges, market=market)
             charged = True
 
         if store is not None:
-            _record_start(store, job_id, spec, consumer, request_id, digest)
+            _record_start(store, job_id, spec, consumer, request_id, digest, sorted(prices))
         progress = self._progress_for(
             consumer, request_id, spec.iterations if isinstance(spec, CapeTrainingSpec) else 1
         )
@@ -408,8 +446,6 @@ class CapeJobs:
             min_sites=min_owners or len(self.owners),
             market={o: MarketTerms.of(quoted, o, NO_SUMMARY) for o in prices},
         )
-        market = SessionMarket(job_id, consumer, quoted, prices, NO_SUMMARY)
-        ttl = self.policy.result_ttl_seconds
         self._running += 1
         try:
             result = await job.run()
@@ -419,21 +455,13 @@ class CapeJobs:
             if not isinstance(exc, DPMarketError):
                 raise
             logger.warning("CAPE job %s failed: %s", short_id(job_id), exc)
-            if charged:  # the owners are paid for what they released
-                self._settle(market, job.owner_spend)
-            if store is not None:
-                forget = not charged and request_id is not None
-                _record_failure(store, job_id, job.owner_spend, exc, ttl=ttl, forget_request=forget)
+            self._failed(market, job.owner_spend, exc, charged, request_id is not None)
             if not charged:
                 raise _Refused(exc) from exc
             raise
         finally:
             self._running -= 1
-        document = _result_document(result, job.owner_spend)
-        document["report"]["quote"] = quote_to_json(quoted)
-        document["report"]["cost"] = self._settle(market, job.owner_spend)
-        if store is not None:
-            store.finish_document(job_id, document, ttl=ttl)
+        document = self._finished(market, job.owner_spend, result)
         progress.finished = True
         await _notify(progress.changed)
         sites = len(result.report["sites"])
@@ -441,6 +469,64 @@ class CapeJobs:
             "CAPE job %s for %s: %s over %d sites", short_id(job_id), consumer, spec.task, sites
         )
         return document
+
+    def _finished(
+        self,
+        market: SessionMarket,
+        spend: Mapping[str, SessionSpend],
+        result: CapeResult | CapeMeanEstimate | CapeTrainingResult,
+    ) -> dict[str, Any]:
+        """Record a job that succeeded: its owners' records, then its document and its statement
+        in one transaction (so no curator stop leaves it done and unsettled); deliver each owner
+        its part. Return the document (its report's ``"quote"`` and ``"cost"`` set)."""
+        job_id = market.owner_session
+        document = _result_document(result, spend)
+        document["report"]["quote"] = quote_to_json(market.quote)
+        settled = None
+        if self.store is not None:
+            self._record_spend(market, spend)
+            settled = self._settle(market)
+        document["report"]["cost"] = None if settled is None else settled.statement.total
+        if self.store is not None:
+            ttl = self.policy.result_ttl_seconds
+            self.store.finish_document(job_id, document, ttl=ttl, settlement=settled)
+        self._deliver(settled)
+        return document
+
+    def _failed(
+        self,
+        market: SessionMarket,
+        spend: Mapping[str, SessionSpend],
+        exc: DPMarketError,
+        charged: bool,
+        keyed: bool,
+    ) -> None:
+        """Record a job that failed: its owners' records, then its error and, when it charged
+        (the owners are paid for what they released), its statement in one transaction; its
+        idempotency key (``keyed``) is freed when it charged nothing. Deliver each owner its
+        part."""
+        if self.store is None:
+            return
+        self._record_spend(market, spend)
+        settled = self._settle(market) if charged else None
+        _record_failure(
+            self.store,
+            market.owner_session,
+            spend,
+            exc,
+            ttl=self.policy.result_ttl_seconds,
+            forget_request=keyed and not charged,
+            settlement=settled,
+        )
+        self._deliver(settled)
+
+    def _record_spend(self, market: SessionMarket, spend: Mapping[str, SessionSpend]) -> None:
+        """Store what each quoted owner's ledger recorded for the job (an owner that returned
+        no record is marked so: the background retry asks it, CloseCapeJob, until it answers)."""
+        assert self.store is not None
+        for owner in sorted(market.prices):
+            got = spend.get(owner) or SessionSpend.unknown_because(UNKNOWN_NOT_RETURNED)
+            self.store.record_owner_spend(market.owner_session, owner, got)
 
     async def _quote(
         self, spec: AnyCapeSpec, max_cost: int | None
@@ -469,30 +555,36 @@ class CapeJobs:
         check_cap(quoted, max_cost)
         return quoted, prices
 
-    def _settle(self, market: SessionMarket, spend: Mapping[str, SessionSpend]) -> int | None:
-        """Settle a job that charged, from its owners' records (as a session that delivered no
-        point: :func:`~dpmarket.curator.settlement.settle_session`), store its statement and
-        deliver each owner its part; return the statement's total, micro-credits, or None (no
-        store or key, or an owner's record unknown: the job stays unsettled, logged). Never
-        raises."""
+    def _settle(self, market: SessionMarket) -> SignedSettlement | None:
+        """The job's signed statement from its owners' stored records (as a session that
+        delivered no point: :func:`~dpmarket.curator.settlement.settle_session`), or None (no
+        store or key, or an owner's record unknown: the job is settled by the session manager's
+        background retry once its records are known,
+        :meth:`~dpmarket.curator.sessions.SessionManager.retry_settlement`). Never raises."""
         if self.store is None or self.signing_key is None:
             return None
         job_id = market.owner_session
         try:
-            spends = {o: s for o, s in spend.items() if o in market.prices}
+            spends = self.store.owner_spend(job_id)
             settled = settle_session(market, spends, {}, self.signing_key)
-            if settled is None:
-                logger.warning("CAPE job %s: an owner's record is unknown: not settled", job_id)
-                return None
-            self.store.record_settlement(job_id, settled)
         except Exception:
             logger.exception("CAPE job %s: settling it failed", short_id(job_id))
             return None
-        if self.deliver is not None:
-            task = asyncio.get_running_loop().create_task(self.deliver(job_id))
-            self._deliveries.add(task)
-            task.add_done_callback(self._deliveries.discard)
-        return settled.statement.total
+        if settled is None:
+            logger.warning(
+                "CAPE job %s: an owner's record is unknown: settled later", short_id(job_id)
+            )
+        return settled
+
+    def _deliver(self, settled: SignedSettlement | None) -> None:
+        """Deliver each owner its part of a stored statement, off the consumer's path."""
+        if settled is None or self.deliver is None:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self.deliver(settled.statement.header.session_id)
+        )
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
 
 
 def _record_start(
@@ -502,17 +594,20 @@ def _record_start(
     consumer: str,
     request_id: str | None,
     digest: str,
+    owners: Sequence[str],
 ) -> None:
     """Record a job as running in the store, under the consumer's request id and digest (what
-    a repeated request is matched against), with its spec as the session's config."""
+    a repeated request is matched against), with its spec as the session's config, and the
+    quoted ``owners`` it opens at (a restarted curator asks them what they charged it)."""
     store.create(
         job_id,
         consumer=consumer,
         request_id=request_id,
         request_digest=digest,
-        method=f"cape-{spec.task}",
+        method=f"{CAPE_METHOD_PREFIX}{spec.task}",
         config=dataclasses.asdict(spec),
     )
+    store.owners_opened(job_id, job_id, owners)
 
 
 def _result_document(
@@ -544,12 +639,14 @@ def _record_failure(
     *,
     ttl: float,
     forget_request: bool,
+    settlement: SignedSettlement | None = None,
 ) -> None:
-    """Store a failed job's error and what each owner spent; forget its idempotency key when
-    nothing was charged (a retry under the same key runs afresh)."""
+    """Store a failed job's error and what each owner spent, with its settlement in the same
+    transaction; forget its idempotency key when nothing was charged (a retry under the same
+    key runs afresh)."""
     spend = {n: dataclasses.asdict(s) for n, s in owner_spend.items()}
     failed = {"owner_spend": spend, "error_type": type(exc).__name__}
-    store.fail_document(job_id, str(exc), failed, ttl=ttl)
+    store.fail_document(job_id, str(exc), failed, ttl=ttl, settlement=settlement)
     if forget_request:
         store.forget_request(job_id)
 
@@ -569,10 +666,12 @@ def cape_limits(policy: CuratorPolicy) -> ServiceLimits:
     ``EstimateCapeMean`` and ``TrainCape`` carry a spec naming at most the policy's
     ``cape_columns`` bound of columns and a schema of as many
     (:data:`~dpmarket.runtime.admission.COLUMN_BYTES` each, twice), ``WatchCapeJob`` a request
-    id."""
+    id; ``QuoteCape`` one of those three jobs."""
     columns = int(policy.ranges.get("cape_columns", DEFAULT_RANGES["cape_columns"])[1])
     job = SMALL_REQUEST_BYTES + 2 * (columns + 1) * COLUMN_BYTES
-    return ServiceLimits({"FitCape": job, "EstimateCapeMean": job, "TrainCape": job})
+    return ServiceLimits(
+        {"FitCape": job, "EstimateCapeMean": job, "TrainCape": job, "QuoteCape": job}
+    )
 
 
 class CapeServicer(cape_pb2_grpc.CapeServiceServicer):
@@ -603,10 +702,7 @@ class CapeServicer(cape_pb2_grpc.CapeServiceServicer):
 
     @rpc("consumer")
     async def FitCape(self, request, context, caller):
-        spec = msg.spec_from_proto(request.spec)
-        if not isinstance(spec, CapeJobSpec):
-            raise InvalidArgumentError("FitCape fits regressions; ask EstimateCapeMean for a mean")
-        document = await self._run(request, spec, caller)
+        document = await self._run(request, _fit_spec(request), caller)
         return cape_pb2.FitCapeResponse(
             weights=msg.vector_to_proto(np.asarray(document["weights"], dtype=np.float64)),
             intercept=float(document["intercept"]),
@@ -615,12 +711,7 @@ class CapeServicer(cape_pb2_grpc.CapeServiceServicer):
 
     @rpc("consumer")
     async def EstimateCapeMean(self, request, context, caller):
-        spec = msg.spec_from_proto(request.spec)
-        if not isinstance(spec, CapeMeanSpec):
-            raise InvalidArgumentError(
-                "EstimateCapeMean needs the task CAPE_TASK_MEAN; ask FitCape for a regression"
-            )
-        document = await self._run(request, spec, caller)
+        document = await self._run(request, _mean_spec(request), caller)
         return cape_pb2.EstimateCapeMeanResponse(
             mean=msg.vector_to_proto(np.asarray(document["mean"], dtype=np.float64)),
             report_json=json.dumps(document["report"], sort_keys=True),
@@ -644,6 +735,60 @@ class CapeServicer(cape_pb2_grpc.CapeServiceServicer):
             parameters=msg.vector_to_proto(np.asarray(document["parameters"], dtype=np.float64)),
             report_json=json.dumps(document["report"], sort_keys=True),
         )
+
+    @rpc("consumer")
+    async def QuoteCape(self, request, context, caller):
+        kind = request.WhichOneof("job")
+        if kind is None:
+            raise InvalidArgumentError("QuoteCape needs the job to quote: fit, mean or training")
+        job = getattr(request, kind)
+        quoted = await self.jobs.quote(
+            _SPECS[kind](job),
+            int(job.seed) if job.HasField("seed") else None,
+            consumer=str(caller),
+            schema=schema_from_proto(job.schema, "the consumer"),
+            min_owners=int(job.min_owners),
+            max_cost=_max_cost(job),
+        )
+        return cape_pb2.QuoteCapeResponse(quote=quote_to_proto(quoted))
+
+
+def _fit_spec(request: Any) -> CapeJobSpec:
+    """A FitCapeRequest's spec.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a malformed spec, or the mean's task.
+    """
+    spec = msg.spec_from_proto(request.spec)
+    if not isinstance(spec, CapeJobSpec):
+        raise InvalidArgumentError("FitCape fits regressions; ask EstimateCapeMean for a mean")
+    return spec
+
+
+def _mean_spec(request: Any) -> CapeMeanSpec:
+    """An EstimateCapeMeanRequest's spec.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a malformed spec, or a regression's task.
+    """
+    spec = msg.spec_from_proto(request.spec)
+    if not isinstance(spec, CapeMeanSpec):
+        raise InvalidArgumentError(
+            "EstimateCapeMean needs the task CAPE_TASK_MEAN; ask FitCape for a regression"
+        )
+    return spec
+
+
+#: The spec of each job a QuoteCapeRequest may hold, by its field.
+_SPECS: dict[str, Callable[[Any], AnyCapeSpec]] = {
+    "fit": _fit_spec,
+    "mean": _mean_spec,
+    "training": lambda request: msg.training_from_proto(request.spec),
+}
 
 
 def _max_cost(request: Any) -> int | None:

@@ -57,7 +57,7 @@ from dpmarket.curator.settlement import (
     settle_session,
 )
 from dpmarket.curator.sketches import SketchCatalog
-from dpmarket.curator.store import CuratorStore, StoredSession, StoredStatement
+from dpmarket.curator.store import CuratorStore, StoredSession, StoredStatement, UnrecordedOwner
 from dpmarket.curator.summarization.session import SessionContext, SummarizationSession
 
 logger = logging.getLogger(__name__)
@@ -638,9 +638,10 @@ class SessionManager:
             self.store.record_settlement(session_id, settlement)
 
     def settle_pending(self) -> int:
-        """Settle every finished session that has no statement yet and whose owners' records
-        are all known (after a restart: the sessions it interrupted, once their owners
-        answered); return how many were settled."""
+        """Settle every finished session, and every CAPE job that charged, that has no
+        statement yet and whose owners' records are all known (after a restart: those it
+        interrupted, once their owners answered; any finished one without a statement is
+        settled here, once); return how many were settled."""
         if self.store is None or self.signing_key is None:
             return 0
         settled = 0
@@ -707,14 +708,15 @@ class SessionManager:
         """One pass of the background settlement: what a session's end left undone, retried
         while the curator runs, each piece on its own exponential backoff (``schedule``).
 
-        Asks every owner whose record of a finished session is unknown (it could not be reached
-        when the session closed, or a restart interrupted the session) for its ledger's record
-        (``CloseSession``, which a restarted owner answers from its ledger), settles the
-        sessions whose records are then all known (:meth:`settle_pending`), and delivers every
-        owner's part not recorded yet. Each step is idempotent (a record is an update, a session
-        has one statement, an owner records a part once), and everything it needs is in the
-        store, so a curator killed during a pass loses nothing and pays nothing twice; the next
-        pass, or the restart's :meth:`reconcile`, takes up what is left.
+        Asks every owner whose record of a finished session or CAPE job is unknown (it could
+        not be reached when it closed, or a restart interrupted it) for its ledger's record
+        (``CloseSession``, or ``CloseCapeJob`` for a job, which a restarted owner answers from
+        its ledger), settles the sessions and jobs whose records are then all known
+        (:meth:`settle_pending`), and delivers every owner's part not recorded yet. Each step
+        is idempotent (a record is an update, a session has one statement, an owner records a
+        part once), and everything it needs is in the store, so a curator killed during a pass
+        loses nothing and pays nothing twice; the next pass, or the restart's
+        :meth:`reconcile`, takes up what is left.
 
         Parameters
         ----------
@@ -734,7 +736,7 @@ class SessionManager:
         unrecorded = self.store.unrecorded_owner_sessions()
         asked = [r for r in unrecorded if schedule.due(("record", r[0], r[1]), now)]
         got = await self._ask_records(asked)
-        for (sid, owner, _), ok in zip(asked, got, strict=True):
+        for (sid, owner, _, _), ok in zip(asked, got, strict=True):
             schedule.outcome(("record", sid, owner), ok, now)
         if any(got):
             self.settle_pending()
@@ -888,7 +890,7 @@ class SessionManager:
             return 0
         pending = self.store.unrecorded_owner_sessions()
         by_name = {o.name: o for o in self.owners}
-        wanted = [by_name[o] for o in dict.fromkeys(o for _, o, _ in pending) if o in by_name]
+        wanted = [by_name[o] for o in dict.fromkeys(r.owner for r in pending) if o in by_name]
         await wait_for_owners(wanted)
         got = await self._ask_records(pending)
         # Sessions the restart interrupted are settled from the owners' records, and every
@@ -898,27 +900,29 @@ class SessionManager:
         if pending:
             logger.info(
                 "owners' records of %d interrupted session(s): %d of %d got",
-                len({sid for sid, _, _ in pending}),
+                len({r.session for r in pending}),
                 sum(got),
                 len(pending),
             )
         return sum(got)
 
-    async def _ask_records(self, rows: Sequence[tuple[str, str, str]]) -> list[bool]:
-        """Ask the owner of each ``(session, owner, owner_session)`` for its ledger's record
-        of the session (``CloseSession``, which also frees it there) and store it; whether each
-        was got. The reports of the sessions concerned are refreshed."""
+    async def _ask_records(self, rows: Sequence[UnrecordedOwner]) -> list[bool]:
+        """Ask the owner of each row for its ledger's record of the session or CAPE job
+        (``CloseSession`` or ``CloseCapeJob``, which also frees it there, and which an owner
+        answers from its ledger when it no longer holds it) and store it; whether each was got.
+        The reports of the sessions and jobs concerned are refreshed."""
         assert self.store is not None
         store = self.store
         by_name = {o.name: o for o in self.owners}
         timeout = self.call_timeout
 
-        async def ask(session_id: str, owner: str, owner_session: str) -> bool:
+        async def ask(session_id: str, owner: str, owner_session: str, cape: bool) -> bool:
             endpoint = by_name.get(owner)
-            if endpoint is None:
+            close = getattr(endpoint, "close_job" if cape else "close_session", None)
+            if close is None:
                 return False
             try:
-                coro = endpoint.close_session(owner_session)
+                coro = close(owner_session)
                 spend = await (coro if timeout is None else asyncio.wait_for(coro, timeout))
             except (DPMarketError, TimeoutError) as exc:
                 logger.warning(

@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -58,6 +58,10 @@ from dpmarket.v1 import privacy_pb2
 
 APPLICATION = "dpmarket-curator"
 DATABASE_FILE = "curator.sqlite3"
+#: How the ``method`` of a CAPE job's row starts (``cape-mean``, ``cape-linear``...): a job that
+#: keeps its result as a JSON document, delivers no summary point, and is closed at its owners
+#: with CloseCapeJob.
+CAPE_METHOD_PREFIX = "cape-"
 
 MIGRATIONS: tuple[str, ...] = (
     """
@@ -200,6 +204,26 @@ class StoredStatement:
     signature: bytes
     total: int
     owners_recorded: int
+
+
+class UnrecordedOwner(NamedTuple):
+    """An owner whose record of a finished session or CAPE job the curator does not have.
+
+    Attributes
+    ----------
+    session : str
+        The consumer's session (or job) id.
+    owner : str
+    owner_session : str
+        The id the owner knows it by.
+    cape : bool
+        Whether it is a CAPE job (closed with CloseCapeJob, else CloseSession).
+    """
+
+    session: str
+    owner: str
+    owner_session: str
+    cape: bool
 
 
 #: What a restarted curator writes into the sessions it found running.
@@ -362,11 +386,21 @@ class SessionRecords(StoreConnection):
                 (error, now, now + ttl, report_to_json(report), session_id),
             )
 
-    def finish_document(self, session_id: str, document: dict[str, Any], *, ttl: float) -> None:
+    def finish_document(
+        self,
+        session_id: str,
+        document: dict[str, Any],
+        *,
+        ttl: float,
+        settlement: SignedSettlement | None = None,
+    ) -> None:
         """Mark a job of another protocol done, with its result as a JSON document (kept until
-        ``ttl`` seconds from now, like a summary)."""
+        ``ttl`` seconds from now, like a summary), and store its settlement in the same
+        transaction (none stored when the job has one already)."""
         now = self._clock()
         with self._lock, transaction(self._conn) as conn:
+            if settlement is not None:
+                _settle_once(conn, session_id, settlement, now)
             conn.execute(
                 "UPDATE sessions SET status = 'done', finished_at = ?, expires_at = ?, "
                 "document = ? WHERE id = ?",
@@ -374,11 +408,20 @@ class SessionRecords(StoreConnection):
             )
 
     def fail_document(
-        self, session_id: str, error: str, document: dict[str, Any], *, ttl: float
+        self,
+        session_id: str,
+        error: str,
+        document: dict[str, Any],
+        *,
+        ttl: float,
+        settlement: SignedSettlement | None = None,
     ) -> None:
-        """Mark a job of another protocol failed, with why and what it spent (a JSON document)."""
+        """Mark a job of another protocol failed, with why and what it spent (a JSON document),
+        and store its settlement in the same transaction (as :meth:`finish_document`)."""
         now = self._clock()
         with self._lock, transaction(self._conn) as conn:
+            if settlement is not None:
+                _settle_once(conn, session_id, settlement, now)
             conn.execute(
                 "UPDATE sessions SET status = 'failed', error = ?, finished_at = ?, "
                 "expires_at = ?, document = ? WHERE id = ?",
@@ -473,6 +516,13 @@ class SessionRecords(StoreConnection):
             return None
         return _result_from_blob(row[0], report_from_json(row[1]))
 
+    def _method(self, session_id: str) -> str:
+        """A session's method (a CAPE job's starts with :data:`CAPE_METHOD_PREFIX`); "" if
+        unknown."""
+        with self._lock, snapshot(self._conn) as conn:
+            row = conn.execute("SELECT method FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        return "" if row is None else str(row[0])
+
     def created_since(self, consumer: str, since: float) -> int:
         """How many sessions ``consumer`` created at or after ``since`` (Unix seconds)."""
         with self._lock, snapshot(self._conn) as conn:
@@ -504,8 +554,15 @@ class ChargeRecords(StoreConnection):
     """The ``charges`` table: every charge of every session's ledger, written before the
     release it pays for; never deleted."""
 
-    def record_charges(self, session_id: str, charges: Sequence[Charge]) -> None:
-        """Write charges durably (committed before this returns: charge, then release)."""
+    def record_charges(
+        self, session_id: str, charges: Sequence[Charge], *, market: SessionMarket | None = None
+    ) -> None:
+        """Write charges durably (committed before this returns: charge, then release).
+
+        With ``market``, what the session's settlement depends on is kept with them, in the same
+        transaction, when it has none yet: a CAPE job is settled once it charged (and only
+        then), whenever the curator stops.
+        """
         now = self._clock()
         rows = [
             (session_id, now, c.party, c.label, json.dumps(dataclasses.asdict(c.event)))
@@ -517,6 +574,11 @@ class ChargeRecords(StoreConnection):
                 "VALUES (?, ?, ?, ?, ?)",
                 rows,
             )
+            if market is not None:
+                conn.execute(
+                    "UPDATE sessions SET market_json = COALESCE(market_json, ?) WHERE id = ?",
+                    (json.dumps(market.to_json(), sort_keys=True), session_id),
+                )
 
     def charges(self, session_id: str) -> list[Charge]:
         """Every charge of a session, in the order written."""
@@ -584,19 +646,22 @@ class OwnerSpendRecords(StoreConnection):
                 out[owner] = SessionSpend(epsilon, delta, int(points), bool(non_private))
         return out
 
-    def unrecorded_owner_sessions(self) -> list[tuple[str, str, str]]:
-        """``(session, owner, owner_session)`` of every owner whose record of a finished session
-        is unknown (a restart interrupted the session, :meth:`recover`, or the owner could not
-        be reached when it closed): what the curator asks the owners for, at a restart and in
-        the background, until it has every record its settlement needs."""
+    def unrecorded_owner_sessions(self) -> list[UnrecordedOwner]:
+        """Every owner whose record of a finished session or CAPE job is unknown (a restart
+        interrupted it, :meth:`recover`, or the owner could not be reached when it closed): what
+        the curator asks the owners for, at a restart and in the background, until it has every
+        record its settlement needs."""
         with self._lock, snapshot(self._conn) as conn:
             rows = conn.execute(
-                "SELECT o.session, o.owner, o.owner_session FROM owner_spend o "
+                "SELECT o.session, o.owner, o.owner_session, s.method FROM owner_spend o "
                 "JOIN sessions s ON s.id = o.session "
                 "WHERE o.unknown IS NOT NULL AND o.unknown != '' AND s.status != 'running' "
                 "ORDER BY o.session, o.owner"
             ).fetchall()
-        return [(str(a), str(b), str(c)) for a, b, c in rows]
+        return [
+            UnrecordedOwner(str(a), str(b), str(c), str(m).startswith(CAPE_METHOD_PREFIX))
+            for a, b, c, m in rows
+        ]
 
 
 class SettlementRecords(StoreConnection):
@@ -636,13 +701,7 @@ class SettlementRecords(StoreConnection):
             False if the session was settled already (nothing changed).
         """
         with self._lock, transaction(self._conn) as conn:
-            row = conn.execute(
-                "SELECT 1 FROM statements WHERE session = ?", (session_id,)
-            ).fetchone()
-            if row is not None:
-                return False
-            self._insert_settlement(conn, session_id, settlement, self._clock())
-        return True
+            return _settle_once(conn, session_id, settlement, self._clock())
 
     def market(self, session_id: str) -> SessionMarket | None:
         """What the session's settlement depends on (None: it was not quoted)."""
@@ -666,7 +725,8 @@ class SettlementRecords(StoreConnection):
         return payout
 
     def unsettled(self) -> list[str]:
-        """Finished (done or failed) quoted sessions without a statement, oldest first."""
+        """Finished (done or failed) quoted sessions, and CAPE jobs that charged, without a
+        statement, oldest first."""
         with self._lock, snapshot(self._conn) as conn:
             rows = conn.execute(
                 "SELECT id FROM sessions WHERE market_json IS NOT NULL AND status != 'running' "
@@ -724,6 +784,18 @@ class SettlementRecords(StoreConnection):
                 "SELECT total FROM statements WHERE session = ?", (session_id,)
             ).fetchone()
         return None if row is None else int(row[0])
+
+
+def _settle_once(
+    conn: sqlite3.Connection, session_id: str, settlement: SignedSettlement, now: float
+) -> bool:
+    """Insert a session's settlement within the caller's transaction unless it has one; whether
+    it was inserted."""
+    row = conn.execute("SELECT 1 FROM statements WHERE session = ?", (session_id,)).fetchone()
+    if row is not None:
+        return False
+    SettlementRecords._insert_settlement(conn, session_id, settlement, now)
+    return True
 
 
 class OwnerReceipts(StoreConnection):
@@ -792,10 +864,13 @@ class CuratorStore(
         (after a restarted curator got them) and its settled cost; an expired report stays
         expired."""
         stored = self.get(session_id)
-        if stored is None or stored.report is None:
+        if stored is None:
             return
         spend = {o: s for o, s in self.owner_spend(session_id).items() if s is not None}
         cost = self.statement_total(session_id)
+        if stored.report is None:
+            self._refresh_document(session_id, spend, cost)
+            return
         report = dataclasses.replace(
             stored.report,
             owner_spend=spend,
@@ -806,6 +881,28 @@ class CuratorStore(
             conn.execute(
                 "UPDATE sessions SET report_json = ? WHERE id = ? AND report_json IS NOT NULL",
                 (report_to_json(report), session_id),
+            )
+
+    def _refresh_document(
+        self, session_id: str, spend: dict[str, SessionSpend], cost: int | None
+    ) -> None:
+        """As :meth:`refresh_owner_spend`, for a CAPE job's document (its report's
+        ``owner_spend`` and ``cost``)."""
+        with self._lock, transaction(self._conn) as conn:
+            row = conn.execute(
+                "SELECT document FROM sessions WHERE id = ?", (session_id,)
+            ).fetchone()
+            if row is None or row[0] is None:
+                return
+            document = json.loads(row[0])
+            # A done job's document has a report (with its quote); a failed job's, its spend.
+            report = document.get("report", document)
+            report["owner_spend"] = {o: dataclasses.asdict(s) for o, s in sorted(spend.items())}
+            if "quote" in report:
+                report["cost"] = cost
+            conn.execute(
+                "UPDATE sessions SET document = ? WHERE id = ?",
+                (json.dumps(document, sort_keys=True), session_id),
             )
 
     def finish(
@@ -844,11 +941,12 @@ class CuratorStore(
 
     def delivered_points(self, session_id: str) -> dict[str, int] | None:
         """Points of each owner in a done session's summary (from its stored result or
-        report); {} for a failed session; None when no longer known (expired)."""
+        report); {} for a failed session or a CAPE job (which delivers no point); None when no
+        longer known (expired)."""
         stored = self.get(session_id)
         if stored is None:
             return None
-        if stored.status == "failed":
+        if stored.status == "failed" or self._method(session_id).startswith(CAPE_METHOD_PREFIX):
             return {}
         result = self.result(session_id)
         if result is None:
@@ -897,7 +995,7 @@ class CuratorStore(
                 "SELECT config_json FROM sessions WHERE id = ?", (session_id,)
             ).fetchone()
         config = json.loads(config_json)
-        if method.startswith("cape"):
+        if method.startswith(CAPE_METHOD_PREFIX):
             deltas = {"validation": config["delta"], "owners": config["delta"]}
         else:
             validation, owners = config_from_json(config).ledger_deltas()

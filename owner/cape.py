@@ -764,15 +764,39 @@ class CapeSite:
             return site_release(plan, job.index, gradient, row, total, job.noise)
 
     def close(self, job_id: str, *, curator: str) -> SessionSpend:
-        """Forget a job; return what it spent of this owner's budget."""
+        """Forget a job; return what it spent of this owner's budget.
+
+        A job this owner no longer holds (closed before, closed for being idle, or opened before
+        the owner restarted) is answered from the ledger alone: what ``curator``'s charges under
+        that id total, zero when it charged none. So the curator that opened it learns its
+        record whenever it asks (its settlement waits for it), and the answer is the ledger's,
+        whatever the curator claims.
+
+        Raises
+        ------
+        NotFoundError
+            If another curator holds the job, or charged under its id, or (without a ledger) no
+            job has that id.
+        """
+        with self._lock:
+            held = self._jobs.get(job_id)
+        if held is None and self.ledger is not None:
+            if any(e.curator != curator for e in self.ledger.entries(session=job_id)):
+                raise NotFoundError(f"unknown CAPE job {short_id(job_id)}")
+            return self._spent(job_id)
         job = self._job(job_id, curator)
         with self._lock:
             self._jobs.pop(job_id, None)
         if self.ledger is not None:
-            totals = self.ledger.session_totals(job_id)
-            return SessionSpend(totals.epsilon, totals.delta, totals.points, totals.non_private)
+            return self._spent(job_id)
         epsilon, delta = job.spec.cost if job.charged else (0.0, 0.0)
         return SessionSpend(epsilon, delta, 0)
+
+    def _spent(self, job_id: str) -> SessionSpend:
+        """What the ledger recorded for a job (zero for an id it holds no charge under)."""
+        assert self.ledger is not None
+        totals = self.ledger.session_totals(job_id)
+        return SessionSpend(totals.epsilon, totals.delta, totals.points, totals.non_private)
 
     def expire_idle(self) -> list[str]:
         """Close jobs untouched for ``idle_timeout`` seconds; return their ids."""

@@ -445,6 +445,43 @@ class Consumer:
             max_cost=credits_cap(max_cost),
         )
 
+    def cape_quote(
+        self,
+        spec: CapeMeanSpec | CapeJobSpec | CapeTrainingSpec,
+        *,
+        seed: int | None = None,
+        schema: Schema | None = None,
+        min_owners: int = 0,
+        max_cost: str | int | Decimal | None = None,
+    ) -> Quote:
+        """The most a CAPE job (a mean, a regression or a training) would cost, without running
+        it (``QuoteCape``; :meth:`CuratorClient.quote_cape`): the owners are asked for their
+        prices only; nothing is opened, released or charged, and no job is recorded.
+
+        Parameters
+        ----------
+        spec : CapeMeanSpec, CapeJobSpec or CapeTrainingSpec
+        seed, schema, min_owners, max_cost
+            As :meth:`cape_mean` (``max_cost`` in credits).
+
+        Returns
+        -------
+        Quote
+            One line per owner (its price per unit epsilon at the job's epsilon, raised to its
+            minimum, micro-credits) and ``total``.
+
+        Raises
+        ------
+        ValueError
+            If ``max_cost`` is not an amount of credits.
+        dpmarket.common.errors.DPMarketError
+            As the job would before any owner opens it (``FailedPreconditionError`` for a
+            quote above ``max_cost``).
+        """
+        return self.client.quote_cape(
+            spec, seed=seed, schema=schema, min_owners=min_owners, max_cost=credits_cap(max_cost)
+        )
+
     def cape_fit(
         self,
         spec: CapeJobSpec,

@@ -9,7 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
 
+from dpmarket.common.market.pricing import OwnerPrices
+from dpmarket.common.market.statement import NO_SUMMARY
+from dpmarket.common.market.terms import FREE, cape_quote
 from dpmarket.common.privacy.accounting import PrivacyEvent
 from dpmarket.common.privacy.ledger import (
     UNKNOWN_RESTARTED,
@@ -21,6 +25,7 @@ from dpmarket.common.privacy.ledger import (
 from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.common.summarization.session_ledger import SessionLedger
 from dpmarket.common.summarization.summary import SessionReport, SummaryResult
+from dpmarket.curator.settlement import SessionMarket, settle_session
 from dpmarket.curator.store import RESTART_ERROR, CuratorStore
 from dpmarket.v1 import privacy_pb2
 
@@ -147,17 +152,17 @@ def test_what_owners_charged_is_kept_as_soon_as_known_and_rebuilt_after_a_restar
     # What the restarted curator asks the owners for: every record it does not have, the one a
     # restart interrupted and the one of the owner it could not reach (so that it can settle).
     assert again.unrecorded_owner_sessions() == [
-        ("s", "o-2", "owner-side-id"),
-        ("s", "o-3", "owner-side-id"),
+        ("s", "o-2", "owner-side-id", False),
+        ("s", "o-3", "owner-side-id", False),
     ]
     again.record_owner_spend("s", "o-3", SessionSpend(0.5, 1e-6, 2))
     again.refresh_owner_spend("s")
-    assert again.unrecorded_owner_sessions() == [("s", "o-2", "owner-side-id")]
+    assert again.unrecorded_owner_sessions() == [("s", "o-2", "owner-side-id", False)]
     # A running session's owners are not asked (the session closes them itself).
     _create(again, "running")
     again.owners_opened("running", "other-id", ["o-1"])
     again.record_owner_spend("running", "o-1", SessionSpend.unknown_because(UNKNOWN_UNREACHABLE))
-    assert again.unrecorded_owner_sessions() == [("s", "o-2", "owner-side-id")]
+    assert again.unrecorded_owner_sessions() == [("s", "o-2", "owner-side-id", False)]
     report = again.get("s").report  # type: ignore[union-attr]
     assert report is not None and report.owner_spend["o-3"] == SessionSpend(0.5, 1e-6, 2)
     assert report.owner_points_accessed == 9
@@ -305,3 +310,59 @@ def test_a_receipt_sent_with_a_publication_never_replaces_a_later_one(tmp_path: 
         assert store.owner_receipt("owner-0") == _receipt("L", 3)
     finally:
         store.close()
+
+
+def _cape_job(store: CuratorStore, job: str) -> None:
+    store.create(
+        job,
+        consumer="consumer:alice",
+        request_id=None,
+        request_digest=f"digest-{job}",
+        method="cape-mean",
+        config={},
+    )
+    store.owners_opened(job, job, ["o-1", "o-2"])
+
+
+def test_a_cape_job_is_settled_once_it_charged_with_its_statement_stored_as_it_ends(
+    tmp_path: Path,
+) -> None:
+    """A CAPE job's market is kept with its first charge: a job that ends without a charge is
+    never settled (the control), one that charged is listed unsettled once it ends, delivers
+    no point, and its unknown owner is asked with CloseCapeJob. Its statement is stored in the
+    transaction that ends it, once: a second statement is refused."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    prices = {"o-1": OwnerPrices(per_epsilon=2_000_000), "o-2": FREE}
+    store = CuratorStore(tmp_path)
+    _cape_job(store, "refused")
+    store.fail_document("refused", "an owner refused", {}, ttl=100.0)
+    _cape_job(store, "job")
+    market = SessionMarket("job", "consumer:alice", cape_quote(prices, 1.0), prices, NO_SUMMARY)
+    store.record_charges("job", CHARGES[1:], market=market)
+    assert store.market("job") == market and store.market("refused") is None
+    assert store.unsettled() == []  # running
+    store.record_owner_spend("job", "o-1", SessionSpend(1.0, 1e-6, 0))
+    store.record_owner_spend("job", "o-2", SessionSpend.unknown_because(UNKNOWN_UNREACHABLE))
+    store.fail_document("job", "a site was lost", {}, ttl=100.0)
+    assert store.unsettled() == ["job"] and store.delivered_points("job") == {}
+    assert store.unrecorded_owner_sessions() == [("job", "o-2", "job", True)]
+    assert settle_session(market, store.owner_spend("job"), {}, key) is None  # o-2 unknown
+    store.record_owner_spend("job", "o-2", SessionSpend(1.0, 1e-6, 0))
+    settled = settle_session(market, store.owner_spend("job"), {}, key)
+    assert settled is not None and store.record_settlement("job", settled)
+    assert store.unsettled() == [] and not store.record_settlement("job", settled)
+
+    _cape_job(store, "done")
+    done = SessionMarket("done", "consumer:alice", cape_quote(prices, 1.0), prices, NO_SUMMARY)
+    store.record_charges("done", CHARGES[1:], market=done)
+    for owner in prices:
+        store.record_owner_spend("done", owner, SessionSpend(1.0, 1e-6, 0))
+    statement = settle_session(done, store.owner_spend("done"), {}, key)
+    assert statement is not None
+    document = {"mean": [0.5], "report": {"quote": {}, "cost": statement.statement.total}}
+    store.finish_document("done", document, ttl=100.0, settlement=statement)
+    assert store.document("done") == document
+    assert store.statement_total("done") == statement.statement.total == 2_000_000
+    store.finish_document("done", document, ttl=100.0, settlement=statement)  # no second one
+    assert [s.session for s in store.statements("consumer:alice")].count("done") == 1
+    assert store.unsettled() == []

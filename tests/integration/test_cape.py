@@ -473,7 +473,7 @@ def test_every_cape_and_secure_aggregation_rpc_of_an_owner_refuses_a_non_curator
 def test_every_rpc_of_the_cape_service_refuses_an_owner_or_curator_certificate(
     cluster: LocalCluster, caller: Identity
 ) -> None:
-    """FitCape, EstimateCapeMean and TrainCape, with requests that would run, and
+    """FitCape, EstimateCapeMean, TrainCape and QuoteCape, with requests that would run, and
     WatchCapeJob: an owner's or the curator's own certificate gets PERMISSION_DENIED, and
     nothing is charged."""
     before = _ledgers(cluster)
@@ -484,6 +484,9 @@ def test_every_rpc_of_the_cape_service_refuses_an_owner_or_curator_certificate(
         ),
         "TrainCape": cape_pb2.TrainCapeRequest(
             spec=cape_messages.training_to_proto(_training()), seed=SEED
+        ),
+        "QuoteCape": cape_pb2.QuoteCapeRequest(
+            mean=cape_pb2.EstimateCapeMeanRequest(spec=cape_messages.spec_to_proto(_mean()))
         ),
     }
     assert set(requests) | {"WatchCapeJob"} == {m.name for m in CAPE_SERVICE.methods}

@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 from dpmarket.client import Consumer
-from dpmarket.common.errors import FailedPreconditionError
+from dpmarket.common.errors import DPMarketError, FailedPreconditionError
 from dpmarket.common.market.money import epsilon_units, format_credits
 from dpmarket.common.market.pricing import OwnerPrices
 from dpmarket.common.market.statement import NO_SUMMARY
@@ -47,6 +47,7 @@ from tests.integration.test_cape import (  # noqa: F401 (tables: a fixture)
     OWNERS,
     _mean,
     _start,
+    _training,
     tables,
 )
 
@@ -141,6 +142,39 @@ def test_a_cape_job_over_its_cap_charges_nothing_and_one_at_its_cap_is_settled(
         assert len(earnings) == 1 and earnings[0].total == line.total == line.quoted
 
 
+def test_a_cape_job_is_quoted_alone_and_nothing_is_opened_or_charged(
+    priced: LocalCluster, tmp_path: Path
+) -> None:
+    """``cape mean --quote-only`` prints the job's quote (every owner's price at the job's
+    epsilon, topped up to its minimum), as JSON and as a table, and stops: no owner's ledger
+    changes, the curator stores no job, charge or statement, no file is written. A training is
+    quoted the same way through the client API, at its whole epsilon; a quote above the cap is
+    refused (FAILED_PRECONDITION) as the job itself would be."""
+    spec = _mean()
+    total = cape_quote(dict.fromkeys(priced.owner_ids, PRICES), spec.cost[0]).total
+    before, stored = _ledger_sizes(priced), _curator_rows(priced)
+    out = tmp_path / "mean.json"
+    quoted = _mean_cli(priced, out, "--quote-only", "--json")
+    assert quoted.exit_code == 0, quoted.output
+    quote = json.loads(quoted.stdout)
+    assert quote["total"] == total
+    assert sorted(line["owner"] for line in quote["lines"]) == sorted(priced.owner_ids)
+    table = _mean_cli(priced, out, "--quote-only")
+    assert table.exit_code == 0, table.output
+    assert f"quote for a CAPE mean: at most {format_credits(total)[:4]}" in table.output
+    training = _training(epsilon=0.5)
+    with CuratorClient(priced.curator_target, priced.consumer_security()) as client:
+        trained = client.quote_cape(training)
+        assert trained == cape_quote(dict.fromkeys(priced.owner_ids, PRICES), training.cost[0])
+        with pytest.raises(FailedPreconditionError, match="more than its cap"):
+            client.quote_cape(spec, max_cost=total - 1)
+    with Consumer(priced.curator_target, priced.consumer_security()) as consumer:
+        assert consumer.cape_quote(spec, max_cost=format_credits(total)).total == total
+    assert not out.exists()
+    assert _ledger_sizes(priced) == before, "an owner's ledger changed"
+    assert _curator_rows(priced) == stored, "the curator stored a job, a charge or a statement"
+
+
 def _new_entries(cluster: LocalCluster, before: dict[str, int]) -> dict[str, list[Any]]:
     out = {}
     for owner in cluster.owner_ids:
@@ -207,3 +241,104 @@ def test_a_cape_cap_in_the_client_api_is_refused_before_anything_runs(
     ):
         consumer.cape_mean(spec, max_cost="2.5", timeout=CALL_TIMEOUT)
     assert _curator_rows(priced) == stored
+
+
+# ------------------------------------------------------------------- settlement whatever stops
+#: 20 iterations (the curator policy's most) of 49 parameters: a training long enough that a
+#: process killed at its first iteration's progress message stops it mid-way.
+LONG_TRAINING = _training(iterations=20)
+
+
+def _train_until_killed(cluster: LocalCluster, kill: Any) -> str:
+    """Run :data:`LONG_TRAINING`, call ``kill()`` at its first progress message (its first
+    iteration released: every owner charged its ledger), and return the job's id (from the
+    owners' ledgers); the training fails."""
+    before = _ledger_sizes(cluster)
+    killed: list[bool] = []
+
+    def on_progress(done: int, total: int) -> None:
+        if done >= 1 and not killed:
+            killed.append(True)
+            kill()
+
+    with (
+        CuratorClient(cluster.curator_target, cluster.consumer_security()) as client,
+        pytest.raises(DPMarketError),
+    ):
+        client.train_cape(LONG_TRAINING, timeout=CALL_TIMEOUT, on_progress=on_progress)
+    assert killed, "the training ended before its first progress message"
+    jobs = {e.session for entries in _new_entries(cluster, before).values() for e in entries}
+    assert len(jobs) == 1, jobs
+    return jobs.pop()
+
+
+def _job_statements(cluster: LocalCluster, job: str) -> int:
+    """Statements of ``job`` in the curator's store."""
+    conn = sqlite3.connect(cluster.curator_state / DATABASE_FILE)
+    try:
+        query = "SELECT COUNT(*) FROM statements WHERE session = ?"
+        return int(conn.execute(query, (job,)).fetchone()[0])
+    finally:
+        conn.close()
+
+
+def _unrecorded(cluster: LocalCluster, job: str) -> list[str]:
+    """The owners whose record of ``job`` the curator does not have."""
+    conn = sqlite3.connect(cluster.curator_state / DATABASE_FILE)
+    try:
+        query = "SELECT owner FROM owner_spend WHERE session = ? AND unknown != '' ORDER BY owner"
+        return [str(r[0]) for r in conn.execute(query, (job,)).fetchall()]
+    finally:
+        conn.close()
+
+
+def _check_job_settled(cluster: LocalCluster, job: str) -> None:
+    """One statement of ``job``, every owner's line its own ledger's record of it (the epsilon
+    it charged), recorded by that owner exactly once, its earning equal to its line."""
+    settled = _recorded_everywhere(cluster, job)
+    assert _job_statements(cluster, job) == 1
+    statement = settled.statement
+    assert sorted(line.owner for line in statement.lines) == sorted(cluster.owner_ids)
+    for line in statement.lines:
+        with OwnerLedger(cluster.owner_state(line.owner), None) as ledger:
+            epsilon = ledger.session_totals(job).epsilon
+            earnings = [e for e in Earnings(ledger, line.owner).all() if e.session == job]
+        assert epsilon > 0 and line.epsilon_session == epsilon_units(epsilon)
+        assert len(earnings) == 1, f"{line.owner} recorded job {job[:8]} {len(earnings)} times"
+        assert earnings[0].statement.line == line and earnings[0].total == line.total
+    assert statement.total == sum(line.total for line in statement.lines)
+
+
+def test_a_cape_job_whose_owner_is_down_at_close_is_settled_once_it_is_back(
+    priced: LocalCluster,
+) -> None:
+    """An owner killed (-9) during a training, after it charged its ledger, is down when the job
+    closes: the curator has no record of it and settles nothing. Brought back on the same
+    address, it answers the curator's background retry (CloseCapeJob, from its ledger: it no
+    longer holds the job) — no curator restart — then the job is settled and every owner records
+    its line exactly once. (Control: while the owner is down, nothing is settled.)"""
+    curator = priced.curator_process
+    down = priced.owner_ids[0]
+    job = _train_until_killed(priced, lambda: priced.kill_owner(0))
+    try:
+        assert _unrecorded(priced, job) == [down]
+        time.sleep(2.0)  # the background retry asks the dead owner
+        assert _job_statements(priced, job) == 0 and _unrecorded(priced, job) == [down]
+    finally:
+        priced.restart_owner(0)
+    _check_job_settled(priced, job)
+    assert priced.curator_process is curator and curator is not None and curator.poll() is None
+    assert _unrecorded(priced, job) == []
+
+
+@pytest.mark.slow
+def test_a_curator_killed_mid_cape_job_settles_it_from_the_owners_records_after_restart(
+    priced: LocalCluster,
+) -> None:
+    """kill -9 of the curator during a training, after every owner charged its ledger: the
+    restarted curator asks the owners for their records (CloseCapeJob) and settles the job from
+    them; one statement, every owner's earnings equal to it, recorded once."""
+    job = _train_until_killed(priced, priced.kill_curator)
+    assert _job_statements(priced, job) == 0
+    priced.start_curator()
+    _check_job_settled(priced, job)

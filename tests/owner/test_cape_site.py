@@ -293,3 +293,26 @@ def test_a_round_draws_once_and_only_under_the_plan_it_defends(
         site.noise_input("job", weak)
     site.noise_input("job", _round(stronger, colluders=2))  # control
     assert _entries(site) == []
+
+
+def test_a_job_no_longer_held_is_answered_from_the_ledger_to_its_own_curator_only(
+    tmp_path: Path, keys: dict[str, ec.EllipticCurvePrivateKey]
+) -> None:
+    """CloseCapeJob of a job the owner no longer holds (closed before, idle, or opened before
+    the owner restarted) answers what the ledger recorded for it — the figures the curator's
+    settlement waits for, the same at every ask — to the curator that charged it; another
+    curator gets NOT_FOUND, and an id nothing was charged under is answered zero."""
+    site, plan = _planned(tmp_path, keys)
+    params = _round(plan)
+    site.check_round("job", params)
+    site.noise_input("job", params)
+    site.round_finished("job", params.round_id, PLAN_SITES)
+    site.release("job", params.round_id, np.zeros(plan.size), curator=CURATOR)
+    closed = site.close("job", curator=CURATOR)
+    assert (closed.epsilon, closed.delta) == (SPEC.epsilon, SPEC.delta)
+    assert site.close("job", curator=CURATOR) == closed  # asked again: the ledger's record
+    with pytest.raises(NotFoundError, match="unknown CAPE job"):
+        site.close("job", curator="curator:other")
+    never = site.close("never-charged", curator=CURATOR)
+    assert (never.epsilon, never.delta, never.points) == (0.0, 0.0, 0)
+    assert len(_entries(site)) == 1  # answering charges nothing

@@ -623,6 +623,56 @@ class CloseCapeJobResponse(_message.Message):
 Global___CloseCapeJobResponse: _TypeAlias = CloseCapeJobResponse  # noqa: Y015
 
 @_typing.final
+class QuoteCapeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FIT_FIELD_NUMBER: _builtins.int
+    MEAN_FIELD_NUMBER: _builtins.int
+    TRAINING_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def fit(self) -> Global___FitCapeRequest: ...
+    @_builtins.property
+    def mean(self) -> Global___EstimateCapeMeanRequest: ...
+    @_builtins.property
+    def training(self) -> Global___TrainCapeRequest: ...
+    def __init__(
+        self,
+        *,
+        fit: Global___FitCapeRequest | None = ...,
+        mean: Global___EstimateCapeMeanRequest | None = ...,
+        training: Global___TrainCapeRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["fit", b"fit", "job", b"job", "mean", b"mean", "training", b"training"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fit", b"fit", "job", b"job", "mean", b"mean", "training", b"training"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_job: _TypeAlias = _typing.Literal["fit", "mean", "training"]  # noqa: Y015
+    _WhichOneofArgType_job: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_job) -> _WhichOneofReturnType_job | None: ...
+
+Global___QuoteCapeRequest: _TypeAlias = QuoteCapeRequest  # noqa: Y015
+
+@_typing.final
+class QuoteCapeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUOTE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def quote(self) -> _market_pb2.Quote: ...
+    def __init__(
+        self,
+        *,
+        quote: _market_pb2.Quote | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["quote", b"quote"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["quote", b"quote"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QuoteCapeResponse: _TypeAlias = QuoteCapeResponse  # noqa: Y015
+
+@_typing.final
 class WatchCapeJobRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -164,7 +164,11 @@ class CapeSiteServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CloseCapeJob(self, request, context):
-        """Forget a job; return what it spent of this owner's budget. Fails with NOT_FOUND.
+        """Forget a job; return what it spent of this owner's budget. A job the owner no longer holds
+        (closed before, idle, or opened before the owner restarted) is answered from its ledger: what
+        the caller's charges under that id total, zero when none (the curator's settlement retry asks
+        this until it gets an answer). Fails with NOT_FOUND if another curator holds the job or
+        charged under its id.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -419,6 +423,11 @@ class CapeServiceStub:
                 request_serializer=dpmarket_dot_v1_dot_cape__pb2.WatchCapeJobRequest.SerializeToString,
                 response_deserializer=dpmarket_dot_v1_dot_cape__pb2.WatchCapeJobResponse.FromString,
                 _registered_method=True)
+        self.QuoteCape = channel.unary_unary(
+                '/dpmarket.v1.CapeService/QuoteCape',
+                request_serializer=dpmarket_dot_v1_dot_cape__pb2.QuoteCapeRequest.SerializeToString,
+                response_deserializer=dpmarket_dot_v1_dot_cape__pb2.QuoteCapeResponse.FromString,
+                _registered_method=True)
 
 
 class CapeServiceServicer:
@@ -474,6 +483,20 @@ class CapeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def QuoteCape(self, request, context):
+        """Quote a job without running it: the most it can cost, from every owner's published prices at
+        the job's epsilon, computed as FitCape, EstimateCapeMean and TrainCape compute it before any
+        owner opens the job. Asks the owners for their prices (and their schemas, when the request
+        sets one) only: nothing is opened, released or charged, and no job is recorded. Fails as the
+        job would before any owner opens it: INVALID_ARGUMENT for no job, a malformed spec or one
+        outside the curator's policy, PERMISSION_DENIED for a seed the curator does not accept,
+        FAILED_PRECONDITION when an owner's schema differs or the quote exceeds the job's max_cost,
+        RESOURCE_EXHAUSTED past the consumer's request rate (quotes count).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CapeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -496,6 +519,11 @@ def add_CapeServiceServicer_to_server(servicer, server):
                     servicer.WatchCapeJob,
                     request_deserializer=dpmarket_dot_v1_dot_cape__pb2.WatchCapeJobRequest.FromString,
                     response_serializer=dpmarket_dot_v1_dot_cape__pb2.WatchCapeJobResponse.SerializeToString,
+            ),
+            'QuoteCape': grpc.unary_unary_rpc_method_handler(
+                    servicer.QuoteCape,
+                    request_deserializer=dpmarket_dot_v1_dot_cape__pb2.QuoteCapeRequest.FromString,
+                    response_serializer=dpmarket_dot_v1_dot_cape__pb2.QuoteCapeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -610,6 +638,33 @@ class CapeService:
             '/dpmarket.v1.CapeService/WatchCapeJob',
             dpmarket_dot_v1_dot_cape__pb2.WatchCapeJobRequest.SerializeToString,
             dpmarket_dot_v1_dot_cape__pb2.WatchCapeJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QuoteCape(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpmarket.v1.CapeService/QuoteCape',
+            dpmarket_dot_v1_dot_cape__pb2.QuoteCapeRequest.SerializeToString,
+            dpmarket_dot_v1_dot_cape__pb2.QuoteCapeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -99,7 +99,12 @@ class CapeSiteServiceStub:
     aborted at this owner.
     """
     CloseCapeJob: _grpc.UnaryUnaryMultiCallable[_cape_pb2.CloseCapeJobRequest, _cape_pb2.CloseCapeJobResponse]
-    """Forget a job; return what it spent of this owner's budget. Fails with NOT_FOUND."""
+    """Forget a job; return what it spent of this owner's budget. A job the owner no longer holds
+    (closed before, idle, or opened before the owner restarted) is answered from its ledger: what
+    the caller's charges under that id total, zero when none (the curator's settlement retry asks
+    this until it gets an answer). Fails with NOT_FOUND if another curator holds the job or
+    charged under its id.
+    """
 
 @_typing.type_check_only
 class CapeSiteServiceAsyncStub(CapeSiteServiceStub):
@@ -172,7 +177,12 @@ class CapeSiteServiceAsyncStub(CapeSiteServiceStub):
     aborted at this owner.
     """
     CloseCapeJob: _aio.UnaryUnaryMultiCallable[_cape_pb2.CloseCapeJobRequest, _cape_pb2.CloseCapeJobResponse]  # type: ignore[assignment]
-    """Forget a job; return what it spent of this owner's budget. Fails with NOT_FOUND."""
+    """Forget a job; return what it spent of this owner's budget. A job the owner no longer holds
+    (closed before, idle, or opened before the owner restarted) is answered from its ledger: what
+    the caller's charges under that id total, zero when none (the curator's settlement retry asks
+    this until it gets an answer). Fails with NOT_FOUND if another curator holds the job or
+    charged under its id.
+    """
 
 class CapeSiteServiceServicer(metaclass=_abc_1.ABCMeta):
     """A CAPE job at one owner (a site). The curator (the aggregator) opens the job at every owner,
@@ -278,7 +288,12 @@ class CapeSiteServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _cape_pb2.CloseCapeJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_cape_pb2.CloseCapeJobResponse, _abc.Awaitable[_cape_pb2.CloseCapeJobResponse]]:
-        """Forget a job; return what it spent of this owner's budget. Fails with NOT_FOUND."""
+        """Forget a job; return what it spent of this owner's budget. A job the owner no longer holds
+        (closed before, idle, or opened before the owner restarted) is answered from its ledger: what
+        the caller's charges under that id total, zero when none (the curator's settlement retry asks
+        this until it gets an answer). Fails with NOT_FOUND if another curator holds the job or
+        charged under its id.
+        """
 
 def add_CapeSiteServiceServicer_to_server(servicer: CapeSiteServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
@@ -323,6 +338,16 @@ class CapeServiceStub:
     job of the caller under that key starts in time (another consumer's key is not found
     either).
     """
+    QuoteCape: _grpc.UnaryUnaryMultiCallable[_cape_pb2.QuoteCapeRequest, _cape_pb2.QuoteCapeResponse]
+    """Quote a job without running it: the most it can cost, from every owner's published prices at
+    the job's epsilon, computed as FitCape, EstimateCapeMean and TrainCape compute it before any
+    owner opens the job. Asks the owners for their prices (and their schemas, when the request
+    sets one) only: nothing is opened, released or charged, and no job is recorded. Fails as the
+    job would before any owner opens it: INVALID_ARGUMENT for no job, a malformed spec or one
+    outside the curator's policy, PERMISSION_DENIED for a seed the curator does not accept,
+    FAILED_PRECONDITION when an owner's schema differs or the quote exceeds the job's max_cost,
+    RESOURCE_EXHAUSTED past the consumer's request rate (quotes count).
+    """
 
 @_typing.type_check_only
 class CapeServiceAsyncStub(CapeServiceStub):
@@ -362,6 +387,16 @@ class CapeServiceAsyncStub(CapeServiceStub):
     job to start. Counts only: nothing computed from the owners' data. Fails with NOT_FOUND if no
     job of the caller under that key starts in time (another consumer's key is not found
     either).
+    """
+    QuoteCape: _aio.UnaryUnaryMultiCallable[_cape_pb2.QuoteCapeRequest, _cape_pb2.QuoteCapeResponse]  # type: ignore[assignment]
+    """Quote a job without running it: the most it can cost, from every owner's published prices at
+    the job's epsilon, computed as FitCape, EstimateCapeMean and TrainCape compute it before any
+    owner opens the job. Asks the owners for their prices (and their schemas, when the request
+    sets one) only: nothing is opened, released or charged, and no job is recorded. Fails as the
+    job would before any owner opens it: INVALID_ARGUMENT for no job, a malformed spec or one
+    outside the curator's policy, PERMISSION_DENIED for a seed the curator does not accept,
+    FAILED_PRECONDITION when an owner's schema differs or the quote exceeds the job's max_cost,
+    RESOURCE_EXHAUSTED past the consumer's request rate (quotes count).
     """
 
 class CapeServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -423,6 +458,22 @@ class CapeServiceServicer(metaclass=_abc_1.ABCMeta):
         job to start. Counts only: nothing computed from the owners' data. Fails with NOT_FOUND if no
         job of the caller under that key starts in time (another consumer's key is not found
         either).
+        """
+
+    @_abc_1.abstractmethod
+    def QuoteCape(
+        self,
+        request: _cape_pb2.QuoteCapeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cape_pb2.QuoteCapeResponse, _abc.Awaitable[_cape_pb2.QuoteCapeResponse]]:
+        """Quote a job without running it: the most it can cost, from every owner's published prices at
+        the job's epsilon, computed as FitCape, EstimateCapeMean and TrainCape compute it before any
+        owner opens the job. Asks the owners for their prices (and their schemas, when the request
+        sets one) only: nothing is opened, released or charged, and no job is recorded. Fails as the
+        job would before any owner opens it: INVALID_ARGUMENT for no job, a malformed spec or one
+        outside the curator's policy, PERMISSION_DENIED for a seed the curator does not accept,
+        FAILED_PRECONDITION when an owner's schema differs or the quote exceeds the job's max_cost,
+        RESOURCE_EXHAUSTED past the consumer's request rate (quotes count).
         """
 
 def add_CapeServiceServicer_to_server(servicer: CapeServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
