@@ -66,8 +66,9 @@ caller (an identity; on plaintext transport, a connection) reads at most
 else), its further calls waiting on its own share. Calls that send nothing, or declared requests
 that then stall, thus delay no other caller's read, nor another caller's request that fits in
 the budget beside what the staller may hold (16 MiB on an owner, 15 MiB on the curator, at the
-defaults). It takes ``READS_AT_ONCE`` distinct identities (two for the budget) stalling
-together to delay the others, each round by at most :data:`READ_WAIT_SECONDS` per piece.
+defaults). It takes ``READS_AT_ONCE / READS_PER_CALLER`` distinct identities (two; two for the
+budget as well) stalling together to delay the others, each round by at most
+:data:`READ_WAIT_SECONDS` per piece.
 """
 
 from __future__ import annotations
@@ -145,12 +146,14 @@ OPEN_CONCURRENT_CALLS = 4
 #: its RPC's own limit. Without it every admitted call would read at once: 64 per service.
 READS_AT_ONCE = 4
 #: Of the ``READS_AT_ONCE`` read turns, those one caller holds at once (:class:`CallerShares`;
-#: a caller is an identity, or on plaintext transport a connection). One: a caller's calls share
-#: its connection, so reading its pieces one at a time costs it little throughput (its small
-#: calls may wait behind one of its own pieces, at most ``READ_WAIT_SECONDS``, a moment when it
-#: sends at once), and it takes ``READS_AT_ONCE`` distinct identities stalling together to hold
-#: every turn (two would with two each): one caller's stalled calls never delay another's read.
-READS_PER_CALLER = 1
+#: a caller is an identity, or on plaintext transport a connection). Two: one caller alone leaves
+#: the others half the turns, so its calls that send nothing never delay another's read, and it
+#: takes two distinct identities stalling together to hold every turn (four with one each). A
+#: caller's own concurrent requests keep most of their speed (each HTTP/2 stream's window bounds
+#: its rate): through a 50 ms round-trip relay, 8 concurrent 2 MB ``OpenSession`` of one caller
+#: took 0.72 s with two turns, 1.24 s with one and 0.51 s with four; 4 x 0.5 MB 0.25, 0.33 and
+#: 0.31 s (``python -m bench.caller_reads``).
+READS_PER_CALLER = 2
 #: Seconds a read slot waits for the message it was taken for (one message, or one piece of at
 #: most ``framing.FRAME_BYTES``, 1 MiB: 10 s is 0.8 Mbit/s). A caller that opens calls and sends
 #: nothing would otherwise hold every slot until its deadline (none, if it sets none), and every
@@ -169,10 +172,10 @@ READ_WAIT_SECONDS = 10.0
 #: largest requests (the curator's 17 MiB) fit at once.
 REQUEST_BUDGET_BYTES = 32 << 20
 #: Of the request budget, the bytes one caller's calls hold at once (:class:`CallerShares`): half
-#: of it, so that whatever one caller holds, a request of up to the other half (every RPC's
-#: limit at the defaults but the curator's largest ``CreateSession``, 17 MiB) fits beside it. A
-#: request larger than the share is served when its caller holds nothing else (and, larger than
-#: the budget, alone).
+#: of it, so that beside one caller's share a request of up to the other half fits (each RPC's
+#: limit at the defaults is below it, but the curator's ``CreateSession`` and ``QuoteSession``,
+#: 17 MiB). A request larger than the share is served when its caller holds nothing else (and,
+#: larger than the budget, alone): beside such a request of the curator's, 15 MiB fit.
 REQUEST_BYTES_PER_CALLER = REQUEST_BUDGET_BYTES // 2
 #: Name under which the health and reflection services' calls are counted together.
 OPEN_SERVICES = "the health and reflection services"
@@ -288,7 +291,7 @@ class CallerShares:
     What one caller A can make another caller B wait for, B's own calls apart. **Reads**: A
     reads at most ``reads_per_caller`` messages at once, each for at most
     :data:`READ_WAIT_SECONDS` if it sends nothing; B waits for a turn only while every turn is
-    taken, which takes ``reads / reads_per_caller`` distinct callers (4 at the defaults): A alone
+    taken, which takes ``reads / reads_per_caller`` distinct callers (2 at the defaults): A alone
     never delays B's read. **Request bytes**: A holds at most ``h = max(bytes_per_caller, r)``,
     r the largest request of the RPCs A may call, so a request of at most ``total - h`` fits
     beside whatever A holds (an owner at the defaults: 16 MiB, above each of its RPCs' limits;
@@ -296,8 +299,8 @@ class CallerShares:
     waits for A only if it, or a request queued before it (the budget serves first come first
     served), is larger than that: the curator's ``CreateSession`` or ``QuoteSession`` above 15
     MiB, for as long as A's own large request is being read (:data:`READ_WAIT_SECONDS` per
-    piece at most). **Several identities together**: k distinct callers hold
-    k shares; ``reads / reads_per_caller`` callers that send nothing can again hold every read
+    piece at most). **Several identities together**: k distinct callers hold k shares;
+    ``reads / reads_per_caller`` callers that send nothing can again hold every read
     turn, and ``total / bytes_per_caller`` (2) callers the budget, each round for at most
     ``READ_WAIT_SECONDS`` per piece. The deployment issues the identities, so that is bounded by
     its parties (on plaintext transport, by the server's connections).

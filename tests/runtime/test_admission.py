@@ -451,7 +451,8 @@ def test_one_callers_stalled_calls_do_not_delay_another_callers_reads(
     pki: Path, monkeypatch: pytest.MonkeyPatch, admissions: list[Any], fair: bool
 ) -> None:
     """The curator opens READS_AT_ONCE calls that send nothing (each would hold a read turn for
-    READ_WAIT_SECONDS): it holds one turn, its other calls wait on its own, and a consumer's
+    READ_WAIT_SECONDS): it holds its share of the turns, its other calls wait on their own, and
+    a consumer's
     calls (a protected service and an open one) are served at once. Its own next call waits
     behind its stalled ones and is served once they end; its share is then dropped. Control
     (one caller may hold every turn): the consumer's calls miss their deadline."""
@@ -504,7 +505,6 @@ def test_one_callers_stalled_declared_requests_do_not_hold_the_others_budget(
         real(self, *args, budget_bytes=2 * declared, caller_bytes=caller_bytes, **kwargs)
 
     monkeypatch.setattr(admission.Admission, "__init__", sized)
-    monkeypatch.setattr(admission, "READS_PER_CALLER", 1)  # whichever the reads' share
     request = _opening(3 * FRAME_BYTES)
     metadata = (("dpmarket-request-bytes", str(declared)),)
     method = "/dpmarket.v1.OwnerService/OpenSession"
