@@ -58,11 +58,23 @@ and only while the calls run: the exception a call ends with keeps none of its f
 :data:`~dpmarket.runtime.allocator.RELEASE_AFTER_BYTES` or more gives the process's free memory
 back when it ends (:func:`~dpmarket.runtime.allocator.large_call_ended`). Reading a message
 holds about twice its size for a moment (gRPC's buffers, then the bytes its parser reads).
+
+What one caller can make the others wait for is bounded as well (:class:`CallerShares`): a
+caller (an identity; on plaintext transport, a connection) reads at most
+:data:`READS_PER_CALLER` of the :data:`READS_AT_ONCE` pieces at once and holds at most
+:data:`REQUEST_BYTES_PER_CALLER` of the budget (or one larger request while it holds nothing
+else), its further calls waiting on its own share. Calls that send nothing, or declared requests
+that then stall, thus delay no other caller's read, nor another caller's request that fits in
+the budget beside what the staller may hold (16 MiB on an owner, 15 MiB on the curator, at the
+defaults). It takes ``READS_AT_ONCE / READS_PER_CALLER`` distinct identities (two; two for the
+budget as well) stalling together to delay the others, each round by at most
+:data:`READ_WAIT_SECONDS` per piece.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import logging
@@ -93,10 +105,13 @@ __all__ = [
     "OPEN_CONCURRENT_CALLS",
     "OPEN_SERVICES",
     "READS_AT_ONCE",
+    "READS_PER_CALLER",
     "REQUEST_BUDGET_BYTES",
+    "REQUEST_BYTES_PER_CALLER",
     "SMALL_REQUEST_BYTES",
     "VALUE_BYTES",
     "Admission",
+    "CallerShares",
     "RequestBudget",
     "RequestTooLargeError",
     "ServiceLimits",
@@ -130,6 +145,15 @@ OPEN_CONCURRENT_CALLS = 4
 #: requests a second copy of each; each admitted call, between its pieces and once read, at most
 #: its RPC's own limit. Without it every admitted call would read at once: 64 per service.
 READS_AT_ONCE = 4
+#: Of the ``READS_AT_ONCE`` read turns, those one caller holds at once (:class:`CallerShares`;
+#: a caller is an identity, or on plaintext transport a connection). Two: one caller alone leaves
+#: the others half the turns, so its calls that send nothing never delay another's read, and it
+#: takes two distinct identities stalling together to hold every turn (four with one each). A
+#: caller's own concurrent requests keep most of their speed (each HTTP/2 stream's window bounds
+#: its rate): through a 50 ms round-trip relay, 8 concurrent 2 MB ``OpenSession`` of one caller
+#: took 0.72 s with two turns, 1.24 s with one and 0.51 s with four; 4 x 0.5 MB 0.25, 0.33 and
+#: 0.31 s (``python -m bench.caller_reads``).
+READS_PER_CALLER = 2
 #: Seconds a read slot waits for the message it was taken for (one message, or one piece of at
 #: most ``framing.FRAME_BYTES``, 1 MiB: 10 s is 0.8 Mbit/s). A caller that opens calls and sends
 #: nothing would otherwise hold every slot until its deadline (none, if it sets none), and every
@@ -147,6 +171,12 @@ READ_WAIT_SECONDS = 10.0
 #: 15 MB at once raised a curator by 1.5 GiB; with this budget by 142 MiB). At least two of the
 #: largest requests (the curator's 17 MiB) fit at once.
 REQUEST_BUDGET_BYTES = 32 << 20
+#: Of the request budget, the bytes one caller's calls hold at once (:class:`CallerShares`): half
+#: of it, so that beside one caller's share a request of up to the other half fits (each RPC's
+#: limit at the defaults is below it, but the curator's ``CreateSession`` and ``QuoteSession``,
+#: 17 MiB). A request larger than the share is served when its caller holds nothing else (and,
+#: larger than the budget, alone): beside such a request of the curator's, 15 MiB fit.
+REQUEST_BYTES_PER_CALLER = REQUEST_BUDGET_BYTES // 2
 #: Name under which the health and reflection services' calls are counted together.
 OPEN_SERVICES = "the health and reflection services"
 #: Calls one caller may have in progress on the health or reflection service (a probe calls
@@ -215,6 +245,122 @@ class RequestBudget:
             if not granted.done():
                 self.held += size
                 granted.set_result(None)
+
+
+@dataclass
+class _Share:
+    """One caller's share of a server's reads and request budget, while it has calls."""
+
+    reads: asyncio.Semaphore
+    budget: RequestBudget
+    calls: int = 0
+
+
+class CallerShares:
+    """Each caller's share of a server's read turns and request budget.
+
+    A caller (the identity its call's authorizer names; on plaintext transport, a connection)
+    reads at most ``reads_per_caller`` of the server's ``reads`` messages at once and holds at
+    most ``bytes_per_caller`` of its ``budget`` at once, or one request larger than that while it
+    holds nothing else (a request larger than the whole budget is then served alone, as
+    :class:`RequestBudget` serves it). A call waits for its caller's own share first and only
+    then for the server's, so that a caller's queued calls hold nothing the others need. A
+    caller's state lives from its first call in progress (:meth:`enter`) to the end of its last
+    (:meth:`leave`): it does not grow with the callers or connections a server has seen. Runs on
+    the server's event loop.
+
+    Parameters
+    ----------
+    reads : int
+        Messages the server reads at once (:data:`READS_AT_ONCE`).
+    reads_per_caller : int
+        Of those, the messages one caller reads at once (:data:`READS_PER_CALLER`).
+    budget : RequestBudget
+        The server's request budget (:data:`REQUEST_BUDGET_BYTES`).
+    bytes_per_caller : int
+        Of it, the bytes one caller's calls hold at once (:data:`REQUEST_BYTES_PER_CALLER`).
+
+    Raises
+    ------
+    ValueError
+        If a count or ``bytes_per_caller`` is not positive, or a caller's share of the reads
+        exceeds the reads.
+
+    Notes
+    -----
+    What one caller A can make another caller B wait for, B's own calls apart. **Reads**: A
+    reads at most ``reads_per_caller`` messages at once, each for at most
+    :data:`READ_WAIT_SECONDS` if it sends nothing; B waits for a turn only while every turn is
+    taken, which takes ``reads / reads_per_caller`` distinct callers (2 at the defaults): A alone
+    never delays B's read. **Request bytes**: A holds at most ``h = max(bytes_per_caller, r)``,
+    r the largest request of the RPCs A may call, so a request of at most ``total - h`` fits
+    beside whatever A holds (an owner at the defaults: 16 MiB, above each of its RPCs' limits;
+    the curator: 15 MiB, as one consumer may hold a 17 MiB ``CreateSession``). B's request
+    waits for A only if it, or a request queued before it (the budget serves first come first
+    served), is larger than that: the curator's ``CreateSession`` or ``QuoteSession`` above 15
+    MiB, for as long as A's own large request is being read (:data:`READ_WAIT_SECONDS` per
+    piece at most). **Several identities together**: k distinct callers hold k shares;
+    ``reads / reads_per_caller`` callers that send nothing can again hold every read
+    turn, and ``total / bytes_per_caller`` (2) callers the budget, each round for at most
+    ``READ_WAIT_SECONDS`` per piece. The deployment issues the identities, so that is bounded by
+    its parties (on plaintext transport, by the server's connections).
+    """
+
+    def __init__(
+        self, reads: int, reads_per_caller: int, budget: RequestBudget, bytes_per_caller: int
+    ) -> None:
+        if not 1 <= reads_per_caller <= reads:
+            raise ValueError(
+                f"reads_per_caller must be between 1 and reads ({reads}), got {reads_per_caller}"
+            )
+        if bytes_per_caller < 1:
+            raise ValueError(f"bytes_per_caller must be positive, got {bytes_per_caller}")
+        self.reads = asyncio.Semaphore(reads)
+        self.budget = budget
+        self.reads_per_caller = reads_per_caller
+        self.bytes_per_caller = bytes_per_caller
+        #: Each caller with calls in progress, and its share.
+        self.callers: dict[str, _Share] = {}
+
+    def enter(self, caller: str) -> _Share:
+        """Count a call of ``caller`` in; return its caller's share."""
+        share = self.callers.get(caller)
+        if share is None:
+            reads = asyncio.Semaphore(self.reads_per_caller)
+            share = self.callers[caller] = _Share(reads, RequestBudget(self.bytes_per_caller))
+        share.calls += 1
+        return share
+
+    def leave(self, caller: str) -> None:
+        """Count a call of ``caller`` out (its reads ended, its bytes given back); the caller's
+        share is dropped with its last call."""
+        share = self.callers[caller]
+        share.calls -= 1
+        if not share.calls:
+            del self.callers[caller]
+
+    @contextlib.asynccontextmanager
+    async def reading(self, share: _Share) -> AsyncIterator[None]:
+        """Hold one of the caller's read turns, then one of the server's, while a message is
+        read."""
+        async with share.reads, self.reads:
+            yield
+
+    async def take(self, share: _Share, size: int) -> None:
+        """Take ``size`` request bytes from the caller's share, then from the server's budget,
+        waiting for each if need be."""
+        await share.budget.take(size)
+        try:
+            await self.budget.take(size)
+        except BaseException:  # cancelled: the call went away while it waited
+            share.budget.give(size)
+            raise
+
+    def give(self, share: _Share, size: int) -> None:
+        """Give back ``size`` request bytes taken (to the server's budget and the caller's
+        share)."""
+        self.budget.give(size)
+        share.budget.give(size)
 
 
 @dataclass(frozen=True)
@@ -288,8 +434,9 @@ class _Gate:
         self.concurrent_calls = concurrent_calls
         self.per_caller = per_caller
 
-    def admit(self, context: grpc.aio.ServicerContext) -> Callable[[], None]:
-        """Authorize the call and count it in; return what counts it out.
+    def admit(self, context: grpc.aio.ServicerContext) -> tuple[_Share, Callable[[], None]]:
+        """Authorize the call and count it in; return its caller's :class:`CallerShares` share
+        and what counts it out.
 
         Raises
         ------
@@ -314,8 +461,14 @@ class _Gate:
         keys: tuple[Any, ...] = (self.service,) if self.per_caller is None else (self.service, key)
         for k in keys:
             active[k] = active.get(k, 0) + 1
+        # On plaintext transport every caller of a protected service has the one identity: each
+        # connection is then a caller of its own.
+        fair = f"insecure {context.peer()}" if self.admission.insecure else caller
+        shares = self.admission.shares
+        share = shares.enter(fair)
 
         def release() -> None:
+            shares.leave(fair)
             for k in keys:
                 left = active[k] - 1
                 if left:
@@ -323,7 +476,7 @@ class _Gate:
                 else:
                     del active[k]
 
-        return release
+        return share, release
 
     def _received(self, size: int) -> None:
         """Count ``size`` more bytes into the current call's received total (its end gives
@@ -386,10 +539,10 @@ class _Gate:
             _forgetting(self._stream_stream(behaviour)), deserialize, serialize
         )
 
-    def _give_back(self, held: list[int]) -> None:
+    def _give_back(self, share: _Share, held: list[int]) -> None:
         """Give the request bytes a call took (:meth:`_read_request`) back to the budget."""
         for size in held:
-            self.admission.budget.give(size)
+            self.admission.shares.give(share, size)
 
     async def _refuse(self, exc: Exception, context: grpc.aio.ServicerContext) -> None:
         """Abort with the status of an admission or reading error (always raises)."""
@@ -438,6 +591,7 @@ class _Gate:
         self,
         context: grpc.aio.ServicerContext,
         parse: Callable[[bytes], Any] | None,
+        share: _Share,
         held: list[int],
     ) -> Any:
         """Read a unary request (one message, or the pieces of its declared size); return it
@@ -470,10 +624,11 @@ class _Gate:
         if declared is not None and declared > self.limit:
             raise self._too_large(declared)
         reserved = min(self.limit, self.admission.frame_bytes) if declared is None else declared
-        await self.admission.budget.take(reserved)
+        shares = self.admission.shares
+        await shares.take(share, reserved)
         held.append(reserved)
         if declared is None:  # one message, as any gRPC client sends a unary request
-            async with self.admission.reads:
+            async with shares.reading(share):
                 raw = await self._read_in_slot(context)
                 if raw is _EOF:
                     raise InvalidArgumentError(f"the {self.rpc} call ended without a request")
@@ -481,7 +636,7 @@ class _Gate:
                 if len(raw) > self.limit:
                     raise self._too_large(len(raw))
                 request = self._parse(parse, raw)
-            self.admission.budget.give(reserved - len(raw))  # keep what the request holds
+            shares.give(share, reserved - len(raw))  # keep what the request holds
             held[-1] = len(raw)
             return request
         await context.send_initial_metadata(((SIZE_METADATA, str(declared)),))
@@ -491,7 +646,7 @@ class _Gate:
         while True:
             # A piece arrives right after the one before: a read slot is held for a moment
             # (longer only by a client that sends slowly, at most READ_WAIT_SECONDS).
-            async with self.admission.reads:
+            async with shares.reading(share):
                 if total == declared:
                     raw = parts[0] if len(parts) == 1 else b"".join(parts)
                     parts.clear()
@@ -520,18 +675,18 @@ class _Gate:
     def _unary_unary(self, inner: Behaviour, parse: Callable[[bytes], Any] | None) -> Behaviour:
         async def behaviour(_: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
             try:
-                release = self.admit(context)
+                share, release = self.admit(context)
             except _REFUSALS as exc:
                 return await self._refuse(exc, context)
             held: list[int] = []
             try:
                 try:
-                    request = await self._read_request(context, parse, held)
+                    request = await self._read_request(context, parse, share, held)
                 except _UNREADABLE as exc:
                     return await self._refuse(exc, context)
                 return await inner(request, context)
             finally:
-                self._give_back(held)
+                self._give_back(share, held)
                 release()
 
         return behaviour
@@ -539,17 +694,17 @@ class _Gate:
     def _unary_stream(self, inner: Behaviour, parse: Callable[[bytes], Any] | None) -> Behaviour:
         async def behaviour(_: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
             try:
-                release = self.admit(context)
+                share, release = self.admit(context)
             except _REFUSALS as exc:
                 return await self._refuse(exc, context)
             held: list[int] = []
             try:
-                request = await self._read_request(context, parse, held)
+                request = await self._read_request(context, parse, share, held)
                 await _respond(inner, request, context)
             except _UNREADABLE as exc:
                 await self._refuse(exc, context)
             finally:
-                self._give_back(held)
+                self._give_back(share, held)
                 release()
 
         return behaviour
@@ -557,7 +712,7 @@ class _Gate:
     def _stream_unary(self, inner: Behaviour) -> Behaviour:
         async def behaviour(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
             try:
-                release = self.admit(context)
+                _, release = self.admit(context)
             except _REFUSALS as exc:
                 return await self._refuse(exc, context)
             try:
@@ -574,7 +729,7 @@ class _Gate:
             requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
         ) -> None:
             try:
-                release = self.admit(context)
+                _, release = self.admit(context)
             except _REFUSALS as exc:
                 return await self._refuse(exc, context)
             try:
@@ -686,6 +841,9 @@ class Admission(grpc.aio.ServerInterceptor):
         identity every caller is taken to have).
     budget_bytes : int
         The request bytes its unary calls hold at once (:class:`RequestBudget`).
+    caller_bytes : int, optional
+        Of those, the bytes one caller's calls hold at once (:class:`CallerShares`); by default
+        half the budget (:data:`REQUEST_BYTES_PER_CALLER` at the default budget).
     """
 
     def __init__(
@@ -694,15 +852,22 @@ class Admission(grpc.aio.ServerInterceptor):
         *,
         insecure: bool = False,
         budget_bytes: int = REQUEST_BUDGET_BYTES,
+        caller_bytes: int | None = None,
     ) -> None:
         self.frame_bytes = frame_bytes
         #: The request bytes its calls hold at once.
         self.budget = RequestBudget(budget_bytes)
+        #: Unary requests being read at once (:data:`READS_AT_ONCE`), whichever the service, and
+        #: the budget, each caller within its share (:data:`READS_PER_CALLER`, ``caller_bytes``).
+        self.shares = CallerShares(
+            READS_AT_ONCE,
+            READS_PER_CALLER,
+            self.budget,
+            budget_bytes // 2 if caller_bytes is None else caller_bytes,
+        )
         self.insecure = insecure
         #: Calls in progress per service name, and per (service, caller) on open services.
         self.active: dict[Any, int] = {}
-        #: Unary requests being read at once (:data:`READS_AT_ONCE`), whichever the service.
-        self.reads = asyncio.Semaphore(READS_AT_ONCE)
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
 
     async def intercept_service(  # type: ignore[override]  # None: no such method

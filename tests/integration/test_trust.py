@@ -557,13 +557,14 @@ REFUSED_PER_CONNECTION = 192 << 10
 #: (:func:`dpmarket.runtime.serving.start_server`), with the transport's bounds on (argument
 #: ``on``) or off (``off``: gRPC's defaults, the bandwidth-delay probing on), or receiving
 #: messages up to the old limit of 256 MiB (``old-limit``: each read whole before its RPC's limit
-#: is compared). Arguments: the PKI directory, the owner's name, the mode; prints its port.
+#: is compared, ``READS_AT_ONCE`` of one caller's at once, as before the callers' shares).
+#: Arguments: the PKI directory, the owner's name, the mode; prints its port.
 TRANSPORT_SERVER = """
 import asyncio, sys
 from pathlib import Path
 import grpc
 from dpmarket.v1 import owner_pb2_grpc
-from dpmarket.runtime import framing, serving
+from dpmarket.runtime import admission, framing, serving
 from dpmarket.runtime.authz import Authorizer, rpc
 from dpmarket.runtime.identity import Identity, identity_files
 from dpmarket.runtime.transport import TransportSecurity
@@ -586,8 +587,9 @@ async def main():
         serving.SERVER_OPTIONS = [
             o for o in serving.SERVER_OPTIONS if o not in serving.TRANSPORT_BOUND_OPTIONS
         ]
-    if sys.argv[3] == "old-limit":
+    if sys.argv[3] == "old-limit":  # nor any caller's share of the reads
         framing.FRAME_BYTES = serving.MAX_MESSAGE_BYTES
+        admission.READS_PER_CALLER = admission.READS_AT_ONCE
     server, port, _ = await serving.start_server(
         lambda s: owner_pb2_grpc.add_OwnerServiceServicer_to_server(Owner(), s),
         "dpmarket.v1.OwnerService", "127.0.0.1:0", security,
@@ -715,8 +717,8 @@ def test_an_admitted_caller_is_held_to_each_methods_own_limit(
     declared length before it is buffered, and a method's pieces are read no further than its
     own limit: its RSS grows by at most the documented bound of each method, and nothing is
     charged. Control: the Bid flood against a server that receives messages up to the old limit
-    (256 MiB), reading each whole before the method's limit is compared, grows by more than
-    Bid's bound."""
+    (256 MiB), reading each whole before the method's limit is compared (four of the curator's at
+    once, as before each caller had its share of the reads), grows by more than Bid's bound."""
     owner_me = Identity("owner", guard.owner_ids[0])
     d, n = OwnerPolicy.max_rff_dimension, digits.n_features
     open_limit = SMALL_REQUEST_BYTES + VALUE_BYTES * d * (n + 1)

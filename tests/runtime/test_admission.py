@@ -51,6 +51,7 @@ from dpmarket.runtime.admission import (
     OPEN_CALLS_PER_CALLER,
     READS_AT_ONCE,
     SMALL_REQUEST_BYTES,
+    CallerShares,
     RequestBudget,
     ServiceLimits,
 )
@@ -395,8 +396,11 @@ def test_calls_that_send_nothing_hold_the_reads_only_for_a_while(
     """READS_AT_ONCE calls that open and send no request (no deadline) took every read slot, and
     every other call of every service waited behind them until they ended: each now holds its
     slot READ_WAIT_SECONDS at most and is refused (RESOURCE_EXHAUSTED), and the next call is
-    served. Control (``wait`` None: no limit on the wait): the next call misses its deadline."""
+    served. Control (``wait`` None: no limit on the wait): the next call misses its deadline.
+    (One caller makes every call: it may hold every turn here, as any caller could before
+    :class:`~dpmarket.runtime.admission.CallerShares`, whose tests follow.)"""
     monkeypatch.setattr(admission, "READ_WAIT_SECONDS", 1e9 if wait is None else wait)
+    monkeypatch.setattr(admission, "READS_PER_CALLER", READS_AT_ONCE)
     method = "/dpmarket.v1.OwnerService/GetProgress"
 
     async def scenario(connect, owner, curator):
@@ -417,6 +421,209 @@ def test_calls_that_send_nothing_hold_the_reads_only_for_a_while(
             assert "did not arrive within 0.5 s" in details
 
     _run(pki, scenario)
+
+
+@pytest.fixture
+def admissions(monkeypatch: pytest.MonkeyPatch) -> list[admission.Admission]:
+    """The Admission of each server a test starts, in order."""
+    made: list[admission.Admission] = []
+    real = admission.Admission.__init__
+
+    def recording(self: admission.Admission, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(admission.Admission, "__init__", recording)
+    return made
+
+
+def _others_calls(connect: Callable[[Identity], grpc.aio.Channel]) -> list[Any]:
+    """Another party's calls on the server, with a deadline well under READ_WAIT_SECONDS: a
+    consumer's WatchSession (a protected service) and a health Check (an open one)."""
+    watcher = curator_pb2_grpc.CuratorServiceStub(connect(ALICE))
+    health = health_pb2_grpc.HealthStub(connect(BOB))
+    watch = watcher.WatchSession(curator_pb2.WatchSessionRequest(session_id="s"), timeout=3.0)
+    return [_code(_drain(watch)), _code(health.Check(health_pb2.HealthCheckRequest(), timeout=3.0))]
+
+
+@pytest.mark.parametrize("fair", [True, False])
+def test_one_callers_stalled_calls_do_not_delay_another_callers_reads(
+    pki: Path, monkeypatch: pytest.MonkeyPatch, admissions: list[Any], fair: bool
+) -> None:
+    """The curator opens READS_AT_ONCE calls that send nothing (each would hold a read turn for
+    READ_WAIT_SECONDS): it holds its share of the turns, its other calls wait on their own, and
+    a consumer's
+    calls (a protected service and an open one) are served at once. Its own next call waits
+    behind its stalled ones and is served once they end; its share is then dropped. Control
+    (one caller may hold every turn): the consumer's calls miss their deadline."""
+    if not fair:
+        monkeypatch.setattr(admission, "READS_PER_CALLER", READS_AT_ONCE)
+    method = "/dpmarket.v1.OwnerService/GetProgress"
+
+    async def scenario(connect, owner, curator):
+        shares = admissions[0].shares
+        stall = connect(CURATOR).channel.stream_unary(method, None, None)
+        stalled = [asyncio.ensure_future(_code(stall())) for _ in range(READS_AT_ONCE)]
+
+        def calls() -> int:
+            return sum(share.calls for share in shares.callers.values())
+
+        await _until(lambda: calls() == READS_AT_ONCE)
+        mine = owner_pb2_grpc.OwnerServiceStub(connect(CURATOR))
+        own = asyncio.ensure_future(_code(mine.GetProgress(_progress(8), timeout=DEADLINE)))
+        await _until(lambda: calls() == READS_AT_ONCE + 1)
+        outcomes = await asyncio.gather(*_others_calls(connect))
+        if not fair:
+            assert [code for code, _ in outcomes] == [grpc.StatusCode.DEADLINE_EXCEEDED] * 2
+        else:
+            assert outcomes == [(grpc.StatusCode.OK, "")] * 2
+            assert owner.reached == 0 and not own.done()  # behind its own stalled calls
+        for call in stalled:
+            call.cancel()
+        assert await own == (grpc.StatusCode.OK, "")
+        assert owner.reached == 1
+        await _until(lambda: not shares.callers)
+        assert shares.budget.held == 0
+
+    _run(pki, scenario)
+
+
+@pytest.mark.parametrize("fair", [True, False])
+def test_one_callers_stalled_declared_requests_do_not_hold_the_others_budget(
+    pki: Path, admissions: list[Any], monkeypatch: pytest.MonkeyPatch, fair: bool
+) -> None:
+    """With a budget of two declared requests, the curator declares two and sends nothing: it
+    holds its share, one of them, its second waits on its own share, and the consumer's calls
+    are served at once. Its own next request is served once its stalled ones end. Control (a
+    caller's share is the whole budget): the two stalled requests hold it all, and the consumer's
+    calls miss their deadline."""
+    declared = UPLOAD_LIMIT
+    real = admission.Admission.__init__
+
+    def sized(self: admission.Admission, *args: Any, **kwargs: Any) -> None:
+        caller_bytes = declared if fair else 2 * declared
+        real(self, *args, budget_bytes=2 * declared, caller_bytes=caller_bytes, **kwargs)
+
+    monkeypatch.setattr(admission.Admission, "__init__", sized)
+    request = _opening(3 * FRAME_BYTES)
+    metadata = (("dpmarket-request-bytes", str(declared)),)
+    method = "/dpmarket.v1.OwnerService/OpenSession"
+
+    async def scenario(connect, owner, curator):
+        shares = admissions[0].shares
+        stall = connect(CURATOR).channel.stream_unary(method, None, None)
+        stalled = [asyncio.ensure_future(_code(stall(metadata=metadata))) for _ in range(2)]
+        await _until(lambda: shares.budget.held == (1 if fair else 2) * declared)
+        await _until(lambda: sum(s.calls for s in shares.callers.values()) == 2)
+        mine = owner_pb2_grpc.OwnerServiceStub(connect(CURATOR))
+        own = asyncio.ensure_future(_code(mine.OpenSession(request, timeout=DEADLINE)))
+        outcomes = await asyncio.gather(*_others_calls(connect))
+        if not fair:
+            assert [code for code, _ in outcomes] == [grpc.StatusCode.DEADLINE_EXCEEDED] * 2
+        else:
+            assert outcomes == [(grpc.StatusCode.OK, "")] * 2
+            assert shares.budget.held == declared and not own.done()
+        for call in stalled:
+            call.cancel()
+        assert await own == (grpc.StatusCode.OK, "")
+        assert owner.opened == [request.SerializeToString()]
+        await _until(lambda: not shares.callers)
+        assert shares.budget.held == 0
+
+    _run(pki, scenario)
+
+
+def test_on_plaintext_each_connection_is_a_caller_of_its_own(admissions: list[Any]) -> None:
+    """Plaintext transport (no identities; every caller is taken to be the curator): calls that
+    send nothing on one connection hold that connection's share only, and a call on another is
+    served at once; a call on the same connection waits behind them (control). Nothing is kept
+    of either connection once its calls have ended."""
+    owner = ProbeOwner()  # type: ignore[abstract]  # (as in _run)
+    owner.authorizer = Authorizer({"curator": ("curator",)}, insecure_peer=CURATOR)
+    plaintext = TransportSecurity.plaintext()
+    method = "/dpmarket.v1.OwnerService/GetProgress"
+    own_connection = [*SEND, ("grpc.use_local_subchannel_pool", 1)]
+
+    async def main() -> None:
+        def register(server: grpc.aio.Server) -> None:
+            owner_pb2_grpc.add_OwnerServiceServicer_to_server(owner, server)
+
+        server, port, _ = await start_server(
+            register, ["dpmarket.v1.OwnerService"], "127.0.0.1:0", plaintext
+        )
+        first = aio_channel(f"127.0.0.1:{port}", plaintext, None, own_connection)
+        second = aio_channel(f"127.0.0.1:{port}", plaintext, None, own_connection)
+        try:
+            shares = admissions[0].shares
+            stall = first.channel.stream_unary(method, None, None)
+            stalled = [asyncio.ensure_future(_code(stall(None))) for _ in range(READS_AT_ONCE)]
+            await _until(lambda: sum(s.calls for s in shares.callers.values()) == READS_AT_ONCE)
+            assert len(shares.callers) == 1
+            other = owner_pb2_grpc.OwnerServiceStub(second)
+            response = await other.GetProgress(_progress(8), timeout=3.0)
+            assert response.done == 6
+            same = owner_pb2_grpc.OwnerServiceStub(first)
+            code, _ = await _code(same.GetProgress(_progress(8), timeout=1.0))
+            assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+            for call in stalled:
+                call.cancel()
+            await _until(lambda: not shares.callers)
+        finally:
+            await first.close(None)
+            await second.close(None)
+            await server.stop(None)
+
+    asyncio.run(main())
+
+
+def test_caller_shares_wait_on_their_own_share_first_and_are_dropped_when_idle() -> None:
+    async def scenario() -> None:
+        budget = RequestBudget(20)
+        shares = CallerShares(2, 1, budget, 10)
+        a, b = shares.enter("a"), shares.enter("b")
+        assert shares.enter("a") is a and a.calls == 2
+        # Reads: a's second read waits on a's own turn, not on a shared one; b reads at once.
+        first = shares.reading(a)
+        await first.__aenter__()
+        again = shares.reading(a)
+        second = asyncio.ensure_future(again.__aenter__())
+        await asyncio.sleep(0)
+        assert not second.done() and not shares.reads.locked()
+        async with shares.reading(b):
+            assert shares.reads.locked()
+        await first.__aexit__(None, None, None)
+        await second  # a's second read has its turn now, and one of the server's
+        async with shares.reading(b):
+            assert shares.reads.locked()
+        await again.__aexit__(None, None, None)
+        # Bytes: a holds its share, its next request waits on it (outside the server's queue);
+        # b's request of the other half is served at once.
+        await shares.take(a, 10)
+        more = asyncio.ensure_future(shares.take(a, 1))
+        await asyncio.sleep(0)
+        assert not more.done()
+        await asyncio.wait_for(shares.take(b, 10), DEADLINE)
+        assert budget.held == 20
+        more.cancel()  # gone while it waited: nothing held for it
+        await asyncio.sleep(0)
+        shares.give(b, 10)
+        shares.give(a, 10)
+        assert budget.held == 0 and a.budget.held == 0
+        # A request larger than the share is served while its caller holds nothing else.
+        await shares.take(b, 15)
+        assert budget.held == 15
+        shares.give(b, 15)
+        shares.leave("a")
+        shares.leave("b")
+        assert list(shares.callers) == ["a"]
+        shares.leave("a")
+        assert shares.callers == {}
+
+    asyncio.run(scenario())
+    with pytest.raises(ValueError, match="between 1 and reads"):
+        CallerShares(4, 5, RequestBudget(1), 1)
+    with pytest.raises(ValueError, match="got 0"):
+        CallerShares(4, 1, RequestBudget(1), 0)
 
 
 def test_the_request_budget_serves_in_order_what_fits_and_a_larger_request_alone() -> None:
@@ -452,14 +659,15 @@ def test_admitted_requests_wait_for_the_servers_request_budget(
 ) -> None:
     """With a budget of two requests, the third of three held calls waits, its request unread,
     until one ends; the budget is whole again when all have ended. Control: with a budget of
-    three, the third is served while the others are held."""
+    three, the third is served while the others are held. (One caller makes the three calls: its
+    share of the budget is the whole budget here.)"""
     request = _opening(3 * FRAME_BYTES)
     size = request.ByteSize()
     budgets: list[admission.RequestBudget] = []
     real = admission.Admission.__init__
 
     def recording(self: admission.Admission, *args: Any, **kwargs: Any) -> None:
-        real(self, *args, budget_bytes=requests * size, **kwargs)
+        real(self, *args, budget_bytes=requests * size, caller_bytes=requests * size, **kwargs)
         budgets.append(self.budget)
 
     monkeypatch.setattr(admission.Admission, "__init__", recording)
