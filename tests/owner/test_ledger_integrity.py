@@ -638,7 +638,10 @@ def test_a_receipt_of_the_ledger_this_one_replaced_refuses_until_the_operator_ac
         with pytest.raises(ValueError, match="--accept-replaced-ledger"):
             ledger.resolve_rollbacks()
         (resolved,) = ledger.resolve_rollbacks(accept_replaced_ledger=True)
-        assert resolved.replaced_ledger == old and resolved.charge is None
+        assert resolved.replaced_ledger == old and resolved.points == 0
+        # The acceptance is a chained entry of the ledger, charging nothing.
+        entry = ledger.entry(resolved.charge or 0)
+        assert entry.session == f"ledger-superseded-{old}" and entry.epsilon == 0
         ledger.check_receipt(receipt, curator="curator:curator")  # type: ignore[arg-type]
         charge(ledger, session="third", epsilon=0.1)
 
@@ -648,7 +651,7 @@ def test_restoring_over_another_ledger_records_the_ledger_it_replaces(
 ) -> None:
     """Switching back to the older ledger's backup over the new one: refused unless
     --replace-other-ledger, which records the new ledger as replaced (its receipts are then
-    recognised) and says what the restored ledger does not count."""
+    recognised) as a chained entry charging what the new ledger spent."""
     data_dir, backup = tmp_path / "alice", tmp_path / "backup.sqlite3"
     alice, _, old = _receipt_then_lose(pki, data_dir, backup)
     with OwnerLedger(data_dir, None, owner=alice) as ledger:
@@ -667,6 +670,6 @@ def test_restoring_over_another_ledger_records_the_ledger_it_replaces(
         assert ledger.identity.ledger_id == old
         ledger.check_receipt(interim, curator="curator:curator")  # recognised: no refusal
         assert ledger.rollbacks() == []
-    with closing(sqlite3.connect(ledger_path(data_dir))) as conn:
-        (how,) = conn.execute("SELECT value FROM meta WHERE key = ?", (f"superseded ledger {new}",))
-    assert "restore --replace-other-ledger" in how[0]
+        (entry,) = ledger.entries(session=f"ledger-superseded-{new}")
+    assert "restore --replace-other-ledger" in entry.mechanism
+    assert (entry.epsilon, entry.points) == (0.5, 1)  # what the replaced ledger spent
