@@ -623,3 +623,59 @@ def _curator_charges(cluster: LocalCluster) -> list[tuple[str, str, str]]:
     finally:
         conn.close()
     return [(str(a), str(b), str(c)) for a, b, c in rows]
+
+
+@pytest.mark.slow
+def test_a_consumer_keeps_a_record_of_a_session_whose_curator_was_killed(
+    market: LocalCluster, digits: Scenario, tmp_path: Path
+) -> None:
+    """A real consumer process (``dpmarket consumer request --data-dir``) whose curator is
+    killed -9 as soon as the session is created: the consumer's data directory records it at
+    once (running, with its id, request key, quote and owners), ``consumer sessions`` lists it
+    unfinished after the crash, and ``--check`` asks the restarted curator how it ended and
+    records that. (Control: without --data-dir nothing is written.)"""
+    import subprocess
+    import sys
+
+    data_dir = tmp_path / "consumer"
+    validation = tmp_path / "validation.npy"
+    np.save(validation, digits.validation)
+    args = [
+        sys.executable, "-m", "dpmarket.deploy.cli", "consumer", "request",
+        "--curator", market.curator_target, "--pki-dir", str(market.pki_dir),
+        "--name", "consumer", "--validation", str(validation), "-p", str(P),
+        "--method", "candidates", "--seed", "4", "--out", str(tmp_path / "summary.npy"),
+        "--report", str(tmp_path / "report.json"), "--data-dir", str(data_dir),
+    ]  # fmt: skip
+    consumer = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    folder = data_dir / "sessions"
+    deadline = time.monotonic() + CALL_TIMEOUT
+    while not any(folder.glob("*.json")) and consumer.poll() is None:
+        assert time.monotonic() < deadline, "no record written"
+        time.sleep(0.01)
+    market.kill_curator()  # kill -9, mid-session
+    output = consumer.communicate(timeout=CALL_TIMEOUT)[0].decode()
+    assert consumer.returncode != 0, output  # the consumer lost its curator
+    assert "recorded as unfinished" in output
+
+    listed = CliRunner().invoke(
+        main, ["consumer", "sessions", "--data-dir", str(data_dir), "--json"]
+    )
+    assert listed.exit_code == 0, listed.output
+    (record,) = json.loads(listed.stdout)["sessions"]
+    assert record["unfinished"] and record["status"] == "running"
+    assert record["session_id"] and record["session_id"] in output and record["request_id"]
+    assert sorted(record["owners"]) == sorted(market.owner_ids)
+    assert record["quote"]["total"] > 0 and "lost before the session ended" in record["error"]
+
+    market.start_curator()
+    checked = CliRunner().invoke(
+        main,
+        ["consumer", "sessions", "--data-dir", str(data_dir), "--check", "--json",
+         "--curator", market.curator_target, "--pki-dir", str(market.pki_dir),
+         "--name", "consumer"],
+    )  # fmt: skip
+    assert checked.exit_code == 0, checked.output
+    (after,) = json.loads(checked.stdout)["sessions"]
+    assert not after["unfinished"] and after["status"] in ("failed", "done")
+    assert after["session_id"] == record["session_id"] and after["owners"] == record["owners"]
