@@ -42,7 +42,8 @@ ledger init`` or ``dpmarket init``) and is bound to its owner
 (:mod:`dpmarket.owner.ledger_chain`), and the owner signs receipts of its ledger's state for the
 curator (:meth:`OwnerLedger.receipt`); a ledger found behind a receipt it
 signed (:meth:`OwnerLedger.check_receipt`) refuses every charge until its operator resolves it
-(:meth:`OwnerLedger.resolve_rollbacks`, ``dpmarket owner ledger resolve``).
+(:meth:`OwnerLedger.resolve_rollbacks`, ``dpmarket owner ledger resolve``), with an entry of the
+chain that the owner checks (:mod:`dpmarket.owner.ledger_resolutions`).
 """
 
 from __future__ import annotations
@@ -509,7 +510,8 @@ class Resolution:
     points : int
         Likewise, raw points.
     charge : int or None
-        The charge recorded, or None when nothing was missing (or could be charged).
+        The chained entry that resolves it (a charge-back, of zero when nothing was missing; an
+        acceptance or a dismissal, of zero).
     replaced_ledger : str or None
         For a receipt of another ledger of this owner: that ledger's id, now recorded as
         replaced by this one (nothing is charged: its totals are sealed under its own key).
@@ -834,6 +836,7 @@ class OwnerLedger:
         self._lock = threading.Lock()
         self._pending: list[tuple[tuple[Any, ...], bytes]] = []
         self._rollback_cache: tuple[tuple[int, int, Any], list[int]] | None = None
+        self._resolved_rollbacks: set[int] = set()  # decided once: the chain only grows
         try:
             # A rollback journal, not WAL: a committed charge is in owner.sqlite3 itself, so a
             # lost or truncated file beside it cannot take a charge back in silence. A file
@@ -1263,7 +1266,10 @@ class OwnerLedger:
         ).fetchone()
         key = (sequence, int(count), last)
         if self._rollback_cache is None or self._rollback_cache[0] != key:
-            self._rollback_cache = (key, open_rollbacks(self._conn))
+            found = open_rollbacks(self._conn, skip=self._resolved_rollbacks)
+            numbers = {int(r[0]) for r in self._conn.execute("SELECT id FROM ledger_rollbacks")}
+            self._resolved_rollbacks |= numbers - set(found)
+            self._rollback_cache = (key, found)
         return self._rollback_cache[1]
 
     def _warn_marked_resolved(self) -> None:
@@ -1483,9 +1489,12 @@ class OwnerLedger:
         rollback behind it. The price: a curator presenting a forged receipt
         makes the owner refuse until its operator resolves it, a denial of service a curator
         has anyway by not calling the owner; it cannot hide a rollback with one.
-        A receipt already resolved (:meth:`resolve_rollbacks`) is accepted,
-        and so is one of a ledger this one was recorded as replacing on its operator's
-        request (``restore --replace-other-ledger``, ``resolve --accept-replaced-ledger``).
+        A receipt the ledger's chain resolves is accepted: one whose charge-back entry
+        (:meth:`resolve_rollbacks`) charges what it shows lost, one of a ledger this one
+        records replacing in an entry (``restore --replace-other-ledger``, ``resolve
+        --accept-replaced-ledger``), or an unverified one a dismissal entry names
+        (:func:`~dpmarket.owner.ledger_resolutions.receipt_resolved`). Nothing outside the
+        chain (``ledger_rollbacks.resolved_at``, ``meta``) resolves a receipt.
         """
         if receipt is None or not (receipt.state or receipt.signature):
             with self._lock, _unavailable_when_busy(self._path), snapshot(self._conn):
@@ -1517,6 +1526,7 @@ class OwnerLedger:
                 ledger_id=self._identity.ledger_id,
                 key=self._seal_key(),
                 keys=keys,
+                verified=verified,
             ):
                 if other:
                     logger.info(

@@ -40,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import math
 import sqlite3
+from collections.abc import Collection
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -211,6 +212,7 @@ def receipt_resolved(
     ledger_id: str,
     key: bytes,
     keys: dict[str, bytes],
+    verified: bool | None = None,
 ) -> bool:
     """Whether the ledger's chain holds this receipt's state or an entry that resolves it.
 
@@ -226,6 +228,8 @@ def receipt_resolved(
         Its sealing key.
     keys : dict of str to bytes
         Its certificate keys (``ledger_keys``): fingerprint -> DER public key.
+    verified : bool, optional
+        Whether one of ``keys`` signed the receipt, when the caller checked it already.
 
     Returns
     -------
@@ -236,16 +240,18 @@ def receipt_resolved(
         state = parse_state(receipt)
     except DecodeError:  # any bytes may be stored: unreadable is unresolved
         return False
-    try:
-        open_receipt(privacy_pb2.LedgerReceipt.FromString(receipt), keys)
-        verified = True
-    except ReceiptError:
-        verified = False
-    dismissed = not verified and bool(_entries(conn, [dismissal_session(receipt)]))
-    if state.ledger_id != ledger_id:
-        return dismissed or bool(_entries(conn, [supersession_session(state.ledger_id)]))
-    if hash_at(conn, int(state.sequence)) == bytes(state.head):
+    mine = state.ledger_id == ledger_id
+    if mine and hash_at(conn, int(state.sequence)) == bytes(state.head):
         return True
+    if verified is None:
+        try:
+            open_receipt(privacy_pb2.LedgerReceipt.FromString(receipt), keys)
+            verified = True
+        except ReceiptError:
+            verified = False
+    dismissed = not verified and bool(_entries(conn, [dismissal_session(receipt)]))
+    if not mine:
+        return dismissed or bool(_entries(conn, [supersession_session(state.ledger_id)]))
     try:
         unseal_totals(
             key,
@@ -263,14 +269,22 @@ def receipt_resolved(
     )
 
 
-def open_rollbacks(conn: sqlite3.Connection) -> list[int]:
+def open_rollbacks(conn: sqlite3.Connection, *, skip: Collection[int] = ()) -> list[int]:
     """The numbers of the rollbacks found (``ledger_rollbacks``) whose receipts the chain does
     not resolve (:func:`receipt_resolved`), oldest first; ``resolved_at`` is not read.
 
+    Parameters
+    ----------
+    conn : sqlite3.Connection
+        The ledger, inside a transaction or snapshot.
+    skip : collection of int
+        Rollbacks known to be resolved (not decided again: a resolution stays one while the
+        chain only grows, which the owner's guard checks).
+
     Notes
     -----
-    One unseal and one grouped scan of the charges per charge-back entry of each receipt found;
-    the ledger keeps the answer until its chain or detections change.
+    For each rollback decided: a signature check, an unseal and one grouped scan of the charges
+    up to its receipt per charge-back entry naming it.
     """
     (ledger_id, key) = conn.execute("SELECT ledger_id, seal_key FROM ledger_identity").fetchone()
     keys = {
@@ -279,7 +293,8 @@ def open_rollbacks(conn: sqlite3.Connection) -> list[int]:
     return [
         int(number)
         for number, blob in conn.execute("SELECT id, receipt FROM ledger_rollbacks ORDER BY id")
-        if not receipt_resolved(
+        if int(number) not in skip
+        and not receipt_resolved(
             conn, bytes(blob), ledger_id=str(ledger_id), key=bytes(key), keys=keys
         )
     ]

@@ -189,7 +189,13 @@ def append_entry(data_dir: Path, session: str, points: int, at: float = 2e9) -> 
 
 
 def old_rule_resolved(
-    conn: sqlite3.Connection, receipt: bytes, *, ledger_id: str, key: bytes, keys: object
+    conn: sqlite3.Connection,
+    receipt: bytes,
+    *,
+    ledger_id: str,
+    key: bytes,
+    keys: object,
+    verified: object = None,
 ) -> bool:
     """The rule before schema 7, the defence off: a receipt is resolved when the ledger holds
     its state, a detection of it is *marked* resolved (``ledger_rollbacks.resolved_at``) or a
@@ -213,7 +219,7 @@ def old_rule_resolved(
     return marked is not None
 
 
-def old_rule_open(conn: sqlite3.Connection) -> list[int]:
+def old_rule_open(conn: sqlite3.Connection, *, skip: object = ()) -> list[int]:
     """The rollbacks open before schema 7: those not *marked* resolved."""
     rows = conn.execute("SELECT id FROM ledger_rollbacks WHERE resolved_at IS NULL ORDER BY id")
     return [int(r[0]) for r in rows]
