@@ -141,9 +141,16 @@ def sessions_command(
         try:
             with CuratorClient(curator, security, curator=curator_identity(curator_name)) as client:
                 for entry in check_unfinished(history, client):
+                    fetch = (
+                        f"; its summary: the same request again with --request-id "
+                        f"{entry.request_id} (nothing charged again)"
+                        if entry.status == "done" and entry.request_id
+                        else ""
+                    )
                     console.print(
                         f"session {entry.session_id}: {entry.status}"
-                        + (f" ({entry.error})" if entry.error else ""),
+                        + (f" ({entry.error})" if entry.error else "")
+                        + fetch,
                         highlight=False,
                         markup=False,
                     )

@@ -633,7 +633,7 @@ def test_a_consumer_keeps_a_record_of_a_session_whose_curator_was_killed(
     killed -9 as soon as the session is created: the consumer's data directory records it at
     once (running, with its id, request key, quote and owners), ``consumer sessions`` lists it
     unfinished after the crash, and ``--check`` asks the restarted curator how it ended and
-    records that. (Control: without --data-dir nothing is written.)"""
+    records that."""
     import subprocess
     import sys
 
