@@ -679,3 +679,50 @@ def test_a_consumer_keeps_a_record_of_a_session_whose_curator_was_killed(
     (after,) = json.loads(checked.stdout)["sessions"]
     assert not after["unfinished"] and after["status"] in ("failed", "done")
     assert after["session_id"] == record["session_id"] and after["owners"] == record["owners"]
+
+
+@pytest.mark.slow
+def test_a_rollback_marked_resolved_in_the_owners_file_is_refused_after_a_restart(
+    market: LocalCluster, digits: Scenario, tmp_path: Path
+) -> None:
+    """The red team's l2 over real processes: owner-0's ledger restored from a backup older than
+    the curator's receipt (refused), then, the owner killed, ``UPDATE ledger_rollbacks SET
+    resolved_at`` and the owner restarted: the curator's held receipt is still refused and
+    nothing is charged. Only the operator's resolve (a chained charge-back) lets it serve. (The
+    control, the old rule serving, is in tests/integration/test_ledger_receipts.py.)"""
+    from dpmarket.common.errors import DPMarketError
+    from dpmarket.owner.ledger_admin import backup_ledger, restore_ledger, verify_file
+    from tests.owner.ledger_attacks import mark_rollbacks_resolved
+
+    config = CandidatesConfig(summary_size=P)
+    seeds = np.zeros((0, digits.n_features))
+    owner = market.owner_ids[0]
+    state, backup = market.owner_state(owner), tmp_path / "owner-0.sqlite3"
+    backup_ledger(state, backup)  # while it serves
+
+    def summarize(seed: int) -> str:
+        with CuratorClient(market.curator_target, market.consumer_security()) as client:
+            client.summarize(config, digits.validation, seeds, seed=seed)
+            return client.statements(limit=1)[0].session_id
+
+    _settled_everywhere(market, summarize(31))  # charged after the backup, receipt held
+    market.kill_owner(0)
+    restore_ledger(state, backup)
+    market.restart_owner(0)
+    with pytest.raises(DPMarketError, match="behind a receipt it signed"):
+        summarize(32)
+    market.kill_owner(0)
+    assert mark_rollbacks_resolved(state) == 1
+    before = _ledger_sizes(market)[owner]
+    market.restart_owner(0)
+    with pytest.raises(DPMarketError, match="behind a receipt it signed"):
+        summarize(33)
+    assert _ledger_sizes(market)[owner] == before  # nothing charged
+    assert verify_file(state / "owner.sqlite3").open_rollbacks == 1
+
+    market.kill_owner(0)
+    with OwnerLedger(state, None) as ledger:
+        (resolution,) = ledger.resolve_rollbacks()  # the operator: charged back, chained
+    assert resolution.epsilon > 0
+    market.restart_owner(0)
+    summarize(34)  # served: the curator's receipt is resolved by the chain
