@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -83,6 +84,7 @@ if TYPE_CHECKING:
 
     from dpmarket.common.cape.spec import AnyCapeSpec
     from dpmarket.common.cape.uncertainty import Estimate, Flag
+    from dpmarket.common.market.pricing import Quote
     from dpmarket.consumer.cape_report import CapeReport
     from dpmarket.consumer.catalogue import Exploration, Ranking
     from dpmarket.consumer.client import CapeNetwork, CuratorClient
@@ -580,7 +582,7 @@ def request(
         _print_quote(connect, ask, as_json=as_json, wide=wide)
         return
     check_outputs(out_path, report_path, *([] if plot_path is None else [plot_path]))
-    result, session_id = _summarize(connect, ask, method, request_id, data_dir, report_path)
+    result, session_id, record = _summarize(connect, ask, method, request_id, data_dir, report_path)
     document = finish(
         result,
         inputs,
@@ -594,7 +596,14 @@ def request(
     )
     if data_dir is not None:
         _record_done(
-            data_dir, config, document, out_path, result, inputs.validation.features, session_id
+            data_dir,
+            config,
+            document,
+            out_path,
+            result,
+            inputs.validation.features,
+            session_id,
+            record,
         )
 
 
@@ -653,10 +662,13 @@ def _summarize(
     request_id: str | None,
     data_dir: str | None,
     report_path: str,
-) -> tuple[SummaryResult, str]:
+) -> tuple[SummaryResult, str, str | None]:
     """Run ``ask``'s session to its summary, printing its quote, id and progress (as
-    ``--method``'s progress printer shows it); return the summary and the session's id (as
-    printed; "" if the curator named none).
+    ``--method``'s progress printer shows it); return the summary, the session's id (as
+    printed; "" if the curator named none) and its record's key in ``data_dir``'s history
+    (None without one). The record is written as soon as the curator has created the session
+    (``running``, with its id, request key, quote and owners), so that a session whose curator
+    is lost stays listed (``dpmarket consumer sessions``).
 
     Raises
     ------
@@ -670,10 +682,14 @@ def _summarize(
     config = ask.config
     progress, update = progress_printer(method)
     created: list[str] = []
+    record: list[str] = []  # the history record's key, once written
+    key = request_id if request_id is not None else uuid.uuid4().hex
 
     def on_created(session_id: str) -> None:
         created.append(session_id)
         console.print(f"session {session_id} created", highlight=False)
+        if data_dir is not None:
+            record.extend(_record_running(data_dir, config, session_id, key, client.last_quote))
 
     try:
         with connect() as client, progress:
@@ -681,20 +697,26 @@ def _summarize(
                 *ask.data(),
                 **ask.terms(),
                 on_progress=update,
-                request_id=request_id,
+                request_id=key,
                 on_quote=lambda q: progress.console.print(quote_line(q), highlight=False),
                 on_created=on_created,
             )
     except SessionFailedError as exc:
         if data_dir is not None:
-            _record_failure(data_dir, exc, config)
+            _record_failure(data_dir, exc, config, record[0] if record else None)
         _failed(exc, config, report_path)
     except DPMarketError as exc:
-        # After the session was created (the curator lost, say): name it, so that its report
-        # can be asked for (the curator's `sessions`, the console) once the curator is back.
+        # After the session was created (the curator lost, say): name it, so that it can be
+        # asked about once the curator is back; its record stays unfinished, with the reason.
         where = f" (session {created[0]})" if created else ""
+        if data_dir is not None and record:
+            where += (
+                f"; recorded as unfinished in {data_dir}: dpmarket consumer sessions --data-dir "
+                f"{data_dir} --check asks the curator again"
+            )
+            _record_lost(data_dir, config, created[0], record[0], exc)
         raise click.ClickException(f"{exc}{where}") from exc
-    return result, (created[0] if created else "")
+    return result, (created[0] if created else ""), (record[0] if record else None)
 
 
 def _reward_offer(reward: int | None, reward_rule: str, payout_epsilon: float) -> RewardOffer:
@@ -716,10 +738,11 @@ def _record_done(
     result: SummaryResult,
     validation: NDArray[np.float64],
     session_id: str,
+    key: str | None,
 ) -> None:
     """Record a finished request in the consumer's history (best effort: a warning on error):
     with the session's id as printed (one id in the CLI and the console alike) and the MMD
-    curve the console draws for its own sessions."""
+    curve the console draws for its own sessions; ``key``: the running record it replaces."""
     from dpmarket.consumer.history import SessionHistory
     from dpmarket.consumer.report import summary_curve
 
@@ -734,13 +757,17 @@ def _record_done(
             result=document["result"],
             summary_path=str(Path(out_path).resolve()),
             mmd_curve={"sizes": [float(k) for k in curve.sizes], "mmd2": list(curve.mmd2)},
+            key=key,
         )
     except OSError as exc:
         console.print(f"[yellow]not recorded in {data_dir}: {exc}", highlight=False)
 
 
-def _record_failure(data_dir: str, exc: SessionFailedError, config: SummarizationConfig) -> None:
-    """Record a failed request in the consumer's history (best effort: a warning on error)."""
+def _record_failure(
+    data_dir: str, exc: SessionFailedError, config: SummarizationConfig, key: str | None
+) -> None:
+    """Record a failed request in the consumer's history (best effort: a warning on error),
+    replacing its running record ``key``."""
     from dpmarket.consumer.history import SessionHistory, spent
 
     try:
@@ -752,6 +779,56 @@ def _record_failure(data_dir: str, exc: SessionFailedError, config: Summarizatio
             session_id=exc.session_id,
             result=spent(exc.report),
             error=str(exc),
+            key=key,
+        )
+    except OSError as err:
+        console.print(f"[yellow]not recorded in {data_dir}: {err}", highlight=False)
+
+
+def _record_running(
+    data_dir: str,
+    config: SummarizationConfig,
+    session_id: str,
+    request_id: str,
+    quoted: Quote | None,
+) -> list[str]:
+    """Record a session the curator has just created (``running``, with its request key,
+    quote and owners; best effort: a warning on error); ``[its key]``, or ``[]``."""
+    from dpmarket.consumer.history import SessionHistory
+    from dpmarket.consumer.market import quote_json
+
+    try:
+        entry = SessionHistory(data_dir).record(
+            status="running",
+            source="request",
+            method=config.method,
+            summary_size=config.summary_size,
+            session_id=session_id,
+            request_id=request_id,
+            quote=None if quoted is None else quote_json(quoted),
+            owners=[] if quoted is None else [line.owner for line in quoted.lines],
+        )
+    except OSError as exc:
+        console.print(f"[yellow]not recorded in {data_dir}: {exc}", highlight=False)
+        return []
+    return [entry.key]
+
+
+def _record_lost(
+    data_dir: str, config: SummarizationConfig, session_id: str, key: str, exc: Exception
+) -> None:
+    """Keep a session's record unfinished, with why its end is not known (the curator lost)."""
+    from dpmarket.consumer.history import SessionHistory
+
+    try:
+        SessionHistory(data_dir).record(
+            status="running",
+            source="request",
+            method=config.method,
+            summary_size=config.summary_size,
+            session_id=session_id,
+            error=f"lost before the session ended: {exc}",
+            key=key,
         )
     except OSError as err:
         console.print(f"[yellow]not recorded in {data_dir}: {err}", highlight=False)

@@ -6,7 +6,11 @@ from a session lives with the consumer. ``dpmarket consumer request --data-dir D
 consumer's console (``dpmarket console``) record each session they ran in ``DIR/sessions/``, one
 JSON file per session: what was asked (method, p), how it ended, what it spent, each owner's
 share of the summary, its MMD² to the validation set and its MMD curve, and where the summary was
-written. The validation set itself is never recorded.
+written. The validation set itself is never recorded. ``request`` writes the record as soon as
+the curator has created the session (status ``running``, with its id, request key, quote and
+owners) and updates it when the session ends, so that a session whose curator was lost (killed,
+restarted) is listed unfinished by ``dpmarket consumer sessions``, which can ask the curator
+about it again (``--check``).
 
 Files are written atomically and readable by the consumer's user only (mode 0600, folder 0700).
 """
@@ -42,8 +46,10 @@ class RecordedSession:
     key : str
         The record's name in the history (unique; ``<created>-<id>``).
     created : float
-        Unix time, seconds, when the record was written (the session's end).
-    status : {"done", "failed"}
+        Unix time, seconds, when the record was last written (the session's end, once known).
+    status : {"running", "done", "failed"}
+        ``running``: created at the curator, its end not known to the consumer (the program
+        stopped or lost the curator before it).
     source : {"request", "console"}
         Which program ran the session.
     method : str
@@ -70,6 +76,14 @@ class RecordedSession:
     mmd_curve : dict
         ``{"sizes": [k, ...], "mmd2": [...]}``: MMD² of the first k summary points to the
         validation set (empty when not computed).
+    request_id : str
+        The request's idempotency key ("" when not known): the same request with the same key
+        returns the same session and charges nothing new.
+    quote : dict
+        The quote the session was accepted under
+        (:func:`dpmarket.consumer.market.quote_json`; empty when not known).
+    owners : list of str
+        The owners the quote names.
     """
 
     key: str
@@ -87,6 +101,14 @@ class RecordedSession:
     error: str = ""
     summary_path: str = ""
     mmd_curve: dict[str, list[float]] = field(default_factory=dict)
+    request_id: str = ""
+    quote: dict[str, Any] = field(default_factory=dict)
+    owners: list[str] = field(default_factory=list)
+
+    @property
+    def unfinished(self) -> bool:
+        """Whether the consumer does not know how the session ended."""
+        return self.status == "running"
 
     @property
     def short_id(self) -> str:
@@ -140,12 +162,16 @@ class SessionHistory:
         mmd_curve: Mapping[str, list[float]] | None = None,
         left_out: Mapping[str, str] | None = None,
         now: float | None = None,
+        key: str | None = None,
+        request_id: str = "",
+        quote: Mapping[str, Any] | None = None,
+        owners: list[str] | None = None,
     ) -> RecordedSession:
-        """Write one session's record; return it.
+        """Write one session's record (or replace the record ``key``); return it.
 
         Parameters
         ----------
-        status : {"done", "failed"}
+        status : {"running", "done", "failed"}
         source : {"request", "console"}
         method : str
         summary_size : int
@@ -162,6 +188,13 @@ class SessionHistory:
             For a failed session without a result: the owners left out.
         now : float, optional
             Unix time of the record (default: now).
+        key : str, optional
+            Replace this record (a running session's, as it ends); its request key, quote and
+            owners are kept when not given.
+        request_id : str
+        quote : mapping, optional
+            :func:`dpmarket.consumer.market.quote_json` of the session's quote.
+        owners : list of str, optional
 
         Raises
         ------
@@ -170,13 +203,19 @@ class SessionHistory:
         OSError
             If the folder cannot be written.
         """
-        if status not in ("done", "failed"):
-            raise ValueError(f"status must be 'done' or 'failed', got {status!r}")
+        if status not in ("running", "done", "failed"):
+            raise ValueError(f"status must be 'running', 'done' or 'failed', got {status!r}")
         if source not in ("request", "console"):
             raise ValueError(f"source must be 'request' or 'console', got {source!r}")
         created = time.time() if now is None else float(now)
-        tag = re.sub(r"[^A-Za-z0-9]", "", session_id)[:32] or os.urandom(6).hex()
-        key = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(created))}-{tag}"
+        before = None if key is None else self.get(key)
+        if before is not None:
+            request_id = request_id or before.request_id
+            quote = quote if quote is not None else before.quote
+            owners = owners if owners is not None else before.owners
+        if key is None or not _KEY.match(key):
+            tag = re.sub(r"[^A-Za-z0-9]", "", session_id)[:32] or os.urandom(6).hex()
+            key = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(created))}-{tag}"
         r = dict(result or {})
         entry = RecordedSession(
             key=key,
@@ -194,6 +233,9 @@ class SessionHistory:
             error=error,
             summary_path=summary_path,
             mmd_curve={k: list(v) for k, v in (mmd_curve or {}).items()},
+            request_id=request_id,
+            quote=dict(quote or {}),
+            owners=list(owners or []),
         )
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = self.folder / f"{key}.json"

@@ -173,6 +173,10 @@ _CONSUMER = Group(
             "dpmarket.consumer.cli:statements_command",
             "What each session cost, owner by owner (signed statements).",
         ),
+        "sessions": Command(
+            "dpmarket.consumer.sessions:sessions_command",
+            "The sessions this consumer recorded; --check asks again.",
+        ),
         "cape": _CAPE,
     },
 )

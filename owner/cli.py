@@ -463,8 +463,8 @@ def ledger_restore(data_dir: Path, backup_path: Path, replace_other_ledger: bool
         console.print(
             f"replaced ledger {before.identity.ledger_id} ({before.charges} charges, lifetime "
             f"epsilon {float(before.totals[0]):.6g}, {before.totals[2]} points): recorded in "
-            "the restored ledger as replaced on your request; what it charged is not counted "
-            "there, and its receipts no longer stop the owner",
+            "the restored ledger as replaced on your request, as one entry charging what it "
+            "spent (its budget stays spent), and its receipts no longer stop the owner",
             markup=False,
             highlight=False,
         )
@@ -630,8 +630,8 @@ def ledger_resolve(
         charged = (
             f"charged epsilon {r.epsilon:.6g}, delta {r.delta:.3g}, {r.points} points (charge "
             f"{r.charge})"
-            if r.charge is not None
-            else "nothing was missing"
+            if r.epsilon or r.delta or r.points
+            else f"nothing was missing (recorded as charge {r.charge}, of nothing)"
         )
         if r.replaced_ledger is not None:
             charged = (

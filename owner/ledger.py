@@ -42,7 +42,8 @@ ledger init`` or ``dpmarket init``) and is bound to its owner
 (:mod:`dpmarket.owner.ledger_chain`), and the owner signs receipts of its ledger's state for the
 curator (:meth:`OwnerLedger.receipt`); a ledger found behind a receipt it
 signed (:meth:`OwnerLedger.check_receipt`) refuses every charge until its operator resolves it
-(:meth:`OwnerLedger.resolve_rollbacks`, ``dpmarket owner ledger resolve``).
+(:meth:`OwnerLedger.resolve_rollbacks`, ``dpmarket owner ledger resolve``), with an entry of the
+chain that the owner checks (:mod:`dpmarket.owner.ledger_resolutions`).
 """
 
 from __future__ import annotations
@@ -78,7 +79,6 @@ from dpmarket.owner.ledger_chain import (
     LedgerOwner,
     add_chain,
     append_chain,
-    hash_at,
     head,
     read_identity,
 )
@@ -88,6 +88,18 @@ from dpmarket.owner.ledger_guard import (
     LedgerCheckError,
     LedgerTamperedError,
 )
+from dpmarket.owner.ledger_resolutions import (
+    DISMISSED_PREFIX,
+    ROLLBACK_PREFIX,
+    SUPERSEDED_PREFIX,
+    dismissal_session,
+    open_rollbacks,
+    owed,
+    parse_state,
+    receipt_resolved,
+    rollback_session,
+    supersession_session,
+)
 from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.receipts import (
     ReceiptError,
@@ -95,7 +107,6 @@ from dpmarket.owner.receipts import (
     open_receipt,
     seal_totals,
     sign_receipt,
-    unseal_totals,
 )
 from dpmarket.runtime.database import (
     DatabaseMissingError,
@@ -265,6 +276,20 @@ MIGRATIONS: tuple[Migration, ...] = (
     END;
     ALTER TABLE ledger_rollbacks ADD COLUMN verified INTEGER NOT NULL DEFAULT 1;
     """,
+    # 6 -> 7: a rollback's resolution is a chained entry of the ledger (a charge-back, a
+    # supersession, a dismissal: dpmarket.owner.ledger_resolutions), decided from the chain;
+    # ledger_rollbacks.resolved_at and meta's "superseded ledger" rows no longer resolve
+    # anything (an edit of them gave a rolled-back ledger its budget back). A detection is
+    # kept as found: the database refuses to delete it or change its receipt.
+    """
+    CREATE TRIGGER ledger_rollbacks_no_delete BEFORE DELETE ON ledger_rollbacks BEGIN
+        SELECT RAISE(ABORT, 'a ledger keeps every rollback it found');
+    END;
+    CREATE TRIGGER ledger_rollbacks_fixed BEFORE UPDATE OF detected_at, curator, receipt,
+    sequence, head, ledger_sequence, verified ON ledger_rollbacks BEGIN
+        SELECT RAISE(ABORT, 'a ledger keeps every rollback it found');
+    END;
+    """,
 )
 
 #: The triggers that keep the ledger's records append-only: a ledger without one of them was
@@ -283,6 +308,8 @@ GUARD_TRIGGERS = (
     "ledger_keys_no_delete",
     "earnings_no_update",
     "earnings_no_delete",
+    "ledger_rollbacks_no_delete",
+    "ledger_rollbacks_fixed",
 )
 
 #: The first schema with the ledger's identity and hash chain (migration 3 -> 4). A ledger
@@ -298,6 +325,10 @@ DAY = 86_400.0
 MAX_NAME_LENGTH = 256
 
 T = TypeVar("T")
+
+#: Session prefixes of the operator's chained records (:mod:`dpmarket.owner.ledger_resolutions`):
+#: never a session a curator may charge.
+_OPERATOR_SESSIONS = (ROLLBACK_PREFIX, SUPERSEDED_PREFIX, DISMISSED_PREFIX)
 
 _COLUMNS = "id, at, session, consumer, curator, mechanism, epsilon, delta, points, non_private"
 
@@ -425,21 +456,40 @@ class Upgrade:
     new_identity: bool
 
 
-#: ``meta`` key prefix of a ledger id this ledger replaced on its operator's explicit request
-#: (``restore --replace-other-ledger``, ``resolve --accept-replaced-ledger``): the receipts of
-#: that ledger are then not a reason to refuse.
-SUPERSEDED_KEY = "superseded ledger "
 #: ``meta`` key prefix of an explicit upgrade's record (``dpmarket owner ledger upgrade``).
 UPGRADE_KEY = "upgrade "
 
 
-def record_superseded(conn: sqlite3.Connection, ledger_id: str, how: str, at: float) -> None:
-    """Record in the ledger (``meta``, inside the caller's transaction) that it replaced
-    ``ledger_id`` on its operator's request ``how``, at Unix time ``at``."""
-    conn.execute(
-        "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-        (SUPERSEDED_KEY + ledger_id, json.dumps({"at": at, "how": how})),
+def record_superseded(
+    conn: sqlite3.Connection,
+    ledger_id: str,
+    how: str,
+    at: float,
+    spent: tuple[Fraction, Fraction, int] = (Fraction(0), Fraction(0), 0),
+) -> int:
+    """Record, as a chained entry of the ledger (inside the caller's transaction), that it
+    replaced ledger ``ledger_id`` on its operator's request ``how`` at Unix time ``at``,
+    charging ``spent`` (that ledger's lifetime epsilon, delta and points when they are known:
+    ``restore --replace-other-ledger``; nothing for ``resolve --accept-replaced-ledger``). The
+    receipts of that ledger are accepted from then on
+    (:func:`~dpmarket.owner.ledger_resolutions.receipt_resolved`). Returns the entry's number.
+
+    Notes
+    -----
+    The policy's limits do not apply: the entry records privacy already spent. Epsilon and
+    delta are rounded up (delta kept below 1, as a charge's must be).
+    """
+    epsilon, delta, points = spent
+    request = _Request(
+        session=supersession_session(ledger_id),
+        consumer="operator",
+        curator="operator",
+        mechanism=f"ledger {ledger_id} replaced by this one ({how})",
+        epsilon=_round_up(epsilon),
+        delta=min(_round_up(delta), math.nextafter(1.0, 0)),
+        points=int(points),
     )
+    return _append_entry(conn, request, at)[0]
 
 
 @dataclass(frozen=True)
@@ -460,7 +510,8 @@ class Resolution:
     points : int
         Likewise, raw points.
     charge : int or None
-        The charge recorded, or None when nothing was missing (or could be charged).
+        The chained entry that resolves it (a charge-back, of zero when nothing was missing; an
+        acceptance or a dismissal, of zero).
     replaced_ledger : str or None
         For a receipt of another ledger of this owner: that ledger's id, now recorded as
         replaced by this one (nothing is charged: its totals are sealed under its own key).
@@ -670,6 +721,32 @@ class _Request:
         return math.isinf(self.epsilon)
 
 
+def _append_entry(
+    conn: sqlite3.Connection, request: _Request, now: float
+) -> tuple[int, tuple[Any, ...], bytes]:
+    """Insert and chain one charge (inside the caller's write transaction): its id, its row
+    values after the id, its chain hash."""
+    values = (
+        now,
+        request.session,
+        request.consumer,
+        request.curator,
+        request.mechanism,
+        request.epsilon,
+        request.delta,
+        request.points,
+        int(request.non_private),
+    )
+    cursor = conn.execute(
+        "INSERT INTO charges (at, session, consumer, curator, mechanism, epsilon, delta, "
+        "points, non_private) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        values,
+    )
+    row_id = cursor.lastrowid
+    assert row_id is not None
+    return row_id, values, append_chain(conn, row_id)
+
+
 class OwnerLedger:
     """One owner's durable ledger, enforcing its :class:`~dpmarket.owner.policy.OwnerPolicy`.
 
@@ -758,6 +835,8 @@ class OwnerLedger:
         self._clock = clock
         self._lock = threading.Lock()
         self._pending: list[tuple[tuple[Any, ...], bytes]] = []
+        self._rollback_cache: tuple[tuple[int, int, Any], list[int]] | None = None
+        self._resolved_rollbacks: set[int] = set()  # decided once: the chain only grows
         try:
             # A rollback journal, not WAL: a committed charge is in owner.sqlite3 itself, so a
             # lost or truncated file beside it cannot take a charge back in silence. A file
@@ -787,6 +866,7 @@ class OwnerLedger:
                 self._guard = ChainGuard.load(
                     self._conn, self._path, expected_tables=TABLES, expected_triggers=GUARD_TRIGGERS
                 )
+            self._warn_marked_resolved()
         except BaseException:
             self._conn.close()
             raise
@@ -1069,6 +1149,11 @@ class OwnerLedger:
             raise InvalidArgumentError(f"points must be an integer >= 0, got {points!r}")
         if points < 0:
             raise InvalidArgumentError(f"points must be an integer >= 0, got {points}")
+        if isinstance(session, str) and session.startswith(_OPERATOR_SESSIONS):
+            raise InvalidArgumentError(
+                f"session {session[:40]!r}: session ids starting with "
+                f"{', '.join(_OPERATOR_SESSIONS)} are the ledger operator's records; use another id"
+            )
         return _Request(
             session=_name(session, "session"),
             consumer=_name(consumer, "consumer"),
@@ -1167,33 +1252,55 @@ class OwnerLedger:
 
     def _refuse_if_rolled_back(self) -> None:
         """Raise :class:`LedgerRollbackError` while a rollback found is not resolved."""
-        found = self._conn.execute(
-            "SELECT 1 FROM ledger_rollbacks WHERE resolved_at IS NULL LIMIT 1"
-        ).fetchone()
-        if found is not None:
+        if self._open_rollbacks():
             raise LedgerRollbackError(ROLLBACK_MESSAGE)
+
+    def _open_rollbacks(self) -> list[int]:
+        """The rollbacks found whose receipts the chain does not resolve
+        (:func:`~dpmarket.owner.ledger_resolutions.open_rollbacks`), decided again only when
+        the chain's head or the number of detections changed (inside a transaction or
+        snapshot)."""
+        sequence, _ = head(self._conn)
+        count, last = self._conn.execute(
+            "SELECT COUNT(*), MAX(id) FROM ledger_rollbacks"
+        ).fetchone()
+        key = (sequence, int(count), last)
+        if self._rollback_cache is None or self._rollback_cache[0] != key:
+            found = open_rollbacks(self._conn, skip=self._resolved_rollbacks)
+            numbers = {int(r[0]) for r in self._conn.execute("SELECT id FROM ledger_rollbacks")}
+            self._resolved_rollbacks |= numbers - set(found)
+            self._rollback_cache = (key, found)
+        return self._rollback_cache[1]
+
+    def _warn_marked_resolved(self) -> None:
+        """Log the rollbacks ``ledger_rollbacks`` marks resolved that the chain does not
+        resolve (an edit of the file, or a resolution by a release before schema 7), with what
+        the operator does: the owner refuses every charge until then."""
+        with snapshot(self._conn):
+            found = self._open_rollbacks()
+            marked = [
+                int(r[0])
+                for r in self._conn.execute(
+                    "SELECT id FROM ledger_rollbacks WHERE resolved_at IS NOT NULL ORDER BY id"
+                )
+                if int(r[0]) in found
+            ]
+        if marked:
+            logger.error(
+                "ledger %s: rollback(s) %s are marked resolved, but the ledger's chain holds no "
+                "entry that resolves them (the mark was edited into the file, or written by a "
+                "release before schema 7, which kept it outside the chain). The owner refuses "
+                "every session and job until its operator runs dpmarket owner ledger resolve "
+                "--data-dir %s (with --accept-replaced-ledger or --dismiss-unverified-receipts "
+                "if it asks) or restores a newer backup (docs/howto-ledger.md)",
+                self._path,
+                ", ".join(map(str, marked)),
+                self._path.parent,
+            )
 
     def _insert(self, request: _Request, now: float) -> int:
         """Insert and chain one charge (inside the caller's write transaction); its id."""
-        values = (
-            now,
-            request.session,
-            request.consumer,
-            request.curator,
-            request.mechanism,
-            request.epsilon,
-            request.delta,
-            request.points,
-            int(request.non_private),
-        )
-        cursor = self._conn.execute(
-            "INSERT INTO charges (at, session, consumer, curator, mechanism, epsilon, delta, "
-            "points, non_private) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            values,
-        )
-        row_id = cursor.lastrowid
-        assert row_id is not None
-        digest = append_chain(self._conn, row_id)
+        row_id, values, digest = _append_entry(self._conn, request, now)
         self._pending.append(((row_id, *values), digest))
         return row_id
 
@@ -1382,9 +1489,12 @@ class OwnerLedger:
         rollback behind it. The price: a curator presenting a forged receipt
         makes the owner refuse until its operator resolves it, a denial of service a curator
         has anyway by not calling the owner; it cannot hide a rollback with one.
-        A receipt already resolved (:meth:`resolve_rollbacks`) is accepted,
-        and so is one of a ledger this one was recorded as replacing on its operator's
-        request (``restore --replace-other-ledger``, ``resolve --accept-replaced-ledger``).
+        A receipt the ledger's chain resolves is accepted: one whose charge-back entry
+        (:meth:`resolve_rollbacks`) charges what it shows lost, one of a ledger this one
+        records replacing in an entry (``restore --replace-other-ledger``, ``resolve
+        --accept-replaced-ledger``), or an unverified one a dismissal entry names
+        (:func:`~dpmarket.owner.ledger_resolutions.receipt_resolved`). Nothing outside the
+        chain (``ledger_rollbacks.resolved_at``, ``meta``) resolves a receipt.
         """
         if receipt is None or not (receipt.state or receipt.signature):
             with self._lock, _unavailable_when_busy(self._path), snapshot(self._conn):
@@ -1393,10 +1503,7 @@ class OwnerLedger:
         found = None
         with self._lock, _unavailable_when_busy(self._path), transaction(self._conn):
             self._refuse_if_rolled_back()
-            keys = {
-                str(f): bytes(k)
-                for f, k in self._conn.execute("SELECT fingerprint, public_key FROM ledger_keys")
-            }
+            keys = self._keys()
             verified = True
             try:
                 state, _ = open_receipt(receipt, keys)
@@ -1411,21 +1518,23 @@ class OwnerLedger:
                     )
                     return
                 state, verified = unverified, False
-                if self._resolved_unverified(receipt):
-                    return
             other = state.ledger_id != self._identity.ledger_id
-            if other and self._superseded(state.ledger_id):
-                logger.info(
-                    "%s presented a receipt of ledger %s, which this ledger replaced on its "
-                    "operator's request: accepted",
-                    curator,
-                    state.ledger_id,
-                )
-                return
-            if not other and (
-                hash_at(self._conn, state.sequence) == state.head
-                or (verified and self._resolved(state))
+            blob = receipt.SerializeToString()
+            if receipt_resolved(
+                self._conn,
+                blob,
+                ledger_id=self._identity.ledger_id,
+                key=self._seal_key(),
+                keys=keys,
+                verified=verified,
             ):
+                if other:
+                    logger.info(
+                        "%s presented a receipt of ledger %s, which this ledger replaced on its "
+                        "operator's request: accepted",
+                        curator,
+                        state.ledger_id,
+                    )
                 return
             sequence, _ = head(self._conn)
             self._conn.execute(
@@ -1434,7 +1543,7 @@ class OwnerLedger:
                 (
                     float(self._clock()),
                     curator,
-                    receipt.SerializeToString(),
+                    blob,
                     state.sequence,
                     bytes(state.head),
                     sequence,
@@ -1514,70 +1623,69 @@ class OwnerLedger:
         )
         raise LedgerRollbackError(ROLLBACK_MESSAGE)
 
-    def _resolved_unverified(self, receipt: privacy_pb2.LedgerReceipt) -> bool:
-        """Whether this unverified receipt, byte for byte, was resolved already."""
-        return (
-            self._conn.execute(
-                "SELECT 1 FROM ledger_rollbacks WHERE receipt = ? AND verified = 0 "
-                "AND resolved_at IS NOT NULL LIMIT 1",
-                (receipt.SerializeToString(),),
-            ).fetchone()
-            is not None
-        )
-
-    def _superseded(self, ledger_id: str) -> bool:
-        return (
-            self._conn.execute(
-                "SELECT 1 FROM meta WHERE key = ?", (SUPERSEDED_KEY + ledger_id,)
-            ).fetchone()
-            is not None
-        )
-
-    def _resolved(self, state: privacy_pb2.LedgerState) -> bool:
-        return (
-            self._conn.execute(
-                "SELECT 1 FROM ledger_rollbacks WHERE sequence = ? AND head = ? "
-                "AND resolved_at IS NOT NULL LIMIT 1",
-                (state.sequence, bytes(state.head)),
-            ).fetchone()
-            is not None
-        )
+    def _keys(self) -> dict[str, bytes]:
+        """The ledger's certificate keys: fingerprint -> DER public key."""
+        return {
+            str(f): bytes(k)
+            for f, k in self._conn.execute("SELECT fingerprint, public_key FROM ledger_keys")
+        }
 
     def rollbacks(self) -> list[tuple[int, float, str, int, int, float | None]]:
         """Every rollback found: ``(number, detected_at, curator, receipt's last charge,
-        ledger's last charge then, resolved_at or None)``, oldest first."""
+        ledger's last charge then, resolved)``, oldest first. ``resolved`` is None while the
+        chain does not resolve it (:mod:`dpmarket.owner.ledger_resolutions`), else when its
+        operator resolved it (the detection's time when the ledger holds the receipt's state:
+        a newer copy restored)."""
         with self._lock, snapshot(self._conn):
+            found = set(self._open_rollbacks())
             rows = self._conn.execute(
                 "SELECT id, detected_at, curator, sequence, ledger_sequence, resolved_at "
                 "FROM ledger_rollbacks ORDER BY id"
             ).fetchall()
-        return [(int(r[0]), float(r[1]), str(r[2]), int(r[3]), int(r[4]), r[5]) for r in rows]
+        return [
+            (
+                int(r[0]),
+                float(r[1]),
+                str(r[2]),
+                int(r[3]),
+                int(r[4]),
+                None if int(r[0]) in found else float(r[1] if r[5] is None else r[5]),
+            )
+            for r in rows
+        ]
 
     def resolve_rollbacks(
         self, *, accept_replaced_ledger: bool = False, dismiss_unverified: bool = False
     ) -> list[Resolution]:
         """Resolve every rollback found: charge what each receipt shows was lost, then serve.
 
+        Every resolution is a chained entry of the ledger (a row of its charges, in its hash
+        chain), and the owner decides from the chain alone whether a receipt is resolved
+        (:func:`~dpmarket.owner.ledger_resolutions.receipt_resolved`): an edit of the file's
+        unchained tables resolves nothing, and an edit or deletion of an entry breaks
+        ``verify``.
+
         For each receipt the ledger was found behind, the charges it covers that this ledger
-        does not hold are charged again as one entry (session ``ledger-rollback-N``), now:
-        the receipt's sealed lifetime totals minus the totals of this ledger's charges up to
-        the receipt's last charge that were made before the receipt was signed (rounded up;
-        nothing when the difference is not positive). The policy's limits do not apply: the
-        charge records privacy already spent. The receipt is then accepted when presented
-        again, and the ledger serves.
+        does not hold are charged again as one entry (session ``ledger-rollback-<receipt's
+        charge>-<its chain head>``), now: the receipt's sealed lifetime totals minus the totals
+        of this ledger's charges up to the receipt's last charge that were made before the
+        receipt was signed (:func:`~dpmarket.owner.ledger_resolutions.owed`, rounded up; an
+        entry of zero when nothing is missing). The policy's limits do not apply: the charge
+        records privacy already spent. The receipt is then accepted when presented again, and
+        the ledger serves.
 
         A receipt of *another* ledger of this owner (this ledger replaced it) cannot be charged
         back: its totals are sealed under that ledger's key. It is resolved only with
-        ``accept_replaced_ledger``, which records that ledger as replaced by this one
-        (:func:`record_superseded`): its receipts are accepted from then on, and what it
-        charged is lost to the budget, on the operator's record.
+        ``accept_replaced_ledger``, which records that ledger as replaced by this one (an entry
+        charging nothing, :func:`record_superseded`): its receipts are accepted from then on,
+        and what it charged is lost to the budget, on the operator's record.
 
         A receipt no key of this ledger verifies (*unverified*: the ledger's keys were changed,
         or the curator forged it) is charged back as above when its sealed totals open under
         this ledger's own sealing key, which only this ledger and its copies hold (AES-GCM
         authenticates them, bound to the receipt's ledger, charge and chain head): it is this
         ledger's own receipt. One whose totals do not open is resolved only with
-        ``dismiss_unverified``, which records it resolved and charges nothing.
+        ``dismiss_unverified``, which records an entry dismissing it and charges nothing.
 
         Parameters
         ----------
@@ -1595,9 +1703,11 @@ class OwnerLedger:
         Raises
         ------
         ValueError
-            If a recorded receipt's totals cannot be read (not sealed by this ledger): restore
-            a newer copy of the ledger instead; or a receipt is of another ledger of this owner
-            and ``accept_replaced_ledger`` is false. Nothing is written then.
+            If a receipt this ledger's key verifies has totals that cannot be read (not sealed
+            by this ledger): restore a newer copy of the ledger instead; or a receipt is of
+            another ledger of this owner and ``accept_replaced_ledger`` is false; or an
+            unverified one's totals do not open and ``dismiss_unverified`` is false. Nothing is
+            written then.
 
         Notes
         -----
@@ -1612,24 +1722,35 @@ class OwnerLedger:
         with self._lock, _unavailable_when_busy(self._path), self._writing():
             self._guard.sync(self._conn)
             now = float(self._clock())
-            key = self._seal_key()
+            key, keys = self._seal_key(), self._keys()
+            found = set(open_rollbacks(self._conn))
             rows = self._conn.execute(
-                "SELECT id, curator, receipt, ledger_sequence, verified FROM ledger_rollbacks "
-                "WHERE resolved_at IS NULL ORDER BY id"
+                "SELECT id, curator, receipt, ledger_sequence FROM ledger_rollbacks ORDER BY id"
             ).fetchall()
-            for number, curator, blob, ledger_sequence, verified in rows:
-                state = privacy_pb2.LedgerState.FromString(
-                    privacy_pb2.LedgerReceipt.FromString(bytes(blob)).state
-                )
-                found = (int(number), str(curator), state, int(ledger_sequence), now)
+            for number, curator, blob, ledger_sequence in rows:
+                blob = bytes(blob)
+                if int(number) not in found or receipt_resolved(
+                    self._conn, blob, ledger_id=self._identity.ledger_id, key=key, keys=keys
+                ):
+                    continue  # resolved already, or by an entry written for an earlier one
+                state = parse_state(blob)
+                try:
+                    open_receipt(privacy_pb2.LedgerReceipt.FromString(blob), keys)
+                    verified = True
+                except ReceiptError:
+                    verified = False
+                detection = (int(number), str(curator), state, int(ledger_sequence), now)
                 if not verified:
                     out.append(
-                        self._resolve_unverified(*found, key=key, dismiss=dismiss_unverified)
+                        self._resolve_unverified(
+                            *detection, key=key, receipt=blob, dismiss=dismiss_unverified
+                        )
                     )
                 elif state.ledger_id != self._identity.ledger_id:
-                    out.append(self._resolve_replaced(*found, accept=accept_replaced_ledger))
+                    out.append(self._resolve_replaced(*detection, accept=accept_replaced_ledger))
                 else:
-                    out.append(self._resolve_lost(*found, key=key))
+                    out.append(self._resolve_lost(*detection, key=key))
+        self._rollback_cache = None
         return out
 
     def _resolve_replaced(
@@ -1657,36 +1778,57 @@ class OwnerLedger:
                 "loss on record: dpmarket owner ledger resolve "
                 "--accept-replaced-ledger"
             )
-        record_superseded(self._conn, state.ledger_id, "resolve --accept-replaced-ledger", now)
+        request = _Request(
+            session=supersession_session(state.ledger_id),
+            consumer="operator",
+            curator=curator,
+            mechanism=(
+                f"ledger {state.ledger_id} replaced by this one (resolve "
+                "--accept-replaced-ledger): what it charged is not counted"
+            ),
+            epsilon=0.0,
+            delta=0.0,
+            points=0,
+        )
         return self._resolved_uncharged(
-            number, curator, state, ledger_sequence, now, replaced_ledger=state.ledger_id
+            number,
+            state,
+            ledger_sequence,
+            now,
+            self._insert(request, now),
+            replaced_ledger=state.ledger_id,
         )
 
     def _resolved_uncharged(
         self,
         number: int,
-        curator: str,
         state: privacy_pb2.LedgerState,
         ledger_sequence: int,
         now: float,
+        entry: int,
         *,
         replaced_ledger: str | None = None,
         dismissed: bool = False,
     ) -> Resolution:
-        """Mark rollback ``number`` resolved at ``now`` with nothing charged back (an operator's
-        decision on record: a replaced ledger accepted, or an unverified receipt dismissed)."""
+        """Note rollback ``number`` resolved at ``now`` by the chained entry ``entry``, which
+        charges nothing (an operator's decision on record: a replaced ledger accepted, or an
+        unverified receipt dismissed)."""
+        row = self._conn.execute(
+            "SELECT curator FROM ledger_rollbacks WHERE id = ?", (number,)
+        ).fetchone()
         self._conn.execute(
-            "UPDATE ledger_rollbacks SET resolved_at = ? WHERE id = ?", (now, number)
+            "UPDATE ledger_rollbacks SET resolved_at = ?, charge = ? WHERE id = ?",
+            (now, entry, number),
         )
         return Resolution(
             rollback=int(number),
-            curator=str(curator),
+            curator=str(row[0]),
             receipt_sequence=int(state.sequence),
             ledger_sequence=int(ledger_sequence),
             epsilon=0.0,
             delta=0.0,
             points=0,
-            charge=None,
+            charge=entry,
             replaced_ledger=replaced_ledger,
             dismissed=dismissed,
         )
@@ -1700,6 +1842,7 @@ class OwnerLedger:
         now: float,
         *,
         key: bytes,
+        receipt: bytes,
         dismiss: bool,
     ) -> Resolution:
         """Resolve rollback ``number``, a receipt no key of this ledger verifies: charge back
@@ -1728,9 +1871,20 @@ class OwnerLedger:
             state.ledger_id,
             state.sequence,
         )
-        return self._resolved_uncharged(
-            number, curator, state, ledger_sequence, now, dismissed=True
+        request = _Request(
+            session=dismissal_session(receipt),
+            consumer="operator",
+            curator=curator,
+            mechanism=(
+                f"unverified receipt (ledger {state.ledger_id}, up to charge {state.sequence}) "
+                "dismissed (resolve --dismiss-unverified-receipts)"
+            ),
+            epsilon=0.0,
+            delta=0.0,
+            points=0,
         )
+        entry = self._insert(request, now)
+        return self._resolved_uncharged(number, state, ledger_sequence, now, entry, dismissed=True)
 
     def _resolve_lost(
         self,
@@ -1743,43 +1897,30 @@ class OwnerLedger:
         key: bytes,
     ) -> Resolution:
         """Resolve rollback ``number``, a receipt of this ledger, for :meth:`resolve_rollbacks`
-        (inside its transaction): charge again what it shows was lost."""
+        (inside its transaction): charge again what it shows was lost, as the chained entry
+        that resolves it (:func:`~dpmarket.owner.ledger_resolutions.rollback_session`; zero
+        when nothing is missing)."""
         try:
-            lost = unseal_totals(
-                key,
-                state.sealed_totals,
-                ledger_id=state.ledger_id,
-                sequence=state.sequence,
-                head=bytes(state.head),
-            )
+            due = owed(self._conn, key, state, before=head(self._conn)[0] + 1)
         except ReceiptError as exc:
             raise ValueError(
                 f"rollback {number}: {exc}; restore a newer copy of the ledger instead"
             ) from None
-        shared = self._spent(
-            "id <= ? AND at <= ?",
-            (min(state.sequence, head(self._conn)[0]), state.signed_at),
-        )
-        epsilon = _round_up(max(lost.epsilon - shared.epsilon, Fraction(0)))
-        delta = min(_round_up(max(lost.delta - shared.delta, Fraction(0))), math.nextafter(1.0, 0))
-        points = max(lost.points - shared.points, 0)
-        charge_id = None
-        if epsilon > 0 or delta > 0 or points > 0:
-            charge_id = self._insert(
-                _Request(
-                    session=f"ledger-rollback-{number}",
-                    consumer="operator",
-                    curator=str(curator),
-                    mechanism=(
-                        f"charges lost in a rollback (receipt up to charge "
-                        f"{state.sequence}, ledger at charge {ledger_sequence})"
-                    ),
-                    epsilon=epsilon,
-                    delta=delta,
-                    points=points,
+        charge_id = self._insert(
+            _Request(
+                session=rollback_session(state),
+                consumer="operator",
+                curator=str(curator),
+                mechanism=(
+                    f"charges lost in a rollback (receipt up to charge "
+                    f"{state.sequence}, ledger at charge {ledger_sequence})"
                 ),
-                now,
-            )
+                epsilon=due.epsilon,
+                delta=due.delta,
+                points=due.points,
+            ),
+            now,
+        )
         self._conn.execute(
             "UPDATE ledger_rollbacks SET resolved_at = ?, charge = ? WHERE id = ?",
             (now, charge_id, number),
@@ -1789,9 +1930,9 @@ class OwnerLedger:
             curator=str(curator),
             receipt_sequence=int(state.sequence),
             ledger_sequence=int(ledger_sequence),
-            epsilon=epsilon,
-            delta=delta,
-            points=points,
+            epsilon=due.epsilon,
+            delta=due.delta,
+            points=due.points,
             charge=charge_id,
         )
 

@@ -13,9 +13,9 @@ the how-to is docs/howto-ledger.md.
   backup first (an owner ledger, its chain whole, the same ledger as the one it replaces),
   moves the current files aside (never deletes them; a stale journal left beside a restored
   file would be played onto it) and copies the backup in. Restoring over *another* ledger of
-  the owner (``--replace-other-ledger``) records the ledger it replaces in the restored one, so
-  that the receipts of that ledger are recognised as replaced rather than refused; what that
-  ledger charged is not counted in the restored one.
+  the owner (``--replace-other-ledger``) records the ledger it replaces in the restored one, as
+  a chained entry charging what that ledger spent, so that the receipts of that ledger are
+  recognised as replaced rather than refused and its spending is not lost.
 * :func:`upgrade_ledger` migrates a ledger of an earlier release to this build's schema, on its
   operator's explicit request (the owner never migrates its ledger on its own: a file taken back
   to an earlier format would otherwise be bound again with a new id and its budget reset), and
@@ -58,6 +58,7 @@ from dpmarket.owner.ledger_chain import (
     Verification,
     verify_ledger,
 )
+from dpmarket.owner.ledger_resolutions import open_rollbacks
 from dpmarket.owner.policy import data_dir_policy
 from dpmarket.runtime.database import backup_database, open_read_only, transaction
 from dpmarket.runtime.transport import TransportSecurity
@@ -171,7 +172,12 @@ def verify_file(path: str | os.PathLike[str], *, owner: LedgerOwner | None = Non
             raise LedgerUpgradeRequiredError(upgrade_message(path, version, len(MIGRATIONS)))
     conn = open_read_only(path, application=APPLICATION, schema_version=len(MIGRATIONS))
     try:
-        found = verify_ledger(conn, expected_tables=TABLES, expected_triggers=GUARD_TRIGGERS)
+        found = verify_ledger(
+            conn,
+            expected_tables=TABLES,
+            expected_triggers=GUARD_TRIGGERS,
+            rollbacks=lambda c: len(open_rollbacks(c)),
+        )
     finally:
         conn.close()
     if owner is not None and found.identity is not None:
@@ -249,8 +255,10 @@ def restore_ledger(
         A backup (:func:`backup_ledger`), or any copy of an owner ledger.
     replace_other : bool
         Allow replacing a readable ledger with a backup of *another* ledger (another ledger id).
-        The replaced ledger's id is then recorded in the restored one (its receipts are
-        recognised as replaced, not refused); its charges are not counted in the restored one.
+        The replaced ledger is then recorded in the restored one as a chained entry that
+        charges its lifetime epsilon, delta and points (``record_superseded`` of
+        :mod:`dpmarket.owner.ledger`): its receipts are recognised as replaced, not refused,
+        and what it spent stays spent.
 
     Returns
     -------
@@ -303,8 +311,9 @@ def restore_ledger(
     target.parent.mkdir(parents=True, exist_ok=True)
     backup_database(backup, target, application=APPLICATION)
     if other:
-        # The operator's explicit act, on the restored ledger's record: the receipts of the
-        # ledger it replaced are recognised (not refused) from now on.
+        # The operator's explicit act, on the restored ledger's record (a chained entry that
+        # charges what the replaced ledger spent): the receipts of the ledger it replaced are
+        # recognised (not refused) from now on.
         assert current is not None and current.identity is not None
         with (
             closing(sqlite3.connect(target, isolation_level=None)) as conn,
@@ -315,5 +324,6 @@ def restore_ledger(
                 current.identity.ledger_id,
                 "restore --replace-other-ledger",
                 datetime.now(UTC).timestamp(),
+                current.totals,
             )
     return verify_file(target), moved

@@ -38,7 +38,7 @@ import secrets
 import sqlite3
 import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -416,7 +416,8 @@ class Verification:
         Lifetime epsilon, delta (private charges, exact) and points, recomputed from the
         charges.
     open_rollbacks : int
-        Receipts the ledger was found behind that its operator has not resolved.
+        Receipts the ledger was found behind that its chain does not resolve (no entry of its
+        operator's resolves them: :mod:`dpmarket.owner.ledger_resolutions`).
     problems : tuple of ChainProblem
         Empty when the ledger is whole.
     """
@@ -481,6 +482,7 @@ def verify_ledger(
     expected_tables: Iterable[str],
     expected_triggers: Iterable[str] = (),
     sqlite_check: bool = True,
+    rollbacks: Callable[[sqlite3.Connection], int] | None = None,
 ) -> Verification:
     """Check a ledger whole: SQLite's integrity, its tables, identity, chain and running totals.
 
@@ -496,6 +498,9 @@ def verify_ledger(
     sqlite_check : bool, default True
         Whether to run ``PRAGMA integrity_check`` (every page of the file) too; the owner's
         check at start leaves it out (it reads every row it needs anyway).
+    rollbacks : callable, optional
+        Counts the rollbacks found that the ledger's chain does not resolve
+        (:func:`dpmarket.owner.ledger_resolutions.open_rollbacks`); none are counted without it.
 
     Returns
     -------
@@ -557,11 +562,7 @@ def verify_ledger(
             delta += Fraction(float(dlt)) * int(count)
         points += int(total)
     problems += _check_totals(conn)
-    open_rollbacks = int(
-        conn.execute("SELECT COUNT(*) FROM ledger_rollbacks WHERE resolved_at IS NULL").fetchone()[
-            0
-        ]
-    )
+    open_rollbacks = 0 if rollbacks is None or identity is None else rollbacks(conn)
     return Verification(
         identity=identity,
         charges=charges,

@@ -47,3 +47,39 @@ def test_records_read_back_newest_first_and_private(tmp_path: Path) -> None:
 def test_a_bad_status_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="status"):
         SessionHistory(tmp_path).record(status="lost", source="request", method="x", summary_size=1)
+
+
+def test_a_running_record_is_replaced_when_the_session_ends_keeping_its_quote(
+    tmp_path: Path,
+) -> None:
+    """A session recorded when it is created (running: its id, request key, quote, owners) and
+    replaced, under the same key, when it ends; what the end does not repeat is kept."""
+    history = SessionHistory(tmp_path)
+    running = history.record(
+        status="running",
+        source="request",
+        method="candidates",
+        summary_size=20,
+        session_id="2db8d0d2d08168c3bffac8daefcd8fed",
+        request_id="key-1",
+        quote={"total": 12_500_000, "total_credits": "12.50"},
+        owners=["senior", "young"],
+        now=1_000_000.0,
+    )
+    assert running.unfinished and [e.key for e in history.entries()] == [running.key]
+    ended = history.record(
+        status="failed",
+        source="request",
+        method="candidates",
+        summary_size=20,
+        session_id=running.session_id,
+        error="session failed: the curator restarted",
+        key=running.key,
+        now=1_000_050.0,
+    )
+    assert [e.key for e in history.entries()] == [running.key] and not ended.unfinished
+    assert (ended.request_id, ended.owners, ended.quote) == (
+        "key-1",
+        ["senior", "young"],
+        running.quote,
+    )

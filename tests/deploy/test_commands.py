@@ -44,6 +44,7 @@ SERVICE_COMMANDS = [
     ("consumer", "rank-owners"),
     ("consumer", "specs"),
     ("consumer", "sketches"),
+    ("consumer", "sessions"),
     ("consumer", "cape", "mean"),
     ("consumer", "cape", "linreg"),
     ("consumer", "cape", "logreg"),

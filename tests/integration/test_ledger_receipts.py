@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from dpmarket.common.errors import FailedPreconditionError
+from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError
 from dpmarket.common.summarization.rff import draw_rff_params
 from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
 from dpmarket.curator.owners import GrpcOwnerEndpoint
@@ -55,10 +55,15 @@ from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import owner_pb2, owner_pb2_grpc, privacy_pb2
 from tests.owner.ledger_attacks import (
     NoGuard,
+    append_entry,
     delete_totals,
     downgrade,
+    mark_rollbacks_resolved,
+    old_rule_open,
+    old_rule_resolved,
     raw_charges,
     without_triggers,
+    write_superseded_row,
 )
 
 pytestmark = pytest.mark.integration
@@ -211,7 +216,8 @@ def test_a_ledger_restored_from_an_older_copy_is_refused_until_resolved(
         (resolution,) = ledger.resolve_rollbacks()
     assert (resolution.points, resolution.epsilon, resolution.receipt_sequence) == (2, 0.0, 2)
     after = d.run(lambda keeping, _: session(keeping))
-    assert charges(d) == [(first, 2), (forgotten, 2), ("ledger-rollback-1", 2), (after, 2)]
+    lost = f"ledger-rollback-{state.sequence}-{state.head.hex()}"  # names the receipt
+    assert charges(d) == [(first, 2), (forgotten, 2), (lost, 2), (after, 2)]
 
 
 # ------------------------------------------------------------------------ forged receipts
@@ -275,14 +281,14 @@ def test_a_forged_receipt_only_makes_the_owner_wait_for_its_operator(
     dismissed = CliRunner().invoke(ledger_cli, [*resolve, "--dismiss-unverified-receipts"])
     assert dismissed.exit_code == 0, dismissed.output
     assert "dismissed on record: nothing charged" in " ".join(dismissed.output.split())
-    d.run(_present(forged))  # dismissed on record: served, charged as without it
-    assert len(charges(d)) == 2 + len(ignored)
+    d.run(_present(forged))  # dismissed on record (a chained entry of 0): served
+    assert [p for _, p in charges(d)] == [2] * (1 + len(ignored)) + [0, 2]
 
     # Control: the same state signed with the owner's own key is a receipt it signed, and the
     # ledger is behind it: refused, nothing charged.
     with pytest.raises(FailedPreconditionError, match="behind a receipt it signed"):
         d.run(_present(sign_receipt(owner_key, _state(d, 99))))
-    assert len(charges(d)) == 2 + len(ignored)
+    assert len(charges(d)) == 3 + len(ignored)
 
 
 # ------------------------------------------------------------------ round 3: running totals, schema
@@ -377,7 +383,7 @@ def test_a_ledger_taken_back_to_the_previous_schema_is_refused_by_the_curators_r
         (resolved,) = ledger.resolve_rollbacks(accept_replaced_ledger=True)
     assert resolved.replaced_ledger == real
     d.run(lambda keeping, _: session(keeping))
-    assert len(raw_charges(d.data_dir)) == 3
+    assert [p for _, _, p in raw_charges(d.data_dir)] == [2, 2, 0, 2]  # the acceptance: 0
 
 
 # ------------------------------------------------------------------ round 4: the ledger's keys
@@ -462,12 +468,168 @@ def test_a_ledger_of_the_previous_schema_gets_its_keys_protected_on_upgrade(
         conn.execute("DROP TRIGGER ledger_keys_no_update")
         conn.execute("DROP TRIGGER ledger_keys_no_delete")
         conn.execute("ALTER TABLE ledger_rollbacks DROP COLUMN verified")
+        conn.execute("DROP TRIGGER ledger_rollbacks_no_delete")
+        conn.execute("DROP TRIGGER ledger_rollbacks_fixed")
         conn.execute("PRAGMA user_version = 5")
     upgraded = OwnerLedger.upgrade(d.data_dir)
-    assert (upgraded.before, upgraded.after, upgraded.charges) == (5, 6, 1)
+    assert (upgraded.before, upgraded.after, upgraded.charges) == (5, 7, 1)
     assert verify_file(ledger_path(d.data_dir)).ok
     with (
         closing(sqlite3.connect(ledger_path(d.data_dir))) as conn,
         pytest.raises(sqlite3.IntegrityError, match="keeps every key"),
     ):
         conn.execute("DELETE FROM ledger_keys")
+
+
+# ------------------------------------------------------------------ round 5: unchained rows
+def _rolled_back(d: Deployment, tmp_path: Path) -> privacy_pb2.LedgerState:
+    """Two sessions with a backup between, the backup restored (the owner stopped), and the
+    curator's receipt presented: refused, the rollback recorded. The receipt's state."""
+    backup = tmp_path / "backup.sqlite3"
+
+    async def two_sessions(keeping: GrpcOwnerEndpoint, _: GrpcOwnerEndpoint) -> None:
+        await session(keeping)
+        await asyncio.to_thread(backup_ledger, d.data_dir, backup)
+        await session(keeping, points=3)
+
+    d.run(two_sessions)
+    held = d.store.owner_receipt(OWNER.name)
+    assert held is not None
+    restore_ledger(d.data_dir, backup)
+    assert ROLLBACK_MESSAGE in d.run(_refused("keeping"))
+    return privacy_pb2.LedgerState.FromString(privacy_pb2.LedgerReceipt.FromString(held).state)
+
+
+def _old_rule(patch: pytest.MonkeyPatch) -> None:
+    """The defence off: rollbacks resolved by ``ledger_rollbacks.resolved_at`` and ``meta``
+    rows, as before schema 7 (owner and verify alike)."""
+    from dpmarket.owner import ledger_admin
+
+    patch.setattr(ledger_module, "receipt_resolved", old_rule_resolved)
+    patch.setattr(ledger_module, "open_rollbacks", old_rule_open)
+    patch.setattr(ledger_admin, "open_rollbacks", old_rule_open)
+
+
+def test_a_rollback_marked_resolved_by_editing_the_file_is_still_refused(
+    deployment: Deployment, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The red team's l2_mark_resolved.sh: a rollback found, the owner stopped, ``UPDATE
+    ledger_rollbacks SET resolved_at = ...``, the owner started again and the curator presenting
+    its receipt. The owner still refuses (its log says the mark resolves nothing and what to do)
+    and verify fails; so does a charge-back entry appended with less than the receipt shows
+    lost. Control: under the old rule (the mark read), the owner serves with the three points
+    of the lost session forgotten and verify passes."""
+    d = deployment
+    state = _rolled_back(d, tmp_path)
+    assert mark_rollbacks_resolved(d.data_dir) == 1
+    caplog.set_level(logging.ERROR)
+    assert ROLLBACK_MESSAGE in d.run(_refused("keeping"))  # a restart, the receipt presented
+    assert "marked resolved, but the ledger's chain holds no entry" in caplog.text
+    assert "dpmarket owner ledger resolve --data-dir" in caplog.text
+    found = verify_file(ledger_path(d.data_dir))
+    assert found.open_rollbacks == 1 and not found.ok
+    assert [p for _, p in charges(d)] == [2]
+    with (
+        closing(sqlite3.connect(ledger_path(d.data_dir))) as conn,
+        conn,
+        pytest.raises(sqlite3.IntegrityError, match="every rollback it found"),
+    ):
+        conn.execute("DELETE FROM ledger_rollbacks")
+
+    # A charge-back of less than the receipt shows lost (2 of 3 points), chained: no use.
+    lost = f"ledger-rollback-{state.sequence}-{state.head.hex()}"
+    append_entry(d.data_dir, lost, points=2)
+    assert ROLLBACK_MESSAGE in d.run(_refused("plain"))
+    assert verify_file(ledger_path(d.data_dir)).open_rollbacks == 1
+
+    # Control: the old rule reads the mark: served, the lost session's 3 points forgotten.
+    with pytest.MonkeyPatch.context() as patch:
+        _old_rule(patch)
+        d.run(lambda keeping, _: session(keeping))
+        assert verify_file(ledger_path(d.data_dir)).ok
+    assert [p for _, p in charges(d)] == [2, 2, 2]
+
+    # The operator's resolve charges what is still owed; the owner serves the receipt again.
+    with OwnerLedger(d.data_dir, None, clock=d.clock) as ledger:
+        (resolution,) = ledger.resolve_rollbacks()
+    assert resolution.points == 3  # the appended entry was not counted as the charge-back
+    d.run(lambda keeping, _: session(keeping))
+    assert verify_file(ledger_path(d.data_dir)).ok
+
+
+def test_a_meta_row_superseding_the_replaced_ledger_erases_nothing(
+    deployment: Deployment, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The red team's l4_meta_superseded.sh: the ledger moved away, a new one created with
+    ``owner ledger init``, and one ``meta`` row ``superseded ledger <old id>`` written before
+    the owner first sees the curator's receipt of the old ledger. The owner refuses when the
+    curator presents it, as without the row, until its operator resolves it (on the chain's
+    record). Control: under the old rule the row is read, the owner serves with the old
+    ledger's spending erased (run first: the old rule refuses once it has recorded a
+    rollback)."""
+    d = deployment
+    d.run(lambda keeping, _: session(keeping))
+    d.run(lambda keeping, _: session(keeping))
+    with OwnerLedger(d.data_dir, None) as ledger:
+        old = ledger.identity.ledger_id
+    held = d.store.owner_receipt(OWNER.name)
+    assert held is not None
+    ledger_path(d.data_dir).rename(d.data_dir / "old.sqlite3")
+    init_ledger(d.data_dir, OWNER.name, d.security)
+    write_superseded_row(d.data_dir, old)
+    assert verify_file(ledger_path(d.data_dir)).ok  # nothing to see before the receipt
+
+    # Control: the old rule reads the row: served, the old ledger's 4 points erased.
+    with pytest.MonkeyPatch.context() as patch:
+        _old_rule(patch)
+        d.run(lambda keeping, _: session(keeping))
+        assert verify_file(ledger_path(d.data_dir)).ok
+    assert [p for *_, p in raw_charges(d.data_dir)] == [2]
+    d.store.record_owner_receipt(OWNER.name, held)  # what the curator holds without the control
+
+    caplog.set_level(logging.ERROR)
+    assert ROLLBACK_MESSAGE in d.run(_refused("keeping"))
+    assert f"ledger {old}" in caplog.text and "--accept-replaced-ledger" in caplog.text
+    assert ROLLBACK_MESSAGE in d.run(_refused("plain"))
+    assert [p for *_, p in raw_charges(d.data_dir)] == [2]  # nothing charged
+    assert verify_file(ledger_path(d.data_dir)).open_rollbacks == 1
+
+    # The operator's acceptance is a chained entry: the owner serves, verify passes.
+    with OwnerLedger(d.data_dir, None, clock=d.clock) as ledger:
+        (resolution,) = ledger.resolve_rollbacks(accept_replaced_ledger=True)
+    assert resolution.replaced_ledger == old
+    d.run(lambda keeping, _: session(keeping))
+    assert verify_file(ledger_path(d.data_dir)).ok
+    assert [s.split("-")[1] for s, *_ in raw_charges(d.data_dir)][1] == "superseded"
+
+
+def test_a_schema_6_charge_back_still_resolves_its_rollback_after_the_upgrade(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """A ledger of schema 6 whose rollback its operator resolved then (the charge-back named
+    ``ledger-rollback-<detection>``, the detection marked resolved): opened by this release
+    (migrated on open to 7), the charge-back is recognised when it charges what the receipt
+    shows lost, and the owner serves; a mark without it is not."""
+    d = deployment
+    _rolled_back(d, tmp_path)
+    append_entry(d.data_dir, "ledger-rollback-1", points=3)  # what schema 6's resolve wrote
+    mark_rollbacks_resolved(d.data_dir)
+    with closing(sqlite3.connect(ledger_path(d.data_dir))) as conn, conn:
+        conn.execute("DROP TRIGGER ledger_rollbacks_no_delete")
+        conn.execute("DROP TRIGGER ledger_rollbacks_fixed")
+        conn.execute("PRAGMA user_version = 6")
+    d.run(lambda keeping, _: session(keeping))  # migrated on open; the receipt accepted
+    assert verify_file(ledger_path(d.data_dir)).ok
+    with (
+        OwnerLedger(d.data_dir, None) as ledger,
+        pytest.raises(InvalidArgumentError, match="operator's records"),
+    ):
+        ledger.charge(
+            session="ledger-rollback-9-00",
+            consumer="consumer:c",
+            curator="curator:curator",
+            mechanism="m",
+            epsilon=0.1,
+            delta=0.0,
+            points=1,
+        )  # a curator's session cannot pass for an operator's record

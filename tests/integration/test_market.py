@@ -623,3 +623,106 @@ def _curator_charges(cluster: LocalCluster) -> list[tuple[str, str, str]]:
     finally:
         conn.close()
     return [(str(a), str(b), str(c)) for a, b, c in rows]
+
+
+@pytest.mark.slow
+def test_a_consumer_keeps_a_record_of_a_session_whose_curator_was_killed(
+    market: LocalCluster, digits: Scenario, tmp_path: Path
+) -> None:
+    """A real consumer process (``dpmarket consumer request --data-dir``) whose curator is
+    killed -9 as soon as the session is created: the consumer's data directory records it at
+    once (running, with its id, request key, quote and owners), ``consumer sessions`` lists it
+    unfinished after the crash, and ``--check`` asks the restarted curator how it ended and
+    records that."""
+    import subprocess
+    import sys
+
+    data_dir = tmp_path / "consumer"
+    validation = tmp_path / "validation.npy"
+    np.save(validation, digits.validation)
+    args = [
+        sys.executable, "-m", "dpmarket.deploy.cli", "consumer", "request",
+        "--curator", market.curator_target, "--pki-dir", str(market.pki_dir),
+        "--name", "consumer", "--validation", str(validation), "-p", str(P),
+        "--method", "candidates", "--seed", "4", "--out", str(tmp_path / "summary.npy"),
+        "--report", str(tmp_path / "report.json"), "--data-dir", str(data_dir),
+    ]  # fmt: skip
+    consumer = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    folder = data_dir / "sessions"
+    deadline = time.monotonic() + CALL_TIMEOUT
+    while not any(folder.glob("*.json")) and consumer.poll() is None:
+        assert time.monotonic() < deadline, "no record written"
+        time.sleep(0.01)
+    market.kill_curator()  # kill -9, mid-session
+    output = consumer.communicate(timeout=CALL_TIMEOUT)[0].decode()
+    assert consumer.returncode != 0, output  # the consumer lost its curator
+    assert "recorded as unfinished" in output
+
+    listed = CliRunner().invoke(
+        main, ["consumer", "sessions", "--data-dir", str(data_dir), "--json"]
+    )
+    assert listed.exit_code == 0, listed.output
+    (record,) = json.loads(listed.stdout)["sessions"]
+    assert record["unfinished"] and record["status"] == "running"
+    assert record["session_id"] and record["session_id"] in output and record["request_id"]
+    assert sorted(record["owners"]) == sorted(market.owner_ids)
+    assert record["quote"]["total"] > 0 and "lost before the session ended" in record["error"]
+
+    market.start_curator()
+    checked = CliRunner().invoke(
+        main,
+        ["consumer", "sessions", "--data-dir", str(data_dir), "--check", "--json",
+         "--curator", market.curator_target, "--pki-dir", str(market.pki_dir),
+         "--name", "consumer"],
+    )  # fmt: skip
+    assert checked.exit_code == 0, checked.output
+    (after,) = json.loads(checked.stdout)["sessions"]
+    assert not after["unfinished"] and after["status"] in ("failed", "done")
+    assert after["session_id"] == record["session_id"] and after["owners"] == record["owners"]
+
+
+@pytest.mark.slow
+def test_a_rollback_marked_resolved_in_the_owners_file_is_refused_after_a_restart(
+    market: LocalCluster, digits: Scenario, tmp_path: Path
+) -> None:
+    """The red team's l2 over real processes: owner-0's ledger restored from a backup older than
+    the curator's receipt (refused), then, the owner killed, ``UPDATE ledger_rollbacks SET
+    resolved_at`` and the owner restarted: the curator's held receipt is still refused and
+    nothing is charged. Only the operator's resolve (a chained charge-back) lets it serve. (The
+    control, the old rule serving, is in tests/integration/test_ledger_receipts.py.)"""
+    from dpmarket.common.errors import DPMarketError
+    from dpmarket.owner.ledger_admin import backup_ledger, restore_ledger, verify_file
+    from tests.owner.ledger_attacks import mark_rollbacks_resolved
+
+    config = CandidatesConfig(summary_size=P)
+    seeds = np.zeros((0, digits.n_features))
+    owner = market.owner_ids[0]
+    state, backup = market.owner_state(owner), tmp_path / "owner-0.sqlite3"
+    backup_ledger(state, backup)  # while it serves
+
+    def summarize(seed: int) -> str:
+        with CuratorClient(market.curator_target, market.consumer_security()) as client:
+            client.summarize(config, digits.validation, seeds, seed=seed)
+            return client.statements(limit=1)[0].session_id
+
+    _settled_everywhere(market, summarize(31))  # charged after the backup, receipt held
+    market.kill_owner(0)
+    restore_ledger(state, backup)
+    market.restart_owner(0)
+    with pytest.raises(DPMarketError, match="behind a receipt it signed"):
+        summarize(32)
+    market.kill_owner(0)
+    assert mark_rollbacks_resolved(state) == 1
+    before = _ledger_sizes(market)[owner]
+    market.restart_owner(0)
+    with pytest.raises(DPMarketError, match="behind a receipt it signed"):
+        summarize(33)
+    assert _ledger_sizes(market)[owner] == before  # nothing charged
+    assert verify_file(state / "owner.sqlite3").open_rollbacks == 1
+
+    market.kill_owner(0)
+    with OwnerLedger(state, None) as ledger:
+        (resolution,) = ledger.resolve_rollbacks()  # the operator: charged back, chained
+    assert resolution.epsilon > 0
+    market.restart_owner(0)
+    summarize(34)  # served: the curator's receipt is resolved by the chain

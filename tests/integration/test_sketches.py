@@ -365,8 +365,9 @@ def test_a_value_outside_the_domain_is_clamped_at_publication_and_counted_in_the
     assert result.exit_code == 0, result.output
     assert "'air_time' 1 of 1500 rows" in caplog.text
     with OwnerLedger(tmp_path / "state", None) as ledger:
-        (entry,) = ledger.entries()
+        accepted, entry = ledger.entries()  # the replaced ledger accepted, the publication
         stored = SketchPublisher(ledger).stored(_spec(dep, "mini/race"))
+    assert accepted.session.startswith("ledger-superseded-") and accepted.points == 0
     assert entry.consumer == "catalogue:mini/race" and stored is not None
     served = _catalogue(dep)[("mini/race", "owner-EV")]
     assert served == _packed(stored.sketch)

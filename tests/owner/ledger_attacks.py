@@ -154,3 +154,72 @@ class NoGuard(ChainGuard):
 
     def check_day(self, conn: sqlite3.Connection, day: int) -> None:
         return None
+
+
+def mark_rollbacks_resolved(data_dir: Path, at: float = 2e9) -> int:
+    """``UPDATE ledger_rollbacks SET resolved_at = ...``: the red team's l2_mark_resolved.sh (the
+    owner stopped). Returns the rows marked."""
+    with closing(sqlite3.connect(ledger_path(data_dir))) as conn, conn:
+        return conn.execute("UPDATE ledger_rollbacks SET resolved_at = ?", (at,)).rowcount
+
+
+def write_superseded_row(data_dir: Path, ledger_id: str) -> None:
+    """One ``meta`` row ``superseded ledger <id>``, as the release before schema 7 recorded an
+    accepted replacement: the red team's l4_meta_superseded.sh."""
+    with closing(sqlite3.connect(ledger_path(data_dir))) as conn, conn:
+        conn.execute(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+            (f"superseded ledger {ledger_id}", '{"how": "restore --replace-other-ledger"}'),
+        )
+
+
+def append_entry(data_dir: Path, session: str, points: int, at: float = 2e9) -> None:
+    """Append a charge with its chain hash (the chain is keyless: anyone with the file and the
+    code can), e.g. a charge-back of less than a receipt shows lost."""
+    from dpmarket.owner.ledger_chain import append_chain
+
+    with closing(sqlite3.connect(ledger_path(data_dir))) as conn, conn:
+        cursor = conn.execute(
+            "INSERT INTO charges (at, session, consumer, curator, mechanism, epsilon, delta, "
+            "points, non_private) VALUES (?, ?, 'operator', 'operator', 'edit', 0, 0, ?, 0)",
+            (at, session, points),
+        )
+        assert cursor.lastrowid is not None
+        append_chain(conn, cursor.lastrowid)
+
+
+def old_rule_resolved(
+    conn: sqlite3.Connection,
+    receipt: bytes,
+    *,
+    ledger_id: str,
+    key: bytes,
+    keys: object,
+    verified: object = None,
+) -> bool:
+    """The rule before schema 7, the defence off: a receipt is resolved when the ledger holds
+    its state, a detection of it is *marked* resolved (``ledger_rollbacks.resolved_at``) or a
+    ``meta`` row says its ledger was superseded."""
+    from dpmarket.owner.ledger_chain import hash_at
+    from dpmarket.owner.ledger_resolutions import parse_state
+
+    state = parse_state(receipt)
+    if state.ledger_id != ledger_id:
+        found = conn.execute(
+            "SELECT 1 FROM meta WHERE key = ?", (f"superseded ledger {state.ledger_id}",)
+        ).fetchone()
+        return found is not None
+    if hash_at(conn, int(state.sequence)) == bytes(state.head):
+        return True
+    marked = conn.execute(
+        "SELECT 1 FROM ledger_rollbacks WHERE sequence = ? AND head = ? "
+        "AND resolved_at IS NOT NULL",
+        (int(state.sequence), bytes(state.head)),
+    ).fetchone()
+    return marked is not None
+
+
+def old_rule_open(conn: sqlite3.Connection, *, skip: object = ()) -> list[int]:
+    """The rollbacks open before schema 7: those not *marked* resolved."""
+    rows = conn.execute("SELECT id FROM ledger_rollbacks WHERE resolved_at IS NULL ORDER BY id")
+    return [int(r[0]) for r in rows]

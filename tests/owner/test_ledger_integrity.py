@@ -638,7 +638,10 @@ def test_a_receipt_of_the_ledger_this_one_replaced_refuses_until_the_operator_ac
         with pytest.raises(ValueError, match="--accept-replaced-ledger"):
             ledger.resolve_rollbacks()
         (resolved,) = ledger.resolve_rollbacks(accept_replaced_ledger=True)
-        assert resolved.replaced_ledger == old and resolved.charge is None
+        assert resolved.replaced_ledger == old and resolved.points == 0
+        # The acceptance is a chained entry of the ledger, charging nothing.
+        entry = ledger.entry(resolved.charge or 0)
+        assert entry.session == f"ledger-superseded-{old}" and entry.epsilon == 0
         ledger.check_receipt(receipt, curator="curator:curator")  # type: ignore[arg-type]
         charge(ledger, session="third", epsilon=0.1)
 
@@ -648,7 +651,7 @@ def test_restoring_over_another_ledger_records_the_ledger_it_replaces(
 ) -> None:
     """Switching back to the older ledger's backup over the new one: refused unless
     --replace-other-ledger, which records the new ledger as replaced (its receipts are then
-    recognised) and says what the restored ledger does not count."""
+    recognised) as a chained entry charging what the new ledger spent."""
     data_dir, backup = tmp_path / "alice", tmp_path / "backup.sqlite3"
     alice, _, old = _receipt_then_lose(pki, data_dir, backup)
     with OwnerLedger(data_dir, None, owner=alice) as ledger:
@@ -667,6 +670,56 @@ def test_restoring_over_another_ledger_records_the_ledger_it_replaces(
         assert ledger.identity.ledger_id == old
         ledger.check_receipt(interim, curator="curator:curator")  # recognised: no refusal
         assert ledger.rollbacks() == []
-    with closing(sqlite3.connect(ledger_path(data_dir))) as conn:
-        (how,) = conn.execute("SELECT value FROM meta WHERE key = ?", (f"superseded ledger {new}",))
-    assert "restore --replace-other-ledger" in how[0]
+        (entry,) = ledger.entries(session=f"ledger-superseded-{new}")
+    assert "restore --replace-other-ledger" in entry.mechanism
+    assert (entry.epsilon, entry.points) == (0.5, 1)  # what the replaced ledger spent
+
+
+def test_a_dismissal_never_resolves_a_receipt_whose_totals_are_this_ledgers_own(
+    pki: dict[str, Path], tmp_path: Path
+) -> None:
+    """A receipt of this ledger re-signed with a key the ledger does not list (unverified) but
+    whose sealed totals open under the ledger's own key: a dismissal entry naming it, chained,
+    does not resolve it, and ``resolve --dismiss-unverified-receipts`` charges back what it shows
+    lost instead of dismissing it. Control: the same dismissal entry resolves a receipt whose
+    totals do not open (forged)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from dpmarket.owner.ledger_resolutions import dismissal_session
+    from dpmarket.owner.receipts import Signer, sign_receipt
+    from dpmarket.v1 import privacy_pb2
+    from tests.owner.ledger_attacks import append_entry
+
+    data_dir, backup = tmp_path / "alice", tmp_path / "backup.sqlite3"
+    init_ledger(data_dir, "alice", security(pki, ALICE))
+    alice = LedgerOwner.from_security("alice", security(pki, ALICE))
+    stranger = Signer.from_pem(
+        ec.generate_private_key(ec.SECP256R1()).private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    with OwnerLedger(data_dir, None, owner=alice) as ledger:
+        charge(ledger, session="first", epsilon=1.0, points=3)
+        backup_ledger(data_dir, backup)
+        charge(ledger, session="second", epsilon=1.0, points=3)
+        real = ledger.receipt()
+    assert real is not None
+    state = privacy_pb2.LedgerState.FromString(real.state)
+    own = sign_receipt(stranger, state)  # unverified, its totals this ledger's
+    forged_state = privacy_pb2.LedgerState()
+    forged_state.CopyFrom(state)
+    forged_state.sealed_totals = os.urandom(64)
+    forged = sign_receipt(stranger, forged_state)  # unverified, its totals do not open
+    restore_ledger(data_dir, backup)
+    for receipt in (own, forged):
+        append_entry(data_dir, dismissal_session(receipt.SerializeToString()), points=0)
+    with OwnerLedger(data_dir, None, owner=alice) as ledger:
+        ledger.check_receipt(forged, curator="curator:curator")  # control: dismissed
+        with pytest.raises(LedgerRollbackError):
+            ledger.check_receipt(own, curator="curator:curator")
+        (resolution,) = ledger.resolve_rollbacks(dismiss_unverified=True)
+        assert not resolution.dismissed and (resolution.epsilon, resolution.points) == (1.0, 3)
+        ledger.check_receipt(own, curator="curator:curator")

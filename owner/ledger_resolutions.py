@@ -1,0 +1,300 @@
+"""Whether a rollback an owner found is resolved, decided from its ledger's hash chain.
+
+A ledger found behind a receipt its owner signed (:meth:`dpmarket.owner.ledger.OwnerLedger.
+check_receipt`) refuses every charge until its operator resolves it. What resolves it must not be
+a row that an edit of the file can add or change: ``ledger_rollbacks`` (the detections) and
+``meta`` are not chained, and a ``resolved_at`` set by ``sqlite3``, or a ``superseded ledger``
+row written before the owner first saw the receipt, gave a rolled-back ledger its budget back.
+So every resolution is a *chained entry* of the ledger (a row of ``charges`` with its chain
+hash: an edit or a deletion breaks ``verify`` and the owner's check at start), written by the
+operator's command, and the owner re-derives, from the receipt and those entries alone, whether
+the receipt is resolved (:func:`receipt_resolved`):
+
+* a receipt of **this ledger** is resolved when the ledger holds its state (the chain's hash at
+  the receipt's charge is the receipt's head: a newer backup restored), or when a charge-back
+  entry naming it (session :func:`rollback_session`) charges at least what the receipt's sealed
+  lifetime totals hold beyond the charges the ledger shared with it when the entry was written
+  (:func:`owed`, recomputed: an entry appended with less does not count);
+* a receipt of **another ledger** of this owner is resolved by a supersession entry naming that
+  ledger (:func:`supersession_session`), written by ``resolve --accept-replaced-ledger`` (nothing
+  charged: that ledger's totals are sealed under its own key) or ``restore
+  --replace-other-ledger`` (which charges the replaced ledger's lifetime totals);
+* a receipt **no key of the ledger verifies** and whose totals do not open under the ledger's
+  key (forged) is resolved by a dismissal entry naming its bytes (:func:`dismissal_session`,
+  ``resolve --dismiss-unverified-receipts``). One whose totals open is the ledger's own and is
+  resolved only by a charge-back, never by a dismissal.
+
+``ledger_rollbacks.resolved_at`` is kept as a note for the operator; no decision reads it.
+Deleting a detection row only lets the owner serve until a curator presents the receipt again,
+when it is found again; it gives no budget back.
+
+What an in-file record cannot do: the chain is a plain SHA-256 chain, so someone who runs code
+against the file can append an entry with a valid hash (what ``resolve`` itself does). A
+charge-back appended so must charge what the receipt shows lost; a supersession or dismissal
+appended so is on the ledger's record (``dpmarket owner ledger`` lists it) like the operator's
+own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import sqlite3
+from collections.abc import Collection
+from dataclasses import dataclass
+from fractions import Fraction
+
+from google.protobuf.message import DecodeError
+
+from dpmarket.owner.ledger_chain import hash_at
+from dpmarket.owner.receipts import ReceiptError, open_receipt, unseal_totals
+from dpmarket.v1 import privacy_pb2
+
+__all__ = [
+    "DISMISSED_PREFIX",
+    "ROLLBACK_PREFIX",
+    "SUPERSEDED_PREFIX",
+    "Owed",
+    "dismissal_session",
+    "open_rollbacks",
+    "owed",
+    "parse_state",
+    "receipt_resolved",
+    "rollback_session",
+    "supersession_session",
+]
+
+#: Session prefixes of the chained entries that resolve a rollback, written only by the
+#: operator's ``dpmarket owner ledger resolve`` / ``restore``: the ledger refuses to charge a
+#: session whose id starts with one (a curator cannot make its session's charges pass for one).
+ROLLBACK_PREFIX = "ledger-rollback-"
+SUPERSEDED_PREFIX = "ledger-superseded-"
+DISMISSED_PREFIX = "ledger-dismissed-"
+
+
+def rollback_session(state: privacy_pb2.LedgerState) -> str:
+    """The session of the charge-back entry of the receipt ``state``: its charge and head."""
+    return f"{ROLLBACK_PREFIX}{int(state.sequence)}-{bytes(state.head).hex()}"
+
+
+def supersession_session(ledger_id: str) -> str:
+    """The session of the entry recording that this ledger replaced ledger ``ledger_id``."""
+    return f"{SUPERSEDED_PREFIX}{ledger_id}"
+
+
+def dismissal_session(receipt: bytes) -> str:
+    """The session of the entry dismissing the unverified receipt ``receipt`` (its bytes'
+    SHA-256)."""
+    return f"{DISMISSED_PREFIX}{hashlib.sha256(receipt).hexdigest()}"
+
+
+def parse_state(receipt: bytes) -> privacy_pb2.LedgerState:
+    """The state a serialized receipt claims, its signature unchecked.
+
+    Raises
+    ------
+    google.protobuf.message.DecodeError
+        If the bytes are not a receipt.
+    """
+    return privacy_pb2.LedgerState.FromString(privacy_pb2.LedgerReceipt.FromString(receipt).state)
+
+
+@dataclass(frozen=True)
+class Owed:
+    """What a receipt's sealed totals hold beyond the charges a ledger shares with it.
+
+    Attributes
+    ----------
+    epsilon, delta : float
+        Rounded up to the next double (delta kept below 1, as a charge's must be); 0 when
+        nothing is missing.
+    points : int
+    """
+
+    epsilon: float
+    delta: float
+    points: int
+
+    def covered_by(self, epsilon: float, delta: float, points: int) -> bool:
+        """Whether a charge of ``(epsilon, delta, points)`` is at least this, in each."""
+        return epsilon >= self.epsilon and delta >= self.delta and points >= self.points
+
+
+def _round_up(value: Fraction) -> float:
+    x = float(value)
+    return math.nextafter(x, math.inf) if Fraction(x) < value else x
+
+
+def owed(
+    conn: sqlite3.Connection, key: bytes, state: privacy_pb2.LedgerState, *, before: int
+) -> Owed:
+    """What the receipt ``state`` shows lost: its sealed lifetime totals minus those of the
+    ledger's charges numbered below ``before``, at or below the receipt's charge and made no
+    later than the receipt was signed (the charges the ledger shares with it).
+
+    Parameters
+    ----------
+    conn : sqlite3.Connection
+        The ledger, inside a transaction or snapshot.
+    key : bytes
+        The ledger's sealing key (32 bytes).
+    state : LedgerState
+        The receipt's state.
+    before : int
+        The first charge not counted as shared: the charge-back entry's own number (what the
+        ledger held when it was written), or the next charge's for a new one.
+
+    Returns
+    -------
+    Owed
+
+    Raises
+    ------
+    ReceiptError
+        If the receipt's totals do not open under ``key`` (not this ledger's receipt).
+
+    Notes
+    -----
+    Deterministic in the receipt and the chained charges: the owner recomputes it for an entry
+    written earlier and finds what ``resolve`` charged then (basic composition, exact sums).
+    """
+    lost = unseal_totals(
+        key,
+        state.sealed_totals,
+        ledger_id=state.ledger_id,
+        sequence=state.sequence,
+        head=bytes(state.head),
+    )
+    epsilon, delta, points = Fraction(0), Fraction(0), 0
+    for eps, dlt, non_private, count, total in conn.execute(
+        "SELECT epsilon, delta, non_private, COUNT(*), SUM(points) FROM charges "
+        "WHERE id < ? AND id <= ? AND at <= ? GROUP BY epsilon, delta, non_private",
+        (before, int(state.sequence), float(state.signed_at)),
+    ):
+        if not non_private:
+            epsilon += Fraction(float(eps)) * int(count)
+            delta += Fraction(float(dlt)) * int(count)
+        points += int(total)
+    return Owed(
+        epsilon=_round_up(max(lost.epsilon - epsilon, Fraction(0))),
+        delta=min(_round_up(max(lost.delta - delta, Fraction(0))), math.nextafter(1.0, 0)),
+        points=max(lost.points - points, 0),
+    )
+
+
+def _entries(conn: sqlite3.Connection, sessions: list[str]) -> list[tuple[int, float, float, int]]:
+    """``(id, epsilon, delta, points)`` of the chained charges of ``sessions``."""
+    marks = ", ".join("?" * len(sessions))
+    return [
+        (int(r[0]), float(r[1]), float(r[2]), int(r[3]))
+        for r in conn.execute(
+            "SELECT c.id, c.epsilon, c.delta, c.points FROM charges c JOIN charge_chain k "
+            f"ON k.charge = c.id WHERE c.session IN ({marks}) ORDER BY c.id",
+            sessions,
+        )
+    ]
+
+
+def _legacy_sessions(conn: sqlite3.Connection, state: privacy_pb2.LedgerState) -> list[str]:
+    """Charge-back sessions of the release before schema 7 (``ledger-rollback-<row>``) for the
+    detections of this receipt: they count only if they charge what it owes (:func:`owed`)."""
+    rows = conn.execute(
+        "SELECT id FROM ledger_rollbacks WHERE sequence = ? AND head = ?",
+        (int(state.sequence), bytes(state.head)),
+    )
+    return [f"{ROLLBACK_PREFIX}{int(r[0])}" for r in rows]
+
+
+def receipt_resolved(
+    conn: sqlite3.Connection,
+    receipt: bytes,
+    *,
+    ledger_id: str,
+    key: bytes,
+    keys: dict[str, bytes],
+    verified: bool | None = None,
+) -> bool:
+    """Whether the ledger's chain holds this receipt's state or an entry that resolves it.
+
+    Parameters
+    ----------
+    conn : sqlite3.Connection
+        The ledger, inside a transaction or snapshot.
+    receipt : bytes
+        A serialized ``LedgerReceipt`` naming this ledger's owner.
+    ledger_id : str
+        This ledger's id.
+    key : bytes
+        Its sealing key.
+    keys : dict of str to bytes
+        Its certificate keys (``ledger_keys``): fingerprint -> DER public key.
+    verified : bool, optional
+        Whether one of ``keys`` signed the receipt, when the caller checked it already.
+
+    Returns
+    -------
+    bool
+        See the module's docstring for the rules. False for bytes that are no receipt.
+    """
+    try:
+        state = parse_state(receipt)
+    except DecodeError:  # any bytes may be stored: unreadable is unresolved
+        return False
+    mine = state.ledger_id == ledger_id
+    if mine and hash_at(conn, int(state.sequence)) == bytes(state.head):
+        return True
+    if verified is None:
+        try:
+            open_receipt(privacy_pb2.LedgerReceipt.FromString(receipt), keys)
+            verified = True
+        except ReceiptError:
+            verified = False
+    dismissed = not verified and bool(_entries(conn, [dismissal_session(receipt)]))
+    if not mine:
+        return dismissed or bool(_entries(conn, [supersession_session(state.ledger_id)]))
+    try:
+        unseal_totals(
+            key,
+            state.sealed_totals,
+            ledger_id=state.ledger_id,
+            sequence=state.sequence,
+            head=bytes(state.head),
+        )
+    except ReceiptError:
+        return dismissed  # not this ledger's receipt: only a dismissal resolves it
+    sessions = [rollback_session(state), *_legacy_sessions(conn, state)]
+    return any(
+        owed(conn, key, state, before=number).covered_by(epsilon, delta, points)
+        for number, epsilon, delta, points in _entries(conn, sessions)
+    )
+
+
+def open_rollbacks(conn: sqlite3.Connection, *, skip: Collection[int] = ()) -> list[int]:
+    """The numbers of the rollbacks found (``ledger_rollbacks``) whose receipts the chain does
+    not resolve (:func:`receipt_resolved`), oldest first; ``resolved_at`` is not read.
+
+    Parameters
+    ----------
+    conn : sqlite3.Connection
+        The ledger, inside a transaction or snapshot.
+    skip : collection of int
+        Rollbacks known to be resolved (not decided again: a resolution stays one while the
+        chain only grows, which the owner's guard checks).
+
+    Notes
+    -----
+    For each rollback decided: a signature check, an unseal and one grouped scan of the charges
+    up to its receipt per charge-back entry naming it.
+    """
+    (ledger_id, key) = conn.execute("SELECT ledger_id, seal_key FROM ledger_identity").fetchone()
+    keys = {
+        str(f): bytes(k) for f, k in conn.execute("SELECT fingerprint, public_key FROM ledger_keys")
+    }
+    return [
+        int(number)
+        for number, blob in conn.execute("SELECT id, receipt FROM ledger_rollbacks ORDER BY id")
+        if int(number) not in skip
+        and not receipt_resolved(
+            conn, bytes(blob), ledger_id=str(ledger_id), key=bytes(key), keys=keys
+        )
+    ]
