@@ -37,7 +37,10 @@ flagged on the value: :mod:`dpmarket.common.sketches.marginals_bounds`); its cov
 a pair every owner measured together, bounds from the measured sums (``measured``), of any other
 pair Cauchy-Schwarz bounds from the two variances (``bounds``). A logistic regression's bias is
 not bounded: its intervals cover the noise only and are flagged ``unbounded`` on the interval.
-Values and intervals are cut to what the quantity can be — a mean to its column's public bounds,
+Where the record count is known within 20 % or worse, the means, moments, CDFs and counts whose
+bounds are ratios over the count get an interval exact in the count's noise (Fieller's test
+inversion: :func:`dpmarket.common.sketches.intervals.ratio_interval`); the others are flagged
+``few-records``. Values and intervals are cut to what the quantity can be — a mean to its column's public bounds,
 a fraction to [0, 1], a variance to [0, w^2/4] — the raw estimate kept beside them.
 
 The synthetic design's randomness is the consumer's own and protects nothing (the sketches are
@@ -531,8 +534,9 @@ FLAGS: dict[str, tuple[On, str]] = {
     ),
     "few-records": (
         "interval",
-        "the record count is estimated within 20 % or worse: the noise dominates every ratio, "
-        "and the interval's plug-in of the count estimate has no guarantee there",
+        "the record count is estimated within 20 % or worse and the value's bounds are not a "
+        "ratio over the count (a covariance, a histogram's count over several columns): the "
+        "interval's plug-in of the count estimate has no guarantee there",
     ),
     "model-guess": (
         "value",
@@ -622,11 +626,12 @@ def _bounded_flags(
     range (the noise or the bias bound explains it), and flagged ``clipped`` when it does not;
     an interval wider than :data:`UNINFORMATIVE` of the range is flagged ``uninformative``; a
     count estimate with a relative standard error above :data:`FEW_RECORDS`, ``few-records``
-    (at most one per value). ``clipped`` is on the interval (the whole interval is impossible:
-    it missed), and so is ``few-records`` (the interval plugs in a count estimate that is known
-    within 20 % or worse; a bound over the count's own interval measured 1.5-7 times wider and
-    was not adopted); ``uninformative`` is on the value: a wide interval still covers, and
-    cutting it to what the quantity can be never removes the truth."""
+    (at most one per value; the caller passes 0 for an interval exact in the count's noise,
+    :func:`dpmarket.common.sketches.intervals.ratio_interval`). ``clipped`` is on the interval
+    (the whole interval is impossible: it missed), and so is ``few-records`` (the interval
+    plugs in a count estimate that is known within 20 % or worse); ``uninformative`` is on the
+    value: a wide interval still covers, and cutting it to what the quantity can be never
+    removes the truth."""
     k = raw.shape[0]
     low, high, what = _possible(query, domain, k)
     values = np.clip(raw, low, high)
@@ -842,7 +847,13 @@ class Explorer:
         estimate's spread over the same draws. Values and intervals are cut to what the
         quantity can be; flags (:data:`FLAGS`): ``clipped`` (impossible even allowing for the
         interval), ``uninformative`` (the interval spans more than half of what the value can
-        be), ``few-records`` (the count estimate's relative error exceeds 20 %).
+        be), ``few-records`` (the count estimate's relative error exceeds 20 % and the bounds
+        are not a ratio over the count). Where the count is known within 20 % or worse and the
+        bounds are ratios of linear functionals of the release over the count (every M2M mean,
+        moment, CDF and count; a histogram's one-column ones), the interval instead inverts a
+        test whose statistic's law is the public noise's, count included (Fieller's
+        construction, :func:`dpmarket.common.sketches.intervals.ratio_interval`): exact for
+        every data set, however noisy the count, and usually flagged ``uninformative``.
 
         A logistic regression is fitted by implicit M2M with the explorer's lambda rule and
         intercept; its errors are the spread over :data:`M2M_BOOTSTRAP` // 2 refits to the
@@ -933,19 +944,28 @@ class Explorer:
         labels = _labels(query, domain)
         idx = _columns(query, domain) if query.kind != "count" else np.zeros(0, dtype=np.int64)
         extra: dict[str, Any] = {}
-        if isinstance(self.spec.feature_map, HISTMap):
-            bounded, n_columns = self._hist(query, sketch, rng, idx, reps)
-            source = f"{self.spec.name} (histogram)"
-        else:
-            bounded, lam = self._m2m(query, sketch, rng, idx, reps)
-            extra["lambda"] = lam.tolist()
-            source, n_columns = f"{self.spec.name} (M2M)", idx.size
         n_hat, n_var = count_estimate(sketch, *release_totals(sketch))
         n = float(n_hat[0])
         k = len(labels)
+        count_rse = math.sqrt(n_var) / n
+        # A poorly known count: where the bounds are ratios over the count, an interval exact in
+        # the count's noise (consumer.intervals) rather than the plug-in and a few-records flag.
+        span = _possible(query, domain, k)[:2] if errors and count_rse > FEW_RECORDS else None
+        if isinstance(self.spec.feature_map, HISTMap):
+            bounded, n_columns = self._hist(query, sketch, rng, idx, reps, span)
+            source = f"{self.spec.name} (histogram)"
+        else:
+            bounded, lam = self._m2m(query, sketch, rng, idx, reps, span)
+            extra["lambda"] = lam.tolist()
+            source, n_columns = f"{self.spec.name} (M2M)", idx.size
         if errors:
             values, low, high, flags = _bounded_flags(
-                query, domain, bounded.value, bounded.low, bounded.high, math.sqrt(n_var) / n
+                query,
+                domain,
+                bounded.value,
+                bounded.low,
+                bounded.high,
+                0.0 if bounded.count_free else count_rse,
             )
             se, bias = bounded.se, bounded.bias
         else:
@@ -981,6 +1001,7 @@ class Explorer:
         rng: np.random.Generator,
         idx: NDArray[np.int64],
         reps: int,
+        span: tuple[NDArray[np.float64], NDArray[np.float64]] | None,
     ) -> tuple[Bounded, int]:
         """A histogram's bounded answer (:func:`dpmarket.consumer.intervals.hist_bounded`) and
         the number of columns the value is about (a count's predicated columns)."""
@@ -1002,6 +1023,7 @@ class Explorer:
             thresholds=_thresholds(query, domain, idx) if query.kind == "cdf" else None,
             predicates=predicates,
             replicates=reps,
+            span=span,
         )
         return bounded, len(predicates) if query.kind == "count" else idx.size
 
@@ -1012,6 +1034,7 @@ class Explorer:
         rng: np.random.Generator,
         idx: NDArray[np.int64],
         reps: int,
+        span: tuple[NDArray[np.float64], NDArray[np.float64]] | None,
     ) -> tuple[Bounded, NDArray[np.float64]]:
         """An RFF or RACE sketch's bounded answer by M2M
         (:func:`dpmarket.consumer.intervals.m2m_bounded`) and each value's ridge parameter."""
@@ -1036,6 +1059,7 @@ class Explorer:
             values=values.reshape(values.shape[0], -1),
             lambda_rule=self.lambda_rule,
             replicates=reps,
+            span=span,
         )
 
     def _stated(
