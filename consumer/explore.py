@@ -40,8 +40,9 @@ not bounded: its intervals cover the noise only and are flagged ``unbounded`` on
 Where the record count is known within 20 % or worse, the means, moments, CDFs and counts whose
 bounds are ratios over the count get an interval exact in the count's noise (Fieller's test
 inversion: :func:`dpmarket.common.sketches.intervals.ratio_interval`); the others are flagged
-``few-records``. Values and intervals are cut to what the quantity can be — a mean to its column's public bounds,
-a fraction to [0, 1], a variance to [0, w^2/4] — the raw estimate kept beside them.
+``few-records``. Values and intervals are cut to what the quantity can be — a mean to its
+column's public bounds, a fraction to [0, 1], a variance to [0, w^2/4] — the raw estimate kept
+beside them.
 
 The synthetic design's randomness is the consumer's own and protects nothing (the sketches are
 already private), so it is seeded (default 0): the same sketch and query give the same answer,
@@ -686,6 +687,33 @@ def _guess_flags(
     )
 
 
+def _logreg_reason(histogram: bool, refits: int | None) -> str:
+    """Why a logistic regression's interval is flagged ``unbounded``, in words: what is not
+    bounded, and what the interval is (``refits`` successful refits behind it; ``None``: no
+    interval asked for)."""
+    if refits is None:
+        interval = "no interval was computed (errors off)"
+    elif refits > 1:
+        interval = (
+            f"the interval, value -+ 1.96 x the spread of {refits} refits to fresh draws of "
+            "the release's noise, covers that noise only"
+        )
+    else:
+        interval = "no interval: fewer than two refits to fresh draws of the noise could be fitted"
+    if histogram:
+        return (
+            "not identified: one histogram per column holds no relation between the label and "
+            "the features, so the fit is the synthetic design's independence guess whatever "
+            f"the records; {interval}"
+        )
+    return (
+        "M2M's residual range bounds averages of the records only; a logistic regression's "
+        "coefficients solve a nonlinear equation in the re-weighted synthetic points, and the "
+        "fit's approximation error and shrinkage towards the prior move them by an amount the "
+        f"release does not bound; {interval}"
+    )
+
+
 def m2m_target(query: Query, domain: Domain) -> tasks.Target | None:
     """The target function of a query M2M answers linearly, or ``None`` (covariance, logreg)."""
     if query.kind in ("mean", "moment2"):
@@ -892,9 +920,9 @@ class Explorer:
         raw = self._estimate(query, est)
         domain = self.domain
         se = np.full(raw.values.shape, np.nan)
+        draws: list[NDArray[np.float64]] = []
         if errors:
             rng = np.random.default_rng([self.seed, 1])
-            draws = []
             for _ in range(M2M_BOOTSTRAP // 2):
                 again = M2MEstimator(
                     _perturbed(est.sketch, rng),
@@ -910,16 +938,9 @@ class Explorer:
                 se = np.std(np.array(draws), axis=0, ddof=1)
         k = raw.values.shape[0]
         basis, covers = interval_basis(self.spec.kind, "logreg", 0)
-        if isinstance(self.spec.feature_map, HISTMap):
-            reason = (
-                "not identified: one histogram per column holds no relation between the label "
-                "and the features (the fit is a guess); the interval covers the noise only"
-            )
-        else:
-            reason = (
-                "M2M's bias on a logistic regression cannot be bounded from the release: the "
-                "interval covers the noise only"
-            )
+        reason = _logreg_reason(
+            isinstance(self.spec.feature_map, HISTMap), len(draws) if errors else None
+        )
         return Answer(
             query,
             raw.labels,

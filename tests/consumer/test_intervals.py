@@ -228,6 +228,11 @@ def test_m2m_intervals_cover_the_fit_and_its_shrinkage(
         assert (control < LOWER_M2M).any(), (kind, control)
 
 
+#: Releases of the logistic-regression test and the 1e-4 quantile of Binomial(N_LR, 0.95).
+N_LR = 20
+LOWER_LR = int(binom.ppf(1e-4, N_LR, 0.95))
+
+
 def test_logistic_regressions_are_flagged_unbounded(specs: dict[str, SketchSpec]) -> None:
     """No sketch bounds an implicit-M2M fit's bias: every coefficient is flagged, with its
     reason (the histogram's says the relation is not identified)."""
@@ -359,3 +364,34 @@ def test_count_weights_are_the_count_estimate(specs: dict[str, SketchSpec]) -> N
             np.random.default_rng(0),
             (np.array([-math.inf]), np.array([math.inf])),
         )
+
+
+def test_a_logistic_regressions_noise_only_interval_misses_so_it_is_flagged(
+    specs: dict[str, SketchSpec],
+) -> None:
+    """Why the ``unbounded`` flag is the right answer: a label that rises with a (slope 1 per
+    unit), RFF at epsilon 50 (the noise small): implicit M2M's slope and intercept are shrunk
+    towards the prior, and their noise-only intervals hold the truth in fewer than LOWER_LR of
+    N_LR releases, which a 95 % interval would do with probability below 1e-4. Every coefficient
+    is flagged on the interval, its reason saying what is not bounded and how many refits the
+    interval rests on."""
+    rng = np.random.default_rng(3)
+    a, b = rng.uniform(0.0, 10.0, 5000), rng.uniform(0.0, 10.0, 5000)
+    y = (rng.random(5000) < 1.0 / (1.0 + np.exp(-(a - 5.0)))).astype(float)
+    records = np.column_stack([a, b, y])
+    query = Query("logreg", target="y", columns=("a", "b"))
+    explorer = Explorer(specs["rff"], n_synthetic=1000, seed=0)
+    truth = exact_answer(query, records, specs["rff"].domain).values
+    mechanism = sketch_mechanism(specs["rff"], 50.0)
+    covered = np.zeros(3, dtype=int)
+    for seed in range(N_LR):
+        answer = explorer.answer(
+            query, mechanism.release(records, SeededNoise(np.random.default_rng(seed)))
+        )
+        low, high = answer.interval()
+        covered += (low <= truth) & (truth <= high)
+        assert answer.codes("interval") == ("unbounded",) * 3
+        assert all(
+            "does not bound" in f.reason and "16 refits" in f.reason for (f,) in answer.flags
+        )
+    assert covered[0] < LOWER_LR and covered[2] < LOWER_LR, (covered, LOWER_LR)
