@@ -1068,6 +1068,8 @@ class Explorer:
                 columns=idx,
                 lambda_rule=self.lambda_rule,
                 replicates=reps,
+                span=span,
+                column_bounds=(self.domain.low[idx], self.domain.high[idx]),
             )
         target = m2m_target(query, self.domain)
         assert target is not None

@@ -35,7 +35,9 @@ whose bounds are ratios of linear functionals of the release over the count (eve
 answer; a histogram's one-column functionals) get
 :func:`~dpmarket.common.sketches.intervals.ratio_interval`'s interval, which takes the count's
 noise into account jointly with the sums' (Fieller's test inversion) instead of plugging in the
-count estimate; covariances and a histogram's counts over several columns do not have that form.
+count estimate; an M2M covariance combines three such intervals (the centred product's moment
+and the two means, each at ``1 - alpha/3``: Bonferroni). A histogram's covariances and counts
+over several columns keep the plug-in (flagged ``few-records`` there).
 Logistic regressions (every kind): no bound on the bias; the interval is the noise's
 (bootstrap) and the value is flagged.
 """
@@ -60,6 +62,7 @@ from dpmarket.common.sketches.intervals import (
     bounded_interval,
     count_estimate,
     m2m_residual_range,
+    ratio_interval,
     release_totals,
 )
 from dpmarket.common.sketches.m2m import SyntheticDesign, regularization
@@ -368,6 +371,7 @@ def m2m_bounded(
     intercept: bool = True,
     replicates: int | None = None,
     span: tuple[Array, Array] | None = None,
+    column_bounds: tuple[Array, Array] | None = None,
 ) -> tuple[Bounded, Array]:
     """Bounded M2M answers of an RFF or RACE release (module docstring).
 
@@ -387,7 +391,10 @@ def m2m_bounded(
     span : (ndarray, ndarray), optional
         What each value can be. Given, a ``linear`` answer gets
         :func:`~dpmarket.common.sketches.intervals.ratio_interval`'s interval (exact in the
-        count's noise); a covariance keeps the plug-in.
+        count's noise); a covariance, with ``column_bounds``, a Bonferroni combination of such
+        intervals (:func:`_m2m_covariance`).
+    column_bounds : (ndarray, ndarray), optional
+        ``covariance``: the public bounds of ``columns``.
 
     Returns
     -------
@@ -402,6 +409,54 @@ def m2m_bounded(
         bounded = bounded_interval(fit, sketch, rng, ratio=ratio, span=span, replicates=reps)
         return bounded, fit.lam
     assert columns is not None
+    return _m2m_covariance(
+        design,
+        sketch,
+        rng,
+        columns,
+        lambda_rule=lambda_rule,
+        intercept=intercept,
+        replicates=reps,
+        column_bounds=column_bounds if span is not None else None,
+    )
+
+
+def _product_range(
+    dl: Array, dh: Array, rows: NDArray[np.intp], cols: NDArray[np.intp]
+) -> tuple[Array, Array]:
+    """Least and largest ``d_a d_b`` for ``d`` in ``[dl, dh]`` (last axis: columns) per pair
+    ``(rows, cols)``; a square's least is 0 where its interval straddles 0."""
+    corners = np.stack(
+        [
+            dl[..., rows] * dl[..., cols],
+            dl[..., rows] * dh[..., cols],
+            dh[..., rows] * dl[..., cols],
+            dh[..., rows] * dh[..., cols],
+        ]
+    )
+    pmin, pmax = corners.min(axis=0), corners.max(axis=0)
+    diagonal = rows == cols
+    straddles = (dl <= 0.0) & (dh >= 0.0)
+    pmin[..., diagonal] = np.where(straddles, 0.0, np.minimum(dl**2, dh**2))
+    return pmin, pmax
+
+
+def _m2m_covariance(
+    design: SyntheticDesign,
+    sketch: SketchLike,
+    rng: np.random.Generator,
+    columns: NDArray[np.int64],
+    *,
+    lambda_rule: str | float,
+    intercept: bool,
+    replicates: int,
+    column_bounds: tuple[Array, Array] | None,
+) -> tuple[Bounded, Array]:
+    """:func:`m2m_bounded`'s covariances. With ``column_bounds`` (a poorly known count), the
+    interval is the Bonferroni combination of three intervals exact in the count's noise
+    (:func:`~dpmarket.common.sketches.intervals.ratio_interval`), each at ``1 - alpha/3``: the
+    centred product's moment and the two means, combined by interval arithmetic (all three hold
+    at once with probability at least ``1 - alpha``)."""
     points = design.points
     means = _M2MLinear(
         design, sketch, points[:, columns], lambda_rule=lambda_rule, intercept=intercept
@@ -422,24 +477,38 @@ def m2m_bounded(
     def estimate(sums: Array, n_hat: Array) -> Triple:
         mp, ml, mh = means(sums, n_hat)
         bp, bl, bh = products(sums, n_hat)
-        dl, dh = ml - centers[None, :], mh - centers[None, :]
+        pmin, pmax = _product_range(ml - centers[None, :], mh - centers[None, :], rows, cols)
         dp = mp - centers[None, :]
-        corners = np.stack(
-            [
-                dl[:, rows] * dl[:, cols],
-                dl[:, rows] * dh[:, cols],
-                dh[:, rows] * dl[:, cols],
-                dh[:, rows] * dh[:, cols],
-            ]
-        )
-        pmin, pmax = corners.min(axis=0), corners.max(axis=0)
-        diagonal = rows == cols
-        straddles = (dl <= 0.0) & (dh >= 0.0)
-        pmin[:, diagonal] = np.where(straddles, 0.0, np.minimum(dl**2, dh**2))
         return bp - dp[:, rows] * dp[:, cols], bl - pmax, bh - pmin
 
     lam = np.maximum(means.lam[rows], products.lam)
-    return bounded_interval(estimate, sketch, rng, replicates=reps), lam
+    bounded = bounded_interval(estimate, sketch, rng, replicates=replicates)
+    if column_bounds is None:
+        return bounded, lam
+    level = 1.0 - (1.0 - COVERAGE) / 3.0
+    lo_c, hi_c = (np.asarray(v, dtype=np.float64) for v in column_bounds)
+    ml, mh = ratio_interval(
+        means.ratio(), sketch, rng, (lo_c, hi_c), replicates=replicates, coverage=level
+    )
+    # What each centred product can be over the columns' box (its span for the search).
+    span_p = _product_range(lo_c - centers, hi_c - centers, rows, cols)
+    bl, bh = ratio_interval(
+        products.ratio(), sketch, rng, span_p, replicates=replicates, coverage=level
+    )
+    pmin, pmax = _product_range(ml - centers, mh - centers, rows, cols)
+    low, high = bl - pmax, bh - pmin
+    return (
+        Bounded(
+            value=bounded.value,
+            low=low,
+            high=high,
+            se=bounded.se,
+            bias=bounded.bias,
+            noise=np.maximum(((high - low) - 2.0 * bounded.bias) / 2.0, 0.0),
+            count_free=True,
+        ),
+        lam,
+    )
 
 
 def interval_basis(kind: str, query_kind: str, n_columns: int) -> tuple[str, str]:

@@ -344,6 +344,29 @@ def test_a_poorly_known_count_gets_an_interval_that_covers(
         assert control < LOWER, control
 
 
+def test_a_poorly_known_counts_covariance_covers(specs: dict[str, SketchSpec]) -> None:
+    """The same 300 records from RFF: the variances and the covariance of a and b combine three
+    intervals exact in the count's noise (Bonferroni), are not flagged on the interval, and
+    cover in at least LOWER of N releases each (failure probability 1e-4 per value)."""
+    rng = np.random.default_rng(5)
+    records = np.column_stack(
+        [rng.uniform(9.5, 10.0, 300), rng.uniform(0.0, 0.5, 300), (rng.random(300) < 0.9) * 1.0]
+    )
+    spec = specs["rff"]
+    explorer = Explorer(spec, n_synthetic=1000, seed=0)
+    query = Query("covariance", columns=("a", "b"))
+    truth = exact_answer(query, records, spec.domain).values
+    mechanism = sketch_mechanism(spec, 1.0)
+    covered = np.zeros(3, dtype=int)
+    for seed in range(N):
+        sketch = mechanism.release(records, SeededNoise(np.random.default_rng(seed)))
+        answer = explorer.answer(query, sketch, replicates=REPLICATES)
+        assert answer.codes("interval") == ("", "", ""), answer.flags
+        low, high = answer.interval()
+        covered += (low - 1e-12 <= truth) & (truth <= high + 1e-12)
+    assert (covered >= LOWER).all(), (covered, LOWER)
+
+
 def test_count_weights_are_the_count_estimate(specs: dict[str, SketchSpec]) -> None:
     """The linear form :func:`ratio_interval` tests with is the count estimate itself."""
     sketch = sketch_mechanism(specs["hist"], 1.0).release(
