@@ -994,6 +994,11 @@ class Explorer:
             low = high = np.zeros(0)
             se, bias = np.full(k, np.nan), np.full(k, np.nan)
         stated = self._stated(query, idx, n_columns, k)
+        if bounded.count_free:  # the count's noise taken exactly (ratio_interval)
+            stated = [
+                (b, f"{c}; the count's noise included exactly (Fieller's test inversion)")
+                for b, c in stated
+            ]
         if query.kind == "count":
             extra.update(count=float(values[0]) * n, n=n, count_standard_error=float(se[0]) * n)
             if errors:

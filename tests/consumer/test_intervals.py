@@ -326,6 +326,7 @@ def test_a_poorly_known_count_gets_an_interval_that_covers(
         rse.append(math.sqrt(variance) / n_hat[0])
         answer = explorer.answer(query, sketch, replicates=REPLICATES)
         assert answer.codes("interval") == ("",), answer.flags
+        assert ("Fieller" in answer.covers[0]) == (rse[-1] > FEW_RECORDS), answer.covers
         low, high = answer.interval()
         covered += int(low[0] - 1e-12 <= truth <= high[0] + 1e-12)
         if kind == "rff":
