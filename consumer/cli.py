@@ -1093,7 +1093,7 @@ _FLAG_NAMES = {
     "noise_dominates": "noisy",
     "outside_bounds": "outside",
     "shrunk": "shrunk",
-    "undetermined": "UNRELIABLE",
+    "undetermined": "undetermined",
     "no_interval": "no interval",
 }
 

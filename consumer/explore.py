@@ -37,8 +37,12 @@ flagged on the value: :mod:`dpmarket.common.sketches.marginals_bounds`); its cov
 a pair every owner measured together, bounds from the measured sums (``measured``), of any other
 pair Cauchy-Schwarz bounds from the two variances (``bounds``). A logistic regression's bias is
 not bounded: its intervals cover the noise only and are flagged ``unbounded`` on the interval.
-Values and intervals are cut to what the quantity can be — a mean to its column's public bounds,
-a fraction to [0, 1], a variance to [0, w^2/4] — the raw estimate kept beside them.
+Where the record count is known within 20 % or worse, the means, moments, CDFs and counts whose
+bounds are ratios over the count get an interval exact in the count's noise (Fieller's test
+inversion: :func:`dpmarket.common.sketches.intervals.ratio_interval`); the others are flagged
+``few-records``. Values and intervals are cut to what the quantity can be — a mean to its
+column's public bounds, a fraction to [0, 1], a variance to [0, w^2/4] — the raw estimate kept
+beside them.
 
 The synthetic design's randomness is the consumer's own and protects nothing (the sketches are
 already private), so it is seeded (default 0): the same sketch and query give the same answer,
@@ -531,8 +535,9 @@ FLAGS: dict[str, tuple[On, str]] = {
     ),
     "few-records": (
         "interval",
-        "the record count is estimated within 20 % or worse: the noise dominates every ratio, "
-        "and the interval's plug-in of the count estimate has no guarantee there",
+        "the record count is estimated within 20 % or worse and the value's bounds are not a "
+        "ratio over the count (a covariance, a histogram's count over several columns): the "
+        "interval's plug-in of the count estimate has no guarantee there",
     ),
     "model-guess": (
         "value",
@@ -622,11 +627,12 @@ def _bounded_flags(
     range (the noise or the bias bound explains it), and flagged ``clipped`` when it does not;
     an interval wider than :data:`UNINFORMATIVE` of the range is flagged ``uninformative``; a
     count estimate with a relative standard error above :data:`FEW_RECORDS`, ``few-records``
-    (at most one per value). ``clipped`` is on the interval (the whole interval is impossible:
-    it missed), and so is ``few-records`` (the interval plugs in a count estimate that is known
-    within 20 % or worse; a bound over the count's own interval measured 1.5-7 times wider and
-    was not adopted); ``uninformative`` is on the value: a wide interval still covers, and
-    cutting it to what the quantity can be never removes the truth."""
+    (at most one per value; the caller passes 0 for an interval exact in the count's noise,
+    :func:`dpmarket.common.sketches.intervals.ratio_interval`). ``clipped`` is on the interval
+    (the whole interval is impossible: it missed), and so is ``few-records`` (the interval
+    plugs in a count estimate that is known within 20 % or worse); ``uninformative`` is on the
+    value: a wide interval still covers, and cutting it to what the quantity can be never
+    removes the truth."""
     k = raw.shape[0]
     low, high, what = _possible(query, domain, k)
     values = np.clip(raw, low, high)
@@ -678,6 +684,33 @@ def _guess_flags(
     )
     return tuple(
         (guess, *f) if b == "bounds" else f for f, (b, _) in zip(flags, stated, strict=True)
+    )
+
+
+def _logreg_reason(histogram: bool, refits: int | None) -> str:
+    """Why a logistic regression's interval is flagged ``unbounded``, in words: what is not
+    bounded, and what the interval is (``refits`` successful refits behind it; ``None``: no
+    interval asked for)."""
+    if refits is None:
+        interval = "no interval was computed (errors off)"
+    elif refits > 1:
+        interval = (
+            f"the interval, value -+ 1.96 x the spread of {refits} refits to fresh draws of "
+            "the release's noise, covers that noise only"
+        )
+    else:
+        interval = "no interval: fewer than two refits to fresh draws of the noise could be fitted"
+    if histogram:
+        return (
+            "not identified: one histogram per column holds no relation between the label and "
+            "the features, so the fit is the synthetic design's independence guess whatever "
+            f"the records; {interval}"
+        )
+    return (
+        "M2M's residual range bounds averages of the records only; a logistic regression's "
+        "coefficients solve a nonlinear equation in the re-weighted synthetic points, and the "
+        "fit's approximation error and shrinkage towards the prior move them by an amount the "
+        f"release does not bound; {interval}"
     )
 
 
@@ -842,7 +875,13 @@ class Explorer:
         estimate's spread over the same draws. Values and intervals are cut to what the
         quantity can be; flags (:data:`FLAGS`): ``clipped`` (impossible even allowing for the
         interval), ``uninformative`` (the interval spans more than half of what the value can
-        be), ``few-records`` (the count estimate's relative error exceeds 20 %).
+        be), ``few-records`` (the count estimate's relative error exceeds 20 % and the bounds
+        are not a ratio over the count). Where the count is known within 20 % or worse and the
+        bounds are ratios of linear functionals of the release over the count (every M2M mean,
+        moment, CDF and count; a histogram's one-column ones), the interval instead inverts a
+        test whose statistic's law is the public noise's, count included (Fieller's
+        construction, :func:`dpmarket.common.sketches.intervals.ratio_interval`): exact for
+        every data set, however noisy the count, and usually flagged ``uninformative``.
 
         A logistic regression is fitted by implicit M2M with the explorer's lambda rule and
         intercept; its errors are the spread over :data:`M2M_BOOTSTRAP` // 2 refits to the
@@ -881,9 +920,9 @@ class Explorer:
         raw = self._estimate(query, est)
         domain = self.domain
         se = np.full(raw.values.shape, np.nan)
+        draws: list[NDArray[np.float64]] = []
         if errors:
             rng = np.random.default_rng([self.seed, 1])
-            draws = []
             for _ in range(M2M_BOOTSTRAP // 2):
                 again = M2MEstimator(
                     _perturbed(est.sketch, rng),
@@ -899,16 +938,9 @@ class Explorer:
                 se = np.std(np.array(draws), axis=0, ddof=1)
         k = raw.values.shape[0]
         basis, covers = interval_basis(self.spec.kind, "logreg", 0)
-        if isinstance(self.spec.feature_map, HISTMap):
-            reason = (
-                "not identified: one histogram per column holds no relation between the label "
-                "and the features (the fit is a guess); the interval covers the noise only"
-            )
-        else:
-            reason = (
-                "M2M's bias on a logistic regression cannot be bounded from the release: the "
-                "interval covers the noise only"
-            )
+        reason = _logreg_reason(
+            isinstance(self.spec.feature_map, HISTMap), len(draws) if errors else None
+        )
         return Answer(
             query,
             raw.labels,
@@ -933,19 +965,28 @@ class Explorer:
         labels = _labels(query, domain)
         idx = _columns(query, domain) if query.kind != "count" else np.zeros(0, dtype=np.int64)
         extra: dict[str, Any] = {}
-        if isinstance(self.spec.feature_map, HISTMap):
-            bounded, n_columns = self._hist(query, sketch, rng, idx, reps)
-            source = f"{self.spec.name} (histogram)"
-        else:
-            bounded, lam = self._m2m(query, sketch, rng, idx, reps)
-            extra["lambda"] = lam.tolist()
-            source, n_columns = f"{self.spec.name} (M2M)", idx.size
         n_hat, n_var = count_estimate(sketch, *release_totals(sketch))
         n = float(n_hat[0])
         k = len(labels)
+        count_rse = math.sqrt(n_var) / n
+        # A poorly known count: where the bounds are ratios over the count, an interval exact in
+        # the count's noise (consumer.intervals) rather than the plug-in and a few-records flag.
+        span = _possible(query, domain, k)[:2] if errors and count_rse > FEW_RECORDS else None
+        if isinstance(self.spec.feature_map, HISTMap):
+            bounded, n_columns = self._hist(query, sketch, rng, idx, reps, span)
+            source = f"{self.spec.name} (histogram)"
+        else:
+            bounded, lam = self._m2m(query, sketch, rng, idx, reps, span)
+            extra["lambda"] = lam.tolist()
+            source, n_columns = f"{self.spec.name} (M2M)", idx.size
         if errors:
             values, low, high, flags = _bounded_flags(
-                query, domain, bounded.value, bounded.low, bounded.high, math.sqrt(n_var) / n
+                query,
+                domain,
+                bounded.value,
+                bounded.low,
+                bounded.high,
+                0.0 if bounded.count_free else count_rse,
             )
             se, bias = bounded.se, bounded.bias
         else:
@@ -953,6 +994,11 @@ class Explorer:
             low = high = np.zeros(0)
             se, bias = np.full(k, np.nan), np.full(k, np.nan)
         stated = self._stated(query, idx, n_columns, k)
+        if bounded.count_free:  # the count's noise taken exactly (ratio_interval)
+            stated = [
+                (b, f"{c}; the count's noise included exactly (Fieller's test inversion)")
+                for b, c in stated
+            ]
         if query.kind == "count":
             extra.update(count=float(values[0]) * n, n=n, count_standard_error=float(se[0]) * n)
             if errors:
@@ -981,6 +1027,7 @@ class Explorer:
         rng: np.random.Generator,
         idx: NDArray[np.int64],
         reps: int,
+        span: tuple[NDArray[np.float64], NDArray[np.float64]] | None,
     ) -> tuple[Bounded, int]:
         """A histogram's bounded answer (:func:`dpmarket.consumer.intervals.hist_bounded`) and
         the number of columns the value is about (a count's predicated columns)."""
@@ -1002,6 +1049,7 @@ class Explorer:
             thresholds=_thresholds(query, domain, idx) if query.kind == "cdf" else None,
             predicates=predicates,
             replicates=reps,
+            span=span,
         )
         return bounded, len(predicates) if query.kind == "count" else idx.size
 
@@ -1012,6 +1060,7 @@ class Explorer:
         rng: np.random.Generator,
         idx: NDArray[np.int64],
         reps: int,
+        span: tuple[NDArray[np.float64], NDArray[np.float64]] | None,
     ) -> tuple[Bounded, NDArray[np.float64]]:
         """An RFF or RACE sketch's bounded answer by M2M
         (:func:`dpmarket.consumer.intervals.m2m_bounded`) and each value's ridge parameter."""
@@ -1024,6 +1073,8 @@ class Explorer:
                 columns=idx,
                 lambda_rule=self.lambda_rule,
                 replicates=reps,
+                span=span,
+                column_bounds=(self.domain.low[idx], self.domain.high[idx]),
             )
         target = m2m_target(query, self.domain)
         assert target is not None
@@ -1036,6 +1087,7 @@ class Explorer:
             values=values.reshape(values.shape[0], -1),
             lambda_rule=self.lambda_rule,
             replicates=reps,
+            span=span,
         )
 
     def _stated(

@@ -30,6 +30,14 @@ value times 10^-3 .. 10, the one giving the narrowest expected interval)
     holds the fit's approximation error and its shrinkage.
     *covariance*: ``E(x_a - c_a)(x_b - c_b) - (E x_a - c_a)(E x_b - c_b)`` with both terms
     bounded that way (interval arithmetic for the product).
+A poorly known count (explore's ``few-records`` regime): the means, moments, CDFs and counts
+whose bounds are ratios of linear functionals of the release over the count (every M2M linear
+answer; a histogram's one-column functionals) get
+:func:`~dpmarket.common.sketches.intervals.ratio_interval`'s interval, which takes the count's
+noise into account jointly with the sums' (Fieller's test inversion) instead of plugging in the
+count estimate; an M2M covariance combines three such intervals (the centred product's moment
+and the two means, each at ``1 - alpha/3``: Bonferroni). A histogram's covariances and counts
+over several columns keep the plug-in (flagged ``few-records`` there).
 Logistic regressions (every kind): no bound on the bias; the interval is the noise's
 (bootstrap) and the value is flagged.
 """
@@ -46,12 +54,15 @@ from dpmarket.common.sketches.domain import Domain
 from dpmarket.common.sketches.feature_maps import HISTMap
 from dpmarket.common.sketches.intervals import (
     COVERAGE,
+    DEFAULT_REPLICATES,
     BinTarget,
     Bounded,
+    RatioBounds,
     bin_ranges,
     bounded_interval,
     count_estimate,
     m2m_residual_range,
+    ratio_interval,
     release_totals,
 )
 from dpmarket.common.sketches.m2m import SyntheticDesign, regularization
@@ -82,6 +93,17 @@ class _HistColumns:
         self.fmap = fmap
         self.domain = domain
         self.offsets = _hist_offsets(fmap)
+
+    def ratio(self, column: int, target: BinTarget) -> RatioBounds:
+        """The functional's bounds as ratios over the count (one value): bin weights on the
+        column's bins, zero elsewhere, plus the centring constant (:meth:`functional`)."""
+        low, high, _ = bin_ranges(self.fmap, self.domain, column, target)
+        a, b = int(self.offsets[column]), int(self.offsets[column + 1])
+        c = (float(low.min()) + float(high.max())) / 2.0
+        w_low = np.zeros((int(self.offsets[-1]), 1))
+        w_high = np.zeros_like(w_low)
+        w_low[a:b, 0], w_high[a:b, 0] = low - c, high - c
+        return RatioBounds(w_low, np.array([c]), w_high, np.array([c]))
 
     def functional(self, column: int, target: BinTarget) -> Callable[[Array, Array], Triple]:
         low, high, mid = bin_ranges(self.fmap, self.domain, column, target)
@@ -129,6 +151,7 @@ def hist_bounded(
     thresholds: Array | None = None,
     predicates: dict[int, tuple[float, float]] | None = None,
     replicates: int | None = None,
+    span: tuple[Array, Array] | None = None,
 ) -> Bounded:
     """Bounded answers of a HIST release (module docstring).
 
@@ -149,6 +172,11 @@ def hist_bounded(
         ``count``: one (intersected) range per column.
     replicates : int, optional
         Noise replicates (default :data:`~dpmarket.common.sketches.intervals.DEFAULT_REPLICATES`).
+    span : (ndarray, ndarray), optional
+        What each value can be. Given, the means, moments, CDFs and one-column counts get
+        :func:`~dpmarket.common.sketches.intervals.ratio_interval`'s interval (exact in the
+        count's noise: for a poorly known count); covariances and counts over several columns
+        keep the plug-in (their bounds are not ratios of linear functionals).
 
     Returns
     -------
@@ -156,34 +184,45 @@ def hist_bounded(
         Values in the order :func:`dpmarket.consumer.explore._labels` lists them.
     """
     cols = _HistColumns(fmap, domain)
-    parts: list[Callable[[Array, Array], Triple]]
+    if kind == "covariance":
+        assert columns is not None
+        return _hist_covariance(cols, columns, sketch, rng, replicates)
     if kind in ("mean", "moment2"):
         assert columns is not None
         order = 1 if kind == "mean" else 2
-        parts = [cols.functional(int(j), BinTarget("power", order=order)) for j in columns]
-        estimate = _stack(parts)
+        targets = [(int(j), BinTarget("power", order=order)) for j in columns]
     elif kind == "cdf":
         assert columns is not None and thresholds is not None
-        parts = [
-            cols.functional(int(j), BinTarget("indicator", high=float(t)))
+        targets = [
+            (int(j), BinTarget("indicator", high=float(t)))
             for j, row in zip(columns, thresholds, strict=True)
             for t in row
         ]
-        estimate = _stack(parts)
     elif kind == "count":
         assert predicates
-        parts = [
-            cols.functional(j, BinTarget("indicator", low=lo, high=hi))
+        targets = [
+            (j, BinTarget("indicator", low=lo, high=hi))
             for j, (lo, hi) in sorted(predicates.items())
         ]
-        estimate = _frechet(parts)
-    elif kind == "covariance":
-        assert columns is not None
-        return _hist_covariance(cols, columns, sketch, rng, replicates)
     else:
         raise ValueError(f"HIST bounds answer mean, moment2, cdf, count, covariance; got {kind!r}")
-    kwargs = {} if replicates is None else {"replicates": replicates}
-    return bounded_interval(estimate, sketch, rng, **kwargs)
+    parts = [cols.functional(j, target) for j, target in targets]
+    estimate = _frechet(parts) if kind == "count" else _stack(parts)
+    ratio = None
+    if span is not None and (kind != "count" or len(targets) == 1):
+        ratio = _stack_ratios([cols.ratio(j, target) for j, target in targets])
+    reps = DEFAULT_REPLICATES if replicates is None else replicates
+    return bounded_interval(estimate, sketch, rng, ratio=ratio, span=span, replicates=reps)
+
+
+def _stack_ratios(parts: list[RatioBounds]) -> RatioBounds:
+    """One :class:`RatioBounds` of every part's values, in order."""
+    return RatioBounds(
+        np.hstack([p.low_weights for p in parts]),
+        np.concatenate([p.low_offset for p in parts]),
+        np.hstack([p.high_weights for p in parts]),
+        np.concatenate([p.high_offset for p in parts]),
+    )
 
 
 def _stack(parts: list[Callable[[Array, Array], Triple]]) -> Callable[[Array, Array], Triple]:
@@ -239,10 +278,12 @@ def _hist_covariance(
     variances = _stack(
         [_variance(cols, int(j), float(c)) for j, c in zip(columns, centers, strict=True)]
     )
-    kwargs = {} if replicates is None else {"replicates": replicates}
-    var = bounded_interval(variances, sketch, rng, **kwargs)
+    reps = DEFAULT_REPLICATES if replicates is None else replicates
+    var = bounded_interval(variances, sketch, rng, replicates=reps)
     # A cross term needs both variances' bounds at once: each at 1 - alpha/2.
-    both = bounded_interval(variances, sketch, rng, coverage=1.0 - (1.0 - COVERAGE) / 2.0, **kwargs)
+    both = bounded_interval(
+        variances, sketch, rng, coverage=1.0 - (1.0 - COVERAGE) / 2.0, replicates=reps
+    )
     cap = cols.domain.width()[columns] ** 2 / 4.0
     upper = np.clip(both.high, 0.0, cap)
     upper_bias = np.clip(both.high - both.noise, 0.0, cap)  # before the noise's widening
@@ -257,7 +298,8 @@ def _hist_covariance(
             entry = [0.0, -bound, bound, 0.0, bias, bound - bias]
         for key, v in zip(out, entry, strict=True):
             out[key].append(float(v))
-    return Bounded(**{k: np.array(v) for k, v in out.items()})
+    arr = {k: np.array(v) for k, v in out.items()}
+    return Bounded(arr["value"], arr["low"], arr["high"], arr["se"], arr["bias"], arr["noise"])
 
 
 # ----------------------------------------------------------------------------------- M2M
@@ -312,6 +354,10 @@ class _M2MLinear:
         point = sums @ self.a / n_hat[:, None] + self.a0[None, :]
         return point, point + self.r_low[None, :], point + self.r_high[None, :]
 
+    def ratio(self) -> RatioBounds:
+        """The bounds as ratios over the count: ``S a / n + a0 + [min r, max r]``."""
+        return RatioBounds(self.a, self.a0 + self.r_low, self.a, self.a0 + self.r_high)
+
 
 def m2m_bounded(
     kind: str,
@@ -324,6 +370,8 @@ def m2m_bounded(
     lambda_rule: str | float = "theorem",
     intercept: bool = True,
     replicates: int | None = None,
+    span: tuple[Array, Array] | None = None,
+    column_bounds: tuple[Array, Array] | None = None,
 ) -> tuple[Bounded, Array]:
     """Bounded M2M answers of an RFF or RACE release (module docstring).
 
@@ -340,18 +388,75 @@ def m2m_bounded(
         A rule's value is scaled by :data:`LAMBDA_FACTORS`; a float is used as is.
     intercept : bool
     replicates : int, optional
+    span : (ndarray, ndarray), optional
+        What each value can be. Given, a ``linear`` answer gets
+        :func:`~dpmarket.common.sketches.intervals.ratio_interval`'s interval (exact in the
+        count's noise); a covariance, with ``column_bounds``, a Bonferroni combination of such
+        intervals (:func:`_m2m_covariance`).
+    column_bounds : (ndarray, ndarray), optional
+        ``covariance``: the public bounds of ``columns``.
 
     Returns
     -------
     (Bounded, ndarray)
         The answers and the ridge parameter of each.
     """
-    kwargs = {} if replicates is None else {"replicates": replicates}
+    reps = DEFAULT_REPLICATES if replicates is None else replicates
     if kind == "linear":
         assert values is not None
         fit = _M2MLinear(design, sketch, values, lambda_rule=lambda_rule, intercept=intercept)
-        return bounded_interval(fit, sketch, rng, **kwargs), fit.lam
+        ratio = fit.ratio() if span is not None else None
+        bounded = bounded_interval(fit, sketch, rng, ratio=ratio, span=span, replicates=reps)
+        return bounded, fit.lam
     assert columns is not None
+    return _m2m_covariance(
+        design,
+        sketch,
+        rng,
+        columns,
+        lambda_rule=lambda_rule,
+        intercept=intercept,
+        replicates=reps,
+        column_bounds=column_bounds if span is not None else None,
+    )
+
+
+def _product_range(
+    dl: Array, dh: Array, rows: NDArray[np.intp], cols: NDArray[np.intp]
+) -> tuple[Array, Array]:
+    """Least and largest ``d_a d_b`` for ``d`` in ``[dl, dh]`` (last axis: columns) per pair
+    ``(rows, cols)``; a square's least is 0 where its interval straddles 0."""
+    corners = np.stack(
+        [
+            dl[..., rows] * dl[..., cols],
+            dl[..., rows] * dh[..., cols],
+            dh[..., rows] * dl[..., cols],
+            dh[..., rows] * dh[..., cols],
+        ]
+    )
+    pmin, pmax = corners.min(axis=0), corners.max(axis=0)
+    diagonal = rows == cols
+    straddles = (dl <= 0.0) & (dh >= 0.0)
+    pmin[..., diagonal] = np.where(straddles, 0.0, np.minimum(dl**2, dh**2))
+    return pmin, pmax
+
+
+def _m2m_covariance(
+    design: SyntheticDesign,
+    sketch: SketchLike,
+    rng: np.random.Generator,
+    columns: NDArray[np.int64],
+    *,
+    lambda_rule: str | float,
+    intercept: bool,
+    replicates: int,
+    column_bounds: tuple[Array, Array] | None,
+) -> tuple[Bounded, Array]:
+    """:func:`m2m_bounded`'s covariances. With ``column_bounds`` (a poorly known count), the
+    interval is the Bonferroni combination of three intervals exact in the count's noise
+    (:func:`~dpmarket.common.sketches.intervals.ratio_interval`), each at ``1 - alpha/3``: the
+    centred product's moment and the two means, combined by interval arithmetic (all three hold
+    at once with probability at least ``1 - alpha``)."""
     points = design.points
     means = _M2MLinear(
         design, sketch, points[:, columns], lambda_rule=lambda_rule, intercept=intercept
@@ -372,24 +477,38 @@ def m2m_bounded(
     def estimate(sums: Array, n_hat: Array) -> Triple:
         mp, ml, mh = means(sums, n_hat)
         bp, bl, bh = products(sums, n_hat)
-        dl, dh = ml - centers[None, :], mh - centers[None, :]
+        pmin, pmax = _product_range(ml - centers[None, :], mh - centers[None, :], rows, cols)
         dp = mp - centers[None, :]
-        corners = np.stack(
-            [
-                dl[:, rows] * dl[:, cols],
-                dl[:, rows] * dh[:, cols],
-                dh[:, rows] * dl[:, cols],
-                dh[:, rows] * dh[:, cols],
-            ]
-        )
-        pmin, pmax = corners.min(axis=0), corners.max(axis=0)
-        diagonal = rows == cols
-        straddles = (dl <= 0.0) & (dh >= 0.0)
-        pmin[:, diagonal] = np.where(straddles, 0.0, np.minimum(dl**2, dh**2))
         return bp - dp[:, rows] * dp[:, cols], bl - pmax, bh - pmin
 
     lam = np.maximum(means.lam[rows], products.lam)
-    return bounded_interval(estimate, sketch, rng, **kwargs), lam
+    bounded = bounded_interval(estimate, sketch, rng, replicates=replicates)
+    if column_bounds is None:
+        return bounded, lam
+    level = 1.0 - (1.0 - COVERAGE) / 3.0
+    lo_c, hi_c = (np.asarray(v, dtype=np.float64) for v in column_bounds)
+    ml, mh = ratio_interval(
+        means.ratio(), sketch, rng, (lo_c, hi_c), replicates=replicates, coverage=level
+    )
+    # What each centred product can be over the columns' box (its span for the search).
+    span_p = _product_range(lo_c - centers, hi_c - centers, rows, cols)
+    bl, bh = ratio_interval(
+        products.ratio(), sketch, rng, span_p, replicates=replicates, coverage=level
+    )
+    pmin, pmax = _product_range(ml - centers, mh - centers, rows, cols)
+    low, high = bl - pmax, bh - pmin
+    return (
+        Bounded(
+            value=bounded.value,
+            low=low,
+            high=high,
+            se=bounded.se,
+            bias=bounded.bias,
+            noise=np.maximum(((high - low) - 2.0 * bounded.bias) / 2.0, 0.0),
+            count_free=True,
+        ),
+        lam,
+    )
 
 
 def interval_basis(kind: str, query_kind: str, n_columns: int) -> tuple[str, str]:

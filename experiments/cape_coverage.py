@@ -25,8 +25,10 @@ Cases (every owner at epsilon 1, delta 1e-6, ``S_C`` the default 1 of five owner
 
 Beside each interval as reported, the same releases give the controls: a mean's interval without
 the collusion factor ``F`` (a pooled mechanism's noise), and for a fit the bootstrap without
-``F``, the basic (reflected) bootstrap interval, and the bootstrap of the released fit with its
-own eigenvalue floor (which cannot see the floor's shrinkage).
+``F``, the basic (reflected) bootstrap interval, the bootstrap of the released fit with its
+own eigenvalue floor (which cannot see the floor's shrinkage), and the bootstrap on a solve with a
+floor of one noise std (:data:`dpmarket.common.cape.uncertainty.INTERVAL_FLOOR_SIGMAS` is 0.2:
+one sigma shrinks the re-solves along directions the noise hides).
 
 ``python -m dpmarket.experiments.cape_coverage --reps 200 --out out/cape-coverage.json``.
 """
@@ -232,6 +234,15 @@ def _controls(case: Case, seen: _Seen, seed: int) -> dict[str, tuple[Estimate, .
         ),
         "released floor": capefm_estimates(
             plan, fit, labels, raw_map, rng(2), interval_floor=fit.floor, **common
+        ),
+        "one-sigma floor": capefm_estimates(
+            plan,
+            fit,
+            labels,
+            raw_map,
+            rng(3),
+            interval_floor=plan.aggregator_scales(partial)[2],
+            **common,
         ),
     }
 

@@ -26,6 +26,10 @@ the noisy release, not the true one) and, for M2M, the design's estimate of a su
   of the residual ``r = f - <a, Phi> - a0``, hence within ``[min r, max r]`` over the domain.
 * :func:`bounded_interval` turns bounds and replicates into the interval, the standard error of
   the point estimate and the half-width of the bias bound.
+* :func:`ratio_interval`: where the bounds are ratios of linear functionals of the release over
+  the count (:class:`RatioBounds`) and the count is poorly known, the interval by inverting a
+  test whose statistic's law is the public noise's (Fieller's construction): no plug-in of the
+  count estimate, valid for every data set however noisy the count.
 
 Pure numpy: the replicates' generator is the consumer's own (seeded), and only public values
 (the release, its noise scales, the map) enter.
@@ -48,13 +52,17 @@ from dpmarket.common.sketches.sketch import PrivateSketch, SketchLike, SketchUni
 __all__ = [
     "COVERAGE",
     "DEFAULT_REPLICATES",
+    "RATIO_GRID",
     "BinTarget",
     "Bounded",
+    "RatioBounds",
     "bin_ranges",
     "bounded_interval",
     "count_estimate",
+    "count_weights",
     "m2m_residual_range",
     "noise_replicates",
+    "ratio_interval",
     "release_totals",
 ]
 
@@ -63,6 +71,8 @@ COVERAGE = 0.95
 #: Noise replicates behind each interval's quantile (the quantile's own Monte Carlo error is
 #: about 0.007 in coverage at 1,000).
 DEFAULT_REPLICATES = 1000
+#: Candidates per value searched by :func:`ratio_interval`.
+RATIO_GRID = 400
 
 Array = NDArray[np.float64]
 
@@ -155,19 +165,37 @@ def count_estimate(sketch: SketchLike, sums: Array, counts: Array) -> tuple[Arra
     ``1 / (1/sigma_zeta^2 + sum_b 1/(B_b sigma_xi^2))``. An RFF map has no such blocks: the
     noisy count alone. This is post-processing of the release.
     """
+    w_count, w_sums, variance = count_weights(sketch)
+    n_hat = w_count * counts if w_sums is None else w_count * counts + sums @ w_sums
+    return np.maximum(n_hat, 1.0), variance
+
+
+def count_weights(sketch: SketchLike) -> tuple[float, Array | None, float]:
+    """The linear form of :func:`count_estimate` before its floor:
+    ``n_hat = w_count * count + sums @ w_sums``.
+
+    Parameters
+    ----------
+    sketch : PrivateSketch or SketchUnion
+
+    Returns
+    -------
+    w_count : float
+    w_sums : ndarray of shape (m,), or None
+        ``None`` when the count alone is used (no one-hot blocks, or a noise-free part).
+    variance : float
+        The variance of ``n_hat`` (:func:`count_estimate`'s Notes).
+    """
     var_count = float(sketch.count_noise_variance)
     var_sum = float(sketch.sum_noise_variance)
     fmap = sketch.feature_map
     if not isinstance(fmap, OneHotFeatureMap) or var_sum == 0.0 or var_count == 0.0:
-        return np.maximum(counts, 1.0), var_count
-    sizes = fmap.block_sizes
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    totals = np.add.reduceat(sums, offsets[:-1], axis=1)  # (R, blocks)
+        return 1.0, None, var_count
+    sizes = np.asarray(fmap.block_sizes)
     w_blocks = 1.0 / (sizes * var_sum)
     w_count = 1.0 / var_count
-    norm = w_count + w_blocks.sum()
-    n_hat = (w_count * counts + totals @ w_blocks) / norm
-    return np.maximum(n_hat, 1.0), 1.0 / norm
+    norm = w_count + float(w_blocks.sum())
+    return w_count / norm, np.repeat(w_blocks / norm, sizes), 1.0 / norm
 
 
 @dataclass(frozen=True)
@@ -309,7 +337,11 @@ class Bounded:
     bias : ndarray of shape (k,)
         ``(U_hat - L_hat) / 2``: the half-width of the bias bound alone.
     noise : ndarray of shape (k,)
-        ``q``, the noise's share of the half-width.
+        ``q``, the noise's share of the half-width (for a test-inverted interval: how much
+        wider than the bias bound it is, per side on average).
+    count_free : bool
+        ``True`` when the interval was obtained by :func:`ratio_interval` (the count's noise
+        taken into account exactly, no plug-in of the count estimate).
     """
 
     value: Array
@@ -318,6 +350,25 @@ class Bounded:
     se: Array
     bias: Array
     noise: Array
+    count_free: bool = False
+
+
+@dataclass(frozen=True)
+class RatioBounds:
+    """Bounds on ``k`` quantities that are ratios of linear functionals of the noise-free
+    release over the record count ``n``:
+    ``L = S @ low_weights / n + low_offset <= truth <= S @ high_weights / n + high_offset = U``.
+
+    Attributes
+    ----------
+    low_weights, high_weights : ndarray of shape (m, k)
+    low_offset, high_offset : ndarray of shape (k,)
+    """
+
+    low_weights: Array
+    low_offset: Array
+    high_weights: Array
+    high_offset: Array
 
 
 def bounded_interval(
@@ -327,6 +378,8 @@ def bounded_interval(
     *,
     replicates: int = DEFAULT_REPLICATES,
     coverage: float = COVERAGE,
+    ratio: RatioBounds | None = None,
+    span: tuple[Array, Array] | None = None,
 ) -> Bounded:
     """The interval of a bounded estimator (module docstring).
 
@@ -342,6 +395,12 @@ def bounded_interval(
     replicates : int
     coverage : float
         Nominal coverage, in (0, 1).
+    ratio : RatioBounds, optional
+        The same bounds as ratios of linear functionals of the release over the count.
+    span : (ndarray, ndarray), optional
+        What each value can be. With ``ratio``, the interval is :func:`ratio_interval`'s (exact
+        in the count's noise) instead of the replicates' plug-in; ``value`` and ``se`` are the
+        same either way.
 
     Returns
     -------
@@ -353,13 +412,127 @@ def bounded_interval(
     sums, counts = noise_replicates(sketch, replicates, rng)
     n_star, _ = count_estimate(sketch, sums, counts)
     p_star, l_star, h_star = (np.asarray(v, dtype=np.float64) for v in estimate(sums, n_star))
+    se = p_star.std(axis=0, ddof=1)
+    if ratio is not None and span is not None:
+        lo, hi = ratio_interval(
+            ratio, sketch, rng, span, replicates=replicates, coverage=coverage, inside=(low, high)
+        )
+        return Bounded(
+            value=point,
+            low=lo,
+            high=hi,
+            se=se,
+            bias=(high - low) / 2.0,
+            noise=np.maximum(((hi - lo) - (high - low)) / 2.0, 0.0),
+            count_free=True,
+        )
     excess = np.maximum(l_star - low[None, :], high[None, :] - h_star)
     q = np.maximum(np.quantile(excess, coverage, axis=0), 0.0)
     return Bounded(
         value=point,
         low=low - q,
         high=high + q,
-        se=p_star.std(axis=0, ddof=1),
+        se=se,
         bias=(high - low) / 2.0,
         noise=q,
     )
+
+
+def ratio_interval(
+    ratio: RatioBounds,
+    sketch: SketchLike,
+    rng: np.random.Generator,
+    span: tuple[Array, Array],
+    *,
+    replicates: int = DEFAULT_REPLICATES,
+    coverage: float = COVERAGE,
+    inside: tuple[Array, Array] | None = None,
+    grid: int = RATIO_GRID,
+) -> tuple[Array, Array]:
+    """A 95 % interval for ratio bounds that accounts for the count's noise exactly
+    (Fieller's construction, test inversion), with no plug-in of the count estimate.
+
+    Parameters
+    ----------
+    ratio : RatioBounds
+        ``k`` quantities.
+    sketch : PrivateSketch or SketchUnion
+    rng : numpy.random.Generator
+        Draws the noise replicates.
+    span : (ndarray, ndarray), each of shape (k,)
+        What each quantity can be, whatever the data (finite): the candidates searched.
+    replicates : int
+    coverage : float
+    inside : (ndarray, ndarray), optional
+        ``(L_hat, U_hat)``, added to the candidates (accepted whenever ``n_hat > 0``).
+    grid : int
+        Candidates per quantity, evenly spaced over ``span``.
+
+    Returns
+    -------
+    low, high : ndarray of shape (k,)
+        The hull of the accepted candidates widened by one grid step, within ``span``; the
+        whole ``span`` when no candidate is accepted.
+
+    Raises
+    ------
+    ValueError
+        If a ``span`` is not finite.
+
+    Notes
+    -----
+    With the count estimate ``n_hat = n + eta`` and the sums ``S_hat = S + xi`` (``eta`` and
+    ``xi`` the release's noise mapped linearly, :func:`count_weights`), a candidate ``t`` is
+    tested by
+
+        D(t) = max(S_hat w_L - (t - c_L) n_hat, (t - c_U) n_hat - S_hat w_U).
+
+    At the truth ``theta`` (``L <= theta <= U`` and ``n > 0``) both noise-free terms are
+    ``<= 0``, so ``D(theta) <= E(theta) = max(xi w_L - (theta - c_L) eta,
+    (theta - c_U) eta - xi w_U)``, whose law is the public noise's, whatever the data. ``t`` is
+    accepted when ``D(t) <= q(t)``, the ``coverage`` quantile of ``E(t)`` over ``replicates``
+    draws of the noise; the truth is accepted with probability at least ``coverage`` (up to the
+    quantile's Monte Carlo error, about 0.007 at 1,000 replicates). The accepted set need not be
+    an interval (Fieller's sets are not); its hull widened by one grid step contains every
+    accepted value between grid points unless a component of the set falls between two grid
+    points away from the others. Unlike :func:`bounded_interval`'s replicates centred on the
+    noisy release, nothing here depends on how close ``n_hat`` is to ``n``: it stays valid when
+    the count is known within 20 % or worse.
+    """
+    span_low, span_high = (np.asarray(v, dtype=np.float64) for v in span)
+    if not (np.all(np.isfinite(span_low)) and np.all(np.isfinite(span_high))):
+        raise ValueError(
+            f"ratio_interval searches a finite span; got [{span_low}, {span_high}]: pass what "
+            "each quantity can be (e.g. a mean's public bounds)"
+        )
+    total, count = release_totals(sketch)
+    w_count, w_sums, _ = count_weights(sketch)
+    sums, counts = noise_replicates(sketch, replicates, rng)
+    xi = sums - total
+    n_hat = w_count * float(count[0])
+    eta = w_count * (counts - count[0])
+    if w_sums is not None:
+        n_hat += float(total[0] @ w_sums)
+        eta = eta + xi @ w_sums
+    s_low, s_high = total[0] @ ratio.low_weights, total[0] @ ratio.high_weights
+    e_low, e_high = xi @ ratio.low_weights, xi @ ratio.high_weights  # (R, k)
+    k = s_low.shape[0]
+    low, high = span_low.copy(), span_high.copy()
+    for j in range(k):
+        t = np.linspace(span_low[j], span_high[j], grid)
+        step = float(t[1] - t[0]) if grid > 1 else 0.0
+        if inside is not None:
+            extra = np.clip([inside[0][j], inside[1][j]], span_low[j], span_high[j])
+            t = np.sort(np.concatenate([t, extra]))
+        dl, du = t - ratio.low_offset[j], t - ratio.high_offset[j]
+        noise = np.maximum(
+            e_low[None, :, j] - dl[:, None] * eta[None, :],
+            du[:, None] * eta[None, :] - e_high[None, :, j],
+        )
+        q = np.quantile(noise, coverage, axis=1)
+        d = np.maximum(s_low[j] - dl * n_hat, du * n_hat - s_high[j])
+        accepted = t[d <= q]
+        if accepted.size:
+            low[j] = max(float(accepted[0]) - step, float(span_low[j]))
+            high[j] = min(float(accepted[-1]) + step, float(span_high[j]))
+    return low, high

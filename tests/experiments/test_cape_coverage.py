@@ -23,9 +23,15 @@ def test_coverage_runs_the_curators_jobs_and_tallies_every_answer(tmp_path: Path
     mean, linreg = document["cases"]
     assert mean["case"] == "diabetes-mean" and linreg["case"] == "diabetes-linreg"
     assert mean["reported"]["answers"] == 2 * 11 and set(mean["controls"]) == {"without F"}
-    assert set(linreg["controls"]) == {"without F", "basic interval", "released floor"}
-    # 442 rows at epsilon 1: the regression is noise-dominated, and every answer says so.
-    assert linreg["reported"]["unreliable_fraction"] == 1.0
-    assert linreg["reported"]["coverage_reliable"] is None
+    assert set(linreg["controls"]) == {
+        "without F",
+        "basic interval",
+        "released floor",
+        "one-sigma floor",
+    }
+    # 442 rows at epsilon 1: the regression is noise-dominated, and every answer says so (on
+    # the value: its interval is wide along what the data do not determine, and still covers).
+    assert linreg["reported"]["flag_fractions"]["undetermined"] == 1.0
+    assert linreg["reported"]["unreliable_fraction"] == 0.0
     assert 0.0 <= mean["reported"]["coverage"] <= 1.0
     assert "coverage of 95 % intervals" in result.output
