@@ -19,6 +19,7 @@ import pytest
 from scipy.stats import binom
 
 from dpmarket.common.privacy.noise import SeededNoise
+from dpmarket.common.sketches.feature_maps import HISTMap
 from dpmarket.common.sketches.intervals import (
     BinTarget,
     RatioBounds,
@@ -379,11 +380,11 @@ def test_count_weights_are_the_count_estimate(specs: dict[str, SketchSpec]) -> N
     n_hat, expected = count_estimate(sketch, total, count)
     assert float(w_count * count[0] + total[0] @ w_sums) == pytest.approx(float(n_hat[0]))
     assert variance == expected
+    hist_map = specs["hist"].feature_map
+    assert isinstance(hist_map, HISTMap)
     with pytest.raises(ValueError, match="finite span"):
         ratio_interval(
-            _HistColumns(specs["hist"].feature_map, specs["hist"].domain).ratio(
-                0, BinTarget("power")
-            ),
+            _HistColumns(hist_map, specs["hist"].domain).ratio(0, BinTarget("power")),
             sketch,
             np.random.default_rng(0),
             (np.array([-math.inf]), np.array([math.inf])),

@@ -319,9 +319,14 @@ def test_an_undetermined_direction_is_covered_and_the_one_sigma_floor_is_not() -
             SeededNoise(np.random.default_rng([r, 1])),
             colluders=COLLUDERS,
         )
-        common = {"task_covers": spec.covers, "replicates": 200}
         estimates = capefm_estimates(
-            result.plan, result.fit, labels, raw_map, np.random.default_rng([r, 2]), **common
+            result.plan,
+            result.fit,
+            labels,
+            raw_map,
+            np.random.default_rng([r, 2]),
+            task_covers=spec.covers,
+            replicates=200,
         )
         undetermined += any(f.code == "undetermined" for f in estimates[0].flags)
         covered += [e.contains(t) for e, t in zip(estimates, truth, strict=True)]
@@ -332,7 +337,8 @@ def test_an_undetermined_direction_is_covered_and_the_one_sigma_floor_is_not() -
             raw_map,
             np.random.default_rng([r, 2]),
             interval_floor=result.plan.aggregator_scales(None)[2],
-            **common,
+            task_covers=spec.covers,
+            replicates=200,
         )
         control += [e.contains(t) for e, t in zip(one_sigma, truth, strict=True)]
     low, _ = _bounds(reps, 0.93, 0.97)
