@@ -14,9 +14,10 @@ caller's verified certificate (the call's auth context) and nothing it sent:
    read: HTTP/2 flow control then bounds what the server buffers of it to the stream's window (64
    KiB to a few MiB), and the rest is never sent.
 2. **how many**: each service serves at most :attr:`ServiceLimits.concurrent_calls` calls at
-   once (the health and reflection services :data:`OPEN_CONCURRENT_CALLS` together, and
-   :data:`OPEN_CALLS_PER_CALLER` per caller); the next is answered ``RESOURCE_EXHAUSTED``, again
-   before its request is read.
+   once, and of them at most :attr:`ServiceLimits.per_caller` of one caller (half, unless its
+   servicer says otherwise; the health and reflection services :data:`OPEN_CONCURRENT_CALLS`
+   together, and :data:`OPEN_CALLS_PER_CALLER` per caller); the next is answered
+   ``RESOURCE_EXHAUSTED``, again before its request is read.
 3. **how large**: each RPC has its own receive limit (:attr:`ServiceLimits.requests`, or
    :data:`SMALL_REQUEST_BYTES` for one that carries ids and scalars only), derived by its
    servicer from the policy's bounds and documented in ``docs/reference.md``; a request (each
@@ -127,7 +128,8 @@ SMALL_REQUEST_BYTES = 64 << 10
 COLUMN_BYTES = 512
 #: Bytes of one float64 value of an ``Array`` on the wire.
 VALUE_BYTES = 8
-#: Calls one service serves at once unless its servicer says otherwise.
+#: Calls one service serves at once unless its servicer says otherwise (of them, one caller's at
+#: most half: :attr:`ServiceLimits.per_caller`).
 DEFAULT_CONCURRENT_CALLS = 64
 #: Calls the health and reflection services serve at once, together and from all callers: each
 #: is read up to one piece (``FRAME_BYTES``) before its own limit is compared, so they may make a
@@ -378,21 +380,44 @@ class ServiceLimits:
     concurrent_calls : int
         Calls the service serves at once (streams included, until they end); the next is
         answered ``RESOURCE_EXHAUSTED`` before its request is read.
+    calls_per_caller : int, optional
+        Of those, the calls one caller (an identity; on plaintext transport, a connection) has
+        in progress at once; its next is answered ``RESOURCE_EXHAUSTED`` before its request is
+        read. By default half of ``concurrent_calls`` (:attr:`per_caller`), so that one
+        identity alone never fills the service: a service whose callers need more sets both.
 
     Raises
     ------
     ValueError
-        If a limit or ``concurrent_calls`` is not a positive integer.
+        If a limit, ``concurrent_calls`` or ``calls_per_caller`` is not a positive integer, or
+        ``calls_per_caller`` exceeds ``concurrent_calls``.
     """
 
     requests: Mapping[str, int] = field(default_factory=dict)
     concurrent_calls: int = DEFAULT_CONCURRENT_CALLS
+    calls_per_caller: int | None = None
 
     def __post_init__(self) -> None:
-        for name, value in {**self.requests, "concurrent_calls": self.concurrent_calls}.items():
+        counts = {**self.requests, "concurrent_calls": self.concurrent_calls}
+        if self.calls_per_caller is not None:
+            counts["calls_per_caller"] = self.calls_per_caller
+        for name, value in counts.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.per_caller > self.concurrent_calls:
+            raise ValueError(
+                f"calls_per_caller ({self.per_caller}) must not exceed concurrent_calls "
+                f"({self.concurrent_calls}): lower it, or raise concurrent_calls"
+            )
         object.__setattr__(self, "requests", dict(self.requests))
+
+    @property
+    def per_caller(self) -> int:
+        """The calls one caller has in progress at once: ``calls_per_caller``, or half of
+        ``concurrent_calls`` (at least one)."""
+        if self.calls_per_caller is not None:
+            return self.calls_per_caller
+        return max(1, self.concurrent_calls // 2)
 
     def request_bytes(self, rpc: str) -> int:
         """The receive limit of ``rpc``, bytes."""
@@ -424,7 +449,7 @@ class _Gate:
         authorize: Callable[[grpc.aio.ServicerContext], str],
         limit: int,
         concurrent_calls: int,
-        per_caller: int | None,
+        per_caller: int,
     ) -> None:
         self.admission = admission
         self.service = service
@@ -443,27 +468,28 @@ class _Gate:
         UnauthenticatedError, PermissionDeniedError
             As the servicer's authorizer (or, on an open service, without an identity).
         ResourceExhaustedError
-            If the service (or this caller, on an open service) has its most calls at once.
+            If this caller, or the service, has its most calls at once (the caller's count is
+            compared first, so that a caller at its own limit is told so).
         """
         caller = self.authorize(context)
+        # On plaintext transport every caller of a protected service has the one identity: each
+        # connection is then a caller of its own.
+        fair = f"insecure {context.peer()}" if self.admission.insecure else caller
         active = self.admission.active
+        key = (self.service, fair)
+        if active.get(key, 0) >= self.per_caller:
+            raise ResourceExhaustedError(
+                f"{fair} has its limit of {self.per_caller} calls at once in progress on "
+                f"{self.service}; retry when one has ended"
+            )
         if active.get(self.service, 0) >= self.concurrent_calls:
             raise ResourceExhaustedError(
                 f"{self.service} is serving its limit of {self.concurrent_calls} calls at once; "
                 "retry when one has ended"
             )
-        key = (self.service, caller)
-        if self.per_caller is not None and active.get(key, 0) >= self.per_caller:
-            raise ResourceExhaustedError(
-                f"{caller} has its limit of {self.per_caller} calls at once in progress on "
-                f"{self.service}; retry when one has ended"
-            )
-        keys: tuple[Any, ...] = (self.service,) if self.per_caller is None else (self.service, key)
+        keys = (self.service, key)
         for k in keys:
             active[k] = active.get(k, 0) + 1
-        # On plaintext transport every caller of a protected service has the one identity: each
-        # connection is then a caller of its own.
-        fair = f"insecure {context.peer()}" if self.admission.insecure else caller
         shares = self.admission.shares
         share = shares.enter(fair)
 
@@ -866,7 +892,7 @@ class Admission(grpc.aio.ServerInterceptor):
             budget_bytes // 2 if caller_bytes is None else caller_bytes,
         )
         self.insecure = insecure
-        #: Calls in progress per service name, and per (service, caller) on open services.
+        #: Calls in progress per service name, and per (service, caller).
         self.active: dict[Any, int] = {}
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
 
@@ -915,7 +941,9 @@ class Admission(grpc.aio.ServerInterceptor):
         def authorize(context: grpc.aio.ServicerContext) -> str:
             return str(authorizer.authorize(context, roles))
 
-        return _Gate(self, service, rpc, authorize, limit, limits.concurrent_calls, None)
+        return _Gate(
+            self, service, rpc, authorize, limit, limits.concurrent_calls, limits.per_caller
+        )
 
     def _any_identity(self, context: grpc.aio.ServicerContext) -> str:
         """Any verified dpmarket identity (the health and reflection services)."""

@@ -106,7 +106,7 @@ class ProbeOwner(owner_pb2_grpc.OwnerServiceServicer):
 
     ``GetProgress`` waits for :attr:`release` while :attr:`hold` is set."""
 
-    def __init__(self, concurrent_calls: int = 64) -> None:
+    def __init__(self, concurrent_calls: int = 64, calls_per_caller: int | None = None) -> None:
         self.authorizer = Authorizer({"curator": ("curator",)})
         self.limits = ServiceLimits(
             {
@@ -116,6 +116,7 @@ class ProbeOwner(owner_pb2_grpc.OwnerServiceServicer):
                 "OpenSession": UPLOAD_LIMIT,
             },
             concurrent_calls=concurrent_calls,
+            calls_per_caller=calls_per_caller,
         )
         self.reached = 0
         self.hold = False
@@ -533,6 +534,48 @@ def test_one_callers_stalled_declared_requests_do_not_hold_the_others_budget(
     _run(pki, scenario)
 
 
+@pytest.mark.parametrize("fair", [True, False])
+def test_one_callers_stalled_calls_at_its_cap_leave_the_others_calls_at_once(
+    pki: Path, monkeypatch: pytest.MonkeyPatch, admissions: list[Any], fair: bool
+) -> None:
+    """A consumer opens as many ``WatchSession`` calls as the service serves at once and sends
+    nothing on any: it holds half of them (its own cap), the rest are refused at once
+    (RESOURCE_EXHAUSTED, naming its limit), and another consumer's call is served. Control (a
+    caller's cap is the service's limit, as every caller's was): the stalled calls fill the
+    service, and the other consumer's call is RESOURCE_EXHAUSTED. Nothing is kept of either
+    caller once its calls have ended."""
+    calls = 8
+    limits = ServiceLimits(concurrent_calls=calls, calls_per_caller=None if fair else calls)
+    monkeypatch.setattr(ProbeCurator, "limits", limits, raising=False)
+    service = "dpmarket.v1.CuratorService"
+
+    async def scenario(connect, owner, curator):
+        active = admissions[0].active
+        stall = connect(ALICE).channel.stream_stream(f"/{service}/WatchSession", None, None)
+        stalled = [stall() for _ in range(calls)]
+        admitted = calls // 2 if fair else calls
+        await _until(lambda: active.get(service) == admitted)
+        await _until(lambda: sum(call.done() for call in stalled) == calls - admitted)
+        for call in stalled:
+            if call.done():
+                assert await call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert f"{ALICE} has its limit of {admitted} calls at once" in await call.details()
+        watcher = curator_pb2_grpc.CuratorServiceStub(connect(BOB))
+        request = curator_pb2.WatchSessionRequest(session_id="s")
+        code, details = await _code(_drain(watcher.WatchSession(request, timeout=3.0)))
+        if fair:
+            assert (code, details) == (grpc.StatusCode.OK, "")
+            assert curator.reached == 1
+        else:
+            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+            assert f"serving its limit of {calls} calls at once" in details
+        for call in stalled:
+            call.cancel()
+        await _until(lambda: not active and not admissions[0].shares.callers)
+
+    _run(pki, scenario)
+
+
 def test_on_plaintext_each_connection_is_a_caller_of_its_own(admissions: list[Any]) -> None:
     """Plaintext transport (no identities; every caller is taken to be the curator): calls that
     send nothing on one connection hold that connection's share only, and a call on another is
@@ -567,7 +610,7 @@ def test_on_plaintext_each_connection_is_a_caller_of_its_own(admissions: list[An
             assert code == grpc.StatusCode.DEADLINE_EXCEEDED
             for call in stalled:
                 call.cancel()
-            await _until(lambda: not shares.callers)
+            await _until(lambda: not shares.callers and not admissions[0].active)
         finally:
             await first.close(None)
             await second.close(None)
@@ -703,7 +746,8 @@ class HoldingOwner(ProbeOwner):
 
 
 def test_a_service_serves_at_most_its_calls_at_once_and_refusals_take_no_slot(pki: Path) -> None:
-    owner = ProbeOwner(concurrent_calls=2)  # type: ignore[abstract]  # (as in _run)
+    # One caller may fill the service here (as the curator nearly may an owner's).
+    owner = ProbeOwner(concurrent_calls=2, calls_per_caller=2)  # type: ignore[abstract]
     owner.hold = True
 
     async def scenario(connect, owner, curator):
@@ -923,7 +967,21 @@ def test_the_owners_limits_admit_requests_at_its_policy_bounds_and_name_its_rpcs
     # An omega wider than the owner's features does not fit.
     wide = owner_pb2.OpenSessionRequest(omega=array_to_proto(np.zeros((d, 2 * n + 10))))
     assert wide.ByteSize() > limits.request_bytes("OpenSession")
-    assert limits.concurrent_calls >= 32
+    # The curator keeps four calls per session at max_sessions (and at least the default), and
+    # alone it fills half the service.
+    assert limits.per_caller == 64 and limits.concurrent_calls == 128
+    many = owner_limits(Owner("owner-0", PointSet(np.zeros((3, n)), None, "o"), max_sessions=40))
+    assert many.per_caller == 4 * 40 and many.concurrent_calls == 2 * 4 * 40
+
+
+def test_a_services_calls_per_caller_are_half_its_calls_unless_it_says() -> None:
+    assert ServiceLimits().per_caller == 32
+    assert ServiceLimits(concurrent_calls=1).per_caller == 1
+    assert ServiceLimits(concurrent_calls=8, calls_per_caller=8).per_caller == 8
+    with pytest.raises(ValueError, match="calls_per_caller \\(9\\) must not exceed"):
+        ServiceLimits(concurrent_calls=8, calls_per_caller=9)
+    with pytest.raises(ValueError, match="calls_per_caller must be a positive integer, got 0"):
+        ServiceLimits(calls_per_caller=0)
 
 
 def test_the_cape_sites_limits_admit_jobs_of_their_sized_sites_and_columns(pki: Path) -> None:
