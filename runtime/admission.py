@@ -160,7 +160,10 @@ READS_PER_CALLER = 2
 #: most ``framing.FRAME_BYTES``, 1 MiB: 10 s is 0.8 Mbit/s). A caller that opens calls and sends
 #: nothing would otherwise hold every slot until its deadline (none, if it sets none), and every
 #: other caller of every service of the server would wait behind it; past this wait its call is
-#: refused (RESOURCE_EXHAUSTED) and the slot goes to the next call.
+#: refused (RESOURCE_EXHAUSTED) and the slot goes to the next call. A call also waits this long
+#: at most for one of its caller's own read turns (:meth:`CallerShares.reading`), so that calls
+#: queued behind their caller's stalled ones give their calls-at-once slots back as soon as those
+#: do, not one round per call queued before them.
 READ_WAIT_SECONDS = 10.0
 #: Request bytes a server's admitted calls hold at once, all services together (32 MiB): each
 #: unary call reserves its request's declared size (or, sent as one message, its RPC's limit up
@@ -189,6 +192,11 @@ OPEN_CALLS_PER_CALLER = 2
 class RequestNotSentError(ResourceExhaustedError):
     """A call's request (or its next piece) did not arrive within :data:`READ_WAIT_SECONDS` of
     its turn to be read: the read slot is given back and the call refused."""
+
+
+class TurnsTakenError(ResourceExhaustedError):
+    """A call waited :data:`READ_WAIT_SECONDS` for one of its caller's own read turns
+    (:meth:`CallerShares.reading`), all taken by the caller's other calls: it is refused."""
 
 
 class RequestTooLargeError(ResourceExhaustedError):
@@ -344,9 +352,36 @@ class CallerShares:
     @contextlib.asynccontextmanager
     async def reading(self, share: _Share) -> AsyncIterator[None]:
         """Hold one of the caller's read turns, then one of the server's, while a message is
-        read."""
-        async with share.reads, self.reads:
-            yield
+        read.
+
+        The caller's own turn is waited for at most :data:`READ_WAIT_SECONDS` (read when the
+        wait starts): its turns are taken only by its own calls, each of which holds one that
+        long at most if it sends nothing, so that a call queued behind its caller's stalled calls
+        is refused as soon as they are, rather than holding its service's calls at once for as
+        many rounds as there are calls before it. The server's turn is waited for without a
+        bound of its own: every turn is held by another caller's read, itself bounded.
+
+        Raises
+        ------
+        TurnsTakenError
+            If the caller's read turns stay taken for :data:`READ_WAIT_SECONDS`: nothing is
+            held for the call.
+        """
+        wait = READ_WAIT_SECONDS
+        try:
+            async with asyncio.timeout(wait):
+                await share.reads.acquire()
+        except TimeoutError:
+            raise TurnsTakenError(
+                f"this caller's {self.reads_per_caller} read turns stayed taken by its other "
+                f"calls for {wait:g} s: send fewer requests at once, each as soon as its call "
+                "starts"
+            ) from None
+        try:
+            async with self.reads:
+                yield
+        finally:
+            share.reads.release()
 
     async def take(self, share: _Share, size: int) -> None:
         """Take ``size`` request bytes from the caller's share, then from the server's budget,
@@ -848,7 +883,7 @@ _EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]
 #: What admission refuses a call for, and what reading its request may raise (a handler wrapped
 #: by ``rpc``/``rpc_stream`` turns the latter into a status itself; these catch the rest).
 _REFUSALS = (UnauthenticatedError, PermissionDeniedError, ResourceExhaustedError)
-_UNREADABLE = (RequestTooLargeError, RequestNotSentError, InvalidArgumentError)
+_UNREADABLE = (RequestTooLargeError, RequestNotSentError, TurnsTakenError, InvalidArgumentError)
 
 
 class Admission(grpc.aio.ServerInterceptor):

@@ -50,6 +50,7 @@ from dpmarket.runtime import admission, allocator, cape_messages, rpc_trace, ske
 from dpmarket.runtime.admission import (
     OPEN_CALLS_PER_CALLER,
     READS_AT_ONCE,
+    READS_PER_CALLER,
     SMALL_REQUEST_BYTES,
     CallerShares,
     RequestBudget,
@@ -572,6 +573,44 @@ def test_one_callers_stalled_calls_at_its_cap_leave_the_others_calls_at_once(
         for call in stalled:
             call.cancel()
         await _until(lambda: not active and not admissions[0].shares.callers)
+
+    _run(pki, scenario)
+
+
+@pytest.mark.parametrize("wait", [0.5, None])
+def test_a_call_queued_behind_its_callers_stalled_reads_is_refused_within_the_read_wait(
+    pki: Path, monkeypatch: pytest.MonkeyPatch, admissions: list[Any], wait: float | None
+) -> None:
+    """The curator's read turns are held by its calls that send nothing (their wait for a
+    message unbounded here), and another of its calls queues for a turn: it is refused
+    (RESOURCE_EXHAUSTED) once it has waited ``READ_WAIT_SECONDS``, unread, and gives its
+    calls-at-once slot back while the stalled calls still hold theirs. Control (``wait`` None:
+    no bound on the wait for a turn): the queued call holds its slot until its client's
+    deadline."""
+    monkeypatch.setattr(admission, "READ_WAIT_SECONDS", 1e9)
+    method = "/dpmarket.v1.OwnerService/GetProgress"
+    key = ("dpmarket.v1.OwnerService", str(CURATOR))
+
+    async def scenario(connect, owner, curator):
+        shares, active = admissions[0].shares, admissions[0].active
+        stall = connect(CURATOR).channel.stream_unary(method, None, None)
+        stalled = [asyncio.ensure_future(_code(stall())) for _ in range(READS_PER_CALLER)]
+        await _until(lambda: str(CURATOR) in shares.callers)
+        await _until(lambda: shares.callers[str(CURATOR)].reads.locked())
+        monkeypatch.setattr(admission, "READ_WAIT_SECONDS", 1e9 if wait is None else wait)
+        stub = owner_pb2_grpc.OwnerServiceStub(connect(CURATOR))
+        code, details = await _code(stub.GetProgress(_progress(8), timeout=3.0))
+        if wait is None:
+            assert code == grpc.StatusCode.DEADLINE_EXCEEDED, details
+        else:
+            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+            assert "read turns stayed taken by its other calls for 0.5 s" in details
+            await _until(lambda: active[key] == READS_PER_CALLER)
+            assert not any(call.done() for call in stalled)
+        assert owner.reached == 0
+        for call in stalled:
+            call.cancel()
+        await _until(lambda: not active and not shares.callers)
 
     _run(pki, scenario)
 
