@@ -173,8 +173,10 @@ READ_WAIT_SECONDS = 10.0
 #: requests (and in what their handlers decode of them, about as much again) does not grow with
 #: its services' calls at once (64 each) times their RPCs' limits: an owner's three services
 #: 0.66 GiB at the defaults, the curator's ``CreateSession`` alone 64 x 17 MiB (64 such calls of
-#: 15 MB at once raised a curator by 1.5 GiB; with this budget by 142 MiB). At least two of the
-#: largest requests (the curator's 17 MiB) fit at once.
+#: 15 MB at once raised a curator by 1.5 GiB; with this budget by 142 MiB). Seven of an owner's
+#: largest requests (4.1 MiB) fit at once; one of the curator's largest (``CreateSession`` and
+#: ``QuoteSession``, 17 MiB) and, beside it, requests of up to 15 MiB, so that a second such
+#: request waits while the first is read and held (two would need 34 MiB).
 REQUEST_BUDGET_BYTES = 32 << 20
 #: Of the request budget, the bytes one caller's calls hold at once (:class:`CallerShares`): half
 #: of it, so that beside one caller's share a request of up to the other half fits (each RPC's
