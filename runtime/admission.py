@@ -60,16 +60,24 @@ and only while the calls run: the exception a call ends with keeps none of its f
 back when it ends (:func:`~dpmarket.runtime.allocator.large_call_ended`). Reading a message
 holds about twice its size for a moment (gRPC's buffers, then the bytes its parser reads).
 
-What one caller can make the others wait for is bounded as well (:class:`CallerShares`): a
-caller (an identity; on plaintext transport, a connection) reads at most
-:data:`READS_PER_CALLER` of the :data:`READS_AT_ONCE` pieces at once and holds at most
+What one caller can make the others wait for, or be refused, is bounded as well. A caller (an
+identity; on plaintext transport, a connection) has at most its service's
+:attr:`ServiceLimits.per_caller` calls in progress (half its calls at once by default), so that
+its calls alone never fill a service and make another's ``RESOURCE_EXHAUSTED``; it reads at
+most :data:`READS_PER_CALLER` of the :data:`READS_AT_ONCE` pieces at once and holds at most
 :data:`REQUEST_BYTES_PER_CALLER` of the budget (or one larger request while it holds nothing
-else), its further calls waiting on its own share. Calls that send nothing, or declared requests
-that then stall, thus delay no other caller's read, nor another caller's request that fits in
-the budget beside what the staller may hold (16 MiB on an owner, 15 MiB on the curator, at the
-defaults). It takes ``READS_AT_ONCE / READS_PER_CALLER`` distinct identities (two; two for the
-budget as well) stalling together to delay the others, each round by at most
-:data:`READ_WAIT_SECONDS` per piece.
+else), its further calls waiting on its own share (:class:`CallerShares`), for a read turn at
+most :data:`READ_WAIT_SECONDS`. Calls that send nothing, or declared requests that then stall,
+thus delay no other caller's read, nor another caller's request that fits in the budget beside
+what the staller may hold (16 MiB on an owner, 15 MiB on the curator, at the defaults), and
+refuse no other caller's call; and a call queued for its caller's read turn gives its slot of
+its service's calls at once back within :data:`READ_WAIT_SECONDS`, not one round per call
+queued before it (one queued for its caller's share of the budget waits while its caller's own
+requests are read, as only that caller's slots do). It takes ``READS_AT_ONCE / READS_PER_CALLER``
+distinct identities (two; two for the budget and for a service's calls at once as well) stalling
+together to delay or refuse the others, each round for at most :data:`READ_WAIT_SECONDS` per
+piece (the services whose only callers are the curators an owner's policy names keep a
+curator's calls at once at what it runs: :func:`dpmarket.owner.service.owner_limits`).
 """
 
 from __future__ import annotations
@@ -311,11 +319,16 @@ class CallerShares:
     waits for A only if it, or a request queued before it (the budget serves first come first
     served), is larger than that: the curator's ``CreateSession`` or ``QuoteSession`` above 15
     MiB, for as long as A's own large request is being read (:data:`READ_WAIT_SECONDS` per
-    piece at most). **Several identities together**: k distinct callers hold k shares;
-    ``reads / reads_per_caller`` callers that send nothing can again hold every read
-    turn, and ``total / bytes_per_caller`` (2) callers the budget, each round for at most
-    ``READ_WAIT_SECONDS`` per piece. The deployment issues the identities, so that is bounded by
-    its parties (on plaintext transport, by the server's connections).
+    piece at most). **A's queued calls**: a call of A waiting for one of A's read turns is
+    refused after :data:`READ_WAIT_SECONDS` (:meth:`reading`), so that it holds its slot of its
+    service's calls at once (of which A has at most :attr:`ServiceLimits.per_caller`, half by
+    default: :class:`Admission` refuses B's call for A's only if two identities fill them) that
+    long at most, not until every call of A before it has been refused in turn. **Several
+    identities together**: k distinct callers hold k shares; ``reads / reads_per_caller``
+    callers that send nothing can again hold every read turn, and ``total / bytes_per_caller``
+    (2) callers the budget, each round for at most ``READ_WAIT_SECONDS`` per piece. The
+    deployment issues the identities, so that is bounded by its parties (on plaintext transport,
+    by the server's connections).
     """
 
     def __init__(
