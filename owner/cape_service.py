@@ -54,16 +54,19 @@ _ROUND_RPCS = (
 )
 
 
-def _calls(max_jobs: int | None) -> int:
-    """Calls at once: four per job the owner keeps open, at least the default."""
-    return max(DEFAULT_CONCURRENT_CALLS, 4 * (max_jobs or 0))
+def _calls(max_jobs: int | None) -> dict[str, int]:
+    """Calls at once: per caller (a curator), four per job the owner keeps open, at least the
+    default; in all, twice that (:func:`dpmarket.owner.service.owner_limits`' reasoning)."""
+    calls = max(DEFAULT_CONCURRENT_CALLS, 4 * (max_jobs or 0))
+    return {"concurrent_calls": 2 * calls, "calls_per_caller": calls}
 
 
 def secure_aggregation_limits() -> ServiceLimits:
     """SecureAggregationService's receive limits: every round message carries the round's
     sites and, per site, at most its keys, certificate, nonce, ciphertext and tags
     (:data:`MAX_SITES` x :data:`SITE_BYTES` beside the ids and scalars). Calls at once: the
-    default (a job's round makes one call at a time)."""
+    default, half of them per caller (a curator's CAPE job makes one round call at a time, and
+    it runs at most its policy's ``max_running`` jobs, 4 by default)."""
     round_message = SMALL_REQUEST_BYTES + MAX_SITES * SITE_BYTES
     return ServiceLimits(dict.fromkeys(_ROUND_RPCS, round_message))
 
@@ -91,7 +94,7 @@ def cape_site_limits(cape: CapeSite) -> ServiceLimits:
             "ReleaseCape": SMALL_REQUEST_BYTES + VALUE_BYTES * (c + 2) ** 2,
             "ReleaseCapeGradient": SMALL_REQUEST_BYTES + 2 * VALUE_BYTES * parameters,
         },
-        concurrent_calls=_calls(cape.max_jobs),
+        **_calls(cape.max_jobs),
     )
 
 

@@ -71,8 +71,15 @@ def owner_limits(owner: Owner) -> ServiceLimits:
     * ``Bid`` and each ``RunRounds`` message: the summary's embedding (``d``);
     * every other RPC: ids and scalars only.
 
-    Calls at once: four per session the owner keeps open (a step, its ``RunRounds`` stream, a
-    progress poll, a close), at least :data:`~dpmarket.runtime.admission.DEFAULT_CONCURRENT_CALLS`.
+    Calls at once, per caller: four per session the owner keeps open (a step, its
+    ``RunRounds`` stream, a progress poll, a close), at least
+    :data:`~dpmarket.runtime.admission.DEFAULT_CONCURRENT_CALLS`; in all, twice that. The
+    service's only callers are the curators the policy names, and one curator runs, against one
+    owner, four calls per session it runs (at most its ``max_running`` and the owner's
+    ``max_sessions``) beside the owner descriptions (``GetOwnerInfo``) its consumers' requests
+    ask for, one per request in progress: a curator keeps every call it could make before
+    callers had a share of their own (64 at the defaults), and one curator alone still never
+    fills the service.
 
     Parameters
     ----------
@@ -96,7 +103,8 @@ def owner_limits(owner: Owner) -> ServiceLimits:
             "Bid": embedding,
             "RunRounds": embedding,
         },
-        concurrent_calls=calls,
+        concurrent_calls=2 * calls,
+        calls_per_caller=calls,
     )
 
 

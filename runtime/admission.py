@@ -14,9 +14,10 @@ caller's verified certificate (the call's auth context) and nothing it sent:
    read: HTTP/2 flow control then bounds what the server buffers of it to the stream's window (64
    KiB to a few MiB), and the rest is never sent.
 2. **how many**: each service serves at most :attr:`ServiceLimits.concurrent_calls` calls at
-   once (the health and reflection services :data:`OPEN_CONCURRENT_CALLS` together, and
-   :data:`OPEN_CALLS_PER_CALLER` per caller); the next is answered ``RESOURCE_EXHAUSTED``, again
-   before its request is read.
+   once, and of them at most :attr:`ServiceLimits.per_caller` of one caller (half, unless its
+   servicer says otherwise; the health and reflection services :data:`OPEN_CONCURRENT_CALLS`
+   together, and :data:`OPEN_CALLS_PER_CALLER` per caller); the next is answered
+   ``RESOURCE_EXHAUSTED``, again before its request is read.
 3. **how large**: each RPC has its own receive limit (:attr:`ServiceLimits.requests`, or
    :data:`SMALL_REQUEST_BYTES` for one that carries ids and scalars only), derived by its
    servicer from the policy's bounds and documented in ``docs/reference.md``; a request (each
@@ -59,16 +60,24 @@ and only while the calls run: the exception a call ends with keeps none of its f
 back when it ends (:func:`~dpmarket.runtime.allocator.large_call_ended`). Reading a message
 holds about twice its size for a moment (gRPC's buffers, then the bytes its parser reads).
 
-What one caller can make the others wait for is bounded as well (:class:`CallerShares`): a
-caller (an identity; on plaintext transport, a connection) reads at most
-:data:`READS_PER_CALLER` of the :data:`READS_AT_ONCE` pieces at once and holds at most
+What one caller can make the others wait for, or be refused, is bounded as well. A caller (an
+identity; on plaintext transport, a connection) has at most its service's
+:attr:`ServiceLimits.per_caller` calls in progress (half its calls at once by default), so that
+its calls alone never fill a service and make another's ``RESOURCE_EXHAUSTED``; it reads at
+most :data:`READS_PER_CALLER` of the :data:`READS_AT_ONCE` pieces at once and holds at most
 :data:`REQUEST_BYTES_PER_CALLER` of the budget (or one larger request while it holds nothing
-else), its further calls waiting on its own share. Calls that send nothing, or declared requests
-that then stall, thus delay no other caller's read, nor another caller's request that fits in
-the budget beside what the staller may hold (16 MiB on an owner, 15 MiB on the curator, at the
-defaults). It takes ``READS_AT_ONCE / READS_PER_CALLER`` distinct identities (two; two for the
-budget as well) stalling together to delay the others, each round by at most
-:data:`READ_WAIT_SECONDS` per piece.
+else), its further calls waiting on its own share (:class:`CallerShares`), for a read turn at
+most :data:`READ_WAIT_SECONDS`. Calls that send nothing, or declared requests that then stall,
+thus delay no other caller's read, nor another caller's request that fits in the budget beside
+what the staller may hold (16 MiB on an owner, 15 MiB on the curator, at the defaults), and
+refuse no other caller's call; and a call queued for its caller's read turn gives its slot of
+its service's calls at once back within :data:`READ_WAIT_SECONDS`, not one round per call
+queued before it (one queued for its caller's share of the budget waits while its caller's own
+requests are read, as only that caller's slots do). It takes ``READS_AT_ONCE / READS_PER_CALLER``
+distinct identities (two; two for the budget and for a service's calls at once as well) stalling
+together to delay or refuse the others, each round for at most :data:`READ_WAIT_SECONDS` per
+piece (the services whose only callers are the curators an owner's policy names keep a
+curator's calls at once at what it runs: :func:`dpmarket.owner.service.owner_limits`).
 """
 
 from __future__ import annotations
@@ -127,7 +136,8 @@ SMALL_REQUEST_BYTES = 64 << 10
 COLUMN_BYTES = 512
 #: Bytes of one float64 value of an ``Array`` on the wire.
 VALUE_BYTES = 8
-#: Calls one service serves at once unless its servicer says otherwise.
+#: Calls one service serves at once unless its servicer says otherwise (of them, one caller's at
+#: most half: :attr:`ServiceLimits.per_caller`).
 DEFAULT_CONCURRENT_CALLS = 64
 #: Calls the health and reflection services serve at once, together and from all callers: each
 #: is read up to one piece (``FRAME_BYTES``) before its own limit is compared, so they may make a
@@ -158,7 +168,10 @@ READS_PER_CALLER = 2
 #: most ``framing.FRAME_BYTES``, 1 MiB: 10 s is 0.8 Mbit/s). A caller that opens calls and sends
 #: nothing would otherwise hold every slot until its deadline (none, if it sets none), and every
 #: other caller of every service of the server would wait behind it; past this wait its call is
-#: refused (RESOURCE_EXHAUSTED) and the slot goes to the next call.
+#: refused (RESOURCE_EXHAUSTED) and the slot goes to the next call. A call also waits this long
+#: at most for one of its caller's own read turns (:meth:`CallerShares.reading`), so that calls
+#: queued behind their caller's stalled ones give their calls-at-once slots back as soon as those
+#: do, not one round per call queued before them.
 READ_WAIT_SECONDS = 10.0
 #: Request bytes a server's admitted calls hold at once, all services together (32 MiB): each
 #: unary call reserves its request's declared size (or, sent as one message, its RPC's limit up
@@ -168,8 +181,10 @@ READ_WAIT_SECONDS = 10.0
 #: requests (and in what their handlers decode of them, about as much again) does not grow with
 #: its services' calls at once (64 each) times their RPCs' limits: an owner's three services
 #: 0.66 GiB at the defaults, the curator's ``CreateSession`` alone 64 x 17 MiB (64 such calls of
-#: 15 MB at once raised a curator by 1.5 GiB; with this budget by 142 MiB). At least two of the
-#: largest requests (the curator's 17 MiB) fit at once.
+#: 15 MB at once raised a curator by 1.5 GiB; with this budget by 142 MiB). Seven of an owner's
+#: largest requests (4.1 MiB) fit at once; one of the curator's largest (``CreateSession`` and
+#: ``QuoteSession``, 17 MiB) and, beside it, requests of up to 15 MiB, so that a second such
+#: request waits while the first is read and held (two would need 34 MiB).
 REQUEST_BUDGET_BYTES = 32 << 20
 #: Of the request budget, the bytes one caller's calls hold at once (:class:`CallerShares`): half
 #: of it, so that beside one caller's share a request of up to the other half fits (each RPC's
@@ -187,6 +202,11 @@ OPEN_CALLS_PER_CALLER = 2
 class RequestNotSentError(ResourceExhaustedError):
     """A call's request (or its next piece) did not arrive within :data:`READ_WAIT_SECONDS` of
     its turn to be read: the read slot is given back and the call refused."""
+
+
+class TurnsTakenError(ResourceExhaustedError):
+    """A call waited :data:`READ_WAIT_SECONDS` for one of its caller's own read turns
+    (:meth:`CallerShares.reading`), all taken by the caller's other calls: it is refused."""
 
 
 class RequestTooLargeError(ResourceExhaustedError):
@@ -299,11 +319,16 @@ class CallerShares:
     waits for A only if it, or a request queued before it (the budget serves first come first
     served), is larger than that: the curator's ``CreateSession`` or ``QuoteSession`` above 15
     MiB, for as long as A's own large request is being read (:data:`READ_WAIT_SECONDS` per
-    piece at most). **Several identities together**: k distinct callers hold k shares;
-    ``reads / reads_per_caller`` callers that send nothing can again hold every read
-    turn, and ``total / bytes_per_caller`` (2) callers the budget, each round for at most
-    ``READ_WAIT_SECONDS`` per piece. The deployment issues the identities, so that is bounded by
-    its parties (on plaintext transport, by the server's connections).
+    piece at most). **A's queued calls**: a call of A waiting for one of A's read turns is
+    refused after :data:`READ_WAIT_SECONDS` (:meth:`reading`), so that it holds its slot of its
+    service's calls at once (of which A has at most :attr:`ServiceLimits.per_caller`, half by
+    default: :class:`Admission` refuses B's call for A's only if two identities fill them) that
+    long at most, not until every call of A before it has been refused in turn. **Several
+    identities together**: k distinct callers hold k shares; ``reads / reads_per_caller``
+    callers that send nothing can again hold every read turn, and ``total / bytes_per_caller``
+    (2) callers the budget, each round for at most ``READ_WAIT_SECONDS`` per piece. The
+    deployment issues the identities, so that is bounded by its parties (on plaintext transport,
+    by the server's connections).
     """
 
     def __init__(
@@ -342,9 +367,36 @@ class CallerShares:
     @contextlib.asynccontextmanager
     async def reading(self, share: _Share) -> AsyncIterator[None]:
         """Hold one of the caller's read turns, then one of the server's, while a message is
-        read."""
-        async with share.reads, self.reads:
-            yield
+        read.
+
+        The caller's own turn is waited for at most :data:`READ_WAIT_SECONDS` (read when the
+        wait starts): its turns are taken only by its own calls, each of which holds one that
+        long at most if it sends nothing, so that a call queued behind its caller's stalled calls
+        is refused as soon as they are, rather than holding its service's calls at once for as
+        many rounds as there are calls before it. The server's turn is waited for without a
+        bound of its own: every turn is held by another caller's read, itself bounded.
+
+        Raises
+        ------
+        TurnsTakenError
+            If the caller's read turns stay taken for :data:`READ_WAIT_SECONDS`: nothing is
+            held for the call.
+        """
+        wait = READ_WAIT_SECONDS
+        try:
+            async with asyncio.timeout(wait):
+                await share.reads.acquire()
+        except TimeoutError:
+            raise TurnsTakenError(
+                f"this caller's {self.reads_per_caller} read turns stayed taken by its other "
+                f"calls for {wait:g} s: send fewer requests at once, each as soon as its call "
+                "starts"
+            ) from None
+        try:
+            async with self.reads:
+                yield
+        finally:
+            share.reads.release()
 
     async def take(self, share: _Share, size: int) -> None:
         """Take ``size`` request bytes from the caller's share, then from the server's budget,
@@ -378,21 +430,44 @@ class ServiceLimits:
     concurrent_calls : int
         Calls the service serves at once (streams included, until they end); the next is
         answered ``RESOURCE_EXHAUSTED`` before its request is read.
+    calls_per_caller : int, optional
+        Of those, the calls one caller (an identity; on plaintext transport, a connection) has
+        in progress at once; its next is answered ``RESOURCE_EXHAUSTED`` before its request is
+        read. By default half of ``concurrent_calls`` (:attr:`per_caller`), so that one
+        identity alone never fills the service: a service whose callers need more sets both.
 
     Raises
     ------
     ValueError
-        If a limit or ``concurrent_calls`` is not a positive integer.
+        If a limit, ``concurrent_calls`` or ``calls_per_caller`` is not a positive integer, or
+        ``calls_per_caller`` exceeds ``concurrent_calls``.
     """
 
     requests: Mapping[str, int] = field(default_factory=dict)
     concurrent_calls: int = DEFAULT_CONCURRENT_CALLS
+    calls_per_caller: int | None = None
 
     def __post_init__(self) -> None:
-        for name, value in {**self.requests, "concurrent_calls": self.concurrent_calls}.items():
+        counts = {**self.requests, "concurrent_calls": self.concurrent_calls}
+        if self.calls_per_caller is not None:
+            counts["calls_per_caller"] = self.calls_per_caller
+        for name, value in counts.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.per_caller > self.concurrent_calls:
+            raise ValueError(
+                f"calls_per_caller ({self.per_caller}) must not exceed concurrent_calls "
+                f"({self.concurrent_calls}): lower it, or raise concurrent_calls"
+            )
         object.__setattr__(self, "requests", dict(self.requests))
+
+    @property
+    def per_caller(self) -> int:
+        """The calls one caller has in progress at once: ``calls_per_caller``, or half of
+        ``concurrent_calls`` (at least one)."""
+        if self.calls_per_caller is not None:
+            return self.calls_per_caller
+        return max(1, self.concurrent_calls // 2)
 
     def request_bytes(self, rpc: str) -> int:
         """The receive limit of ``rpc``, bytes."""
@@ -424,7 +499,7 @@ class _Gate:
         authorize: Callable[[grpc.aio.ServicerContext], str],
         limit: int,
         concurrent_calls: int,
-        per_caller: int | None,
+        per_caller: int,
     ) -> None:
         self.admission = admission
         self.service = service
@@ -443,27 +518,28 @@ class _Gate:
         UnauthenticatedError, PermissionDeniedError
             As the servicer's authorizer (or, on an open service, without an identity).
         ResourceExhaustedError
-            If the service (or this caller, on an open service) has its most calls at once.
+            If this caller, or the service, has its most calls at once (the caller's count is
+            compared first, so that a caller at its own limit is told so).
         """
         caller = self.authorize(context)
+        # On plaintext transport every caller of a protected service has the one identity: each
+        # connection is then a caller of its own.
+        fair = f"insecure {context.peer()}" if self.admission.insecure else caller
         active = self.admission.active
+        key = (self.service, fair)
+        if active.get(key, 0) >= self.per_caller:
+            raise ResourceExhaustedError(
+                f"{fair} has its limit of {self.per_caller} calls at once in progress on "
+                f"{self.service}; retry when one has ended"
+            )
         if active.get(self.service, 0) >= self.concurrent_calls:
             raise ResourceExhaustedError(
                 f"{self.service} is serving its limit of {self.concurrent_calls} calls at once; "
                 "retry when one has ended"
             )
-        key = (self.service, caller)
-        if self.per_caller is not None and active.get(key, 0) >= self.per_caller:
-            raise ResourceExhaustedError(
-                f"{caller} has its limit of {self.per_caller} calls at once in progress on "
-                f"{self.service}; retry when one has ended"
-            )
-        keys: tuple[Any, ...] = (self.service,) if self.per_caller is None else (self.service, key)
+        keys = (self.service, key)
         for k in keys:
             active[k] = active.get(k, 0) + 1
-        # On plaintext transport every caller of a protected service has the one identity: each
-        # connection is then a caller of its own.
-        fair = f"insecure {context.peer()}" if self.admission.insecure else caller
         shares = self.admission.shares
         share = shares.enter(fair)
 
@@ -822,7 +898,7 @@ _EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]
 #: What admission refuses a call for, and what reading its request may raise (a handler wrapped
 #: by ``rpc``/``rpc_stream`` turns the latter into a status itself; these catch the rest).
 _REFUSALS = (UnauthenticatedError, PermissionDeniedError, ResourceExhaustedError)
-_UNREADABLE = (RequestTooLargeError, RequestNotSentError, InvalidArgumentError)
+_UNREADABLE = (RequestTooLargeError, RequestNotSentError, TurnsTakenError, InvalidArgumentError)
 
 
 class Admission(grpc.aio.ServerInterceptor):
@@ -866,7 +942,7 @@ class Admission(grpc.aio.ServerInterceptor):
             budget_bytes // 2 if caller_bytes is None else caller_bytes,
         )
         self.insecure = insecure
-        #: Calls in progress per service name, and per (service, caller) on open services.
+        #: Calls in progress per service name, and per (service, caller).
         self.active: dict[Any, int] = {}
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
 
@@ -915,7 +991,9 @@ class Admission(grpc.aio.ServerInterceptor):
         def authorize(context: grpc.aio.ServicerContext) -> str:
             return str(authorizer.authorize(context, roles))
 
-        return _Gate(self, service, rpc, authorize, limit, limits.concurrent_calls, None)
+        return _Gate(
+            self, service, rpc, authorize, limit, limits.concurrent_calls, limits.per_caller
+        )
 
     def _any_identity(self, context: grpc.aio.ServicerContext) -> str:
         """Any verified dpmarket identity (the health and reflection services)."""

@@ -50,6 +50,7 @@ from dpmarket.runtime import admission, allocator, cape_messages, rpc_trace, ske
 from dpmarket.runtime.admission import (
     OPEN_CALLS_PER_CALLER,
     READS_AT_ONCE,
+    READS_PER_CALLER,
     SMALL_REQUEST_BYTES,
     CallerShares,
     RequestBudget,
@@ -106,7 +107,7 @@ class ProbeOwner(owner_pb2_grpc.OwnerServiceServicer):
 
     ``GetProgress`` waits for :attr:`release` while :attr:`hold` is set."""
 
-    def __init__(self, concurrent_calls: int = 64) -> None:
+    def __init__(self, concurrent_calls: int = 64, calls_per_caller: int | None = None) -> None:
         self.authorizer = Authorizer({"curator": ("curator",)})
         self.limits = ServiceLimits(
             {
@@ -116,6 +117,7 @@ class ProbeOwner(owner_pb2_grpc.OwnerServiceServicer):
                 "OpenSession": UPLOAD_LIMIT,
             },
             concurrent_calls=concurrent_calls,
+            calls_per_caller=calls_per_caller,
         )
         self.reached = 0
         self.hold = False
@@ -533,6 +535,86 @@ def test_one_callers_stalled_declared_requests_do_not_hold_the_others_budget(
     _run(pki, scenario)
 
 
+@pytest.mark.parametrize("fair", [True, False])
+def test_one_callers_stalled_calls_at_its_cap_leave_the_others_calls_at_once(
+    pki: Path, monkeypatch: pytest.MonkeyPatch, admissions: list[Any], fair: bool
+) -> None:
+    """A consumer opens as many ``WatchSession`` calls as the service serves at once and sends
+    nothing on any: it holds half of them (its own cap), the rest are refused at once
+    (RESOURCE_EXHAUSTED, naming its limit), and another consumer's call is served. Control (a
+    caller's cap is the service's limit, as every caller's was): the stalled calls fill the
+    service, and the other consumer's call is RESOURCE_EXHAUSTED. Nothing is kept of either
+    caller once its calls have ended."""
+    calls = 8
+    limits = ServiceLimits(concurrent_calls=calls, calls_per_caller=None if fair else calls)
+    monkeypatch.setattr(ProbeCurator, "limits", limits, raising=False)
+    service = "dpmarket.v1.CuratorService"
+
+    async def scenario(connect, owner, curator):
+        active = admissions[0].active
+        stall = connect(ALICE).channel.stream_stream(f"/{service}/WatchSession", None, None)
+        stalled = [stall() for _ in range(calls)]
+        admitted = calls // 2 if fair else calls
+        await _until(lambda: active.get(service) == admitted)
+        await _until(lambda: sum(call.done() for call in stalled) == calls - admitted)
+        for call in stalled:
+            if call.done():
+                assert await call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert f"{ALICE} has its limit of {admitted} calls at once" in await call.details()
+        watcher = curator_pb2_grpc.CuratorServiceStub(connect(BOB))
+        request = curator_pb2.WatchSessionRequest(session_id="s")
+        code, details = await _code(_drain(watcher.WatchSession(request, timeout=3.0)))
+        if fair:
+            assert (code, details) == (grpc.StatusCode.OK, "")
+            assert curator.reached == 1
+        else:
+            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+            assert f"serving its limit of {calls} calls at once" in details
+        for call in stalled:
+            call.cancel()
+        await _until(lambda: not active and not admissions[0].shares.callers)
+
+    _run(pki, scenario)
+
+
+@pytest.mark.parametrize("wait", [0.5, None])
+def test_a_call_queued_behind_its_callers_stalled_reads_is_refused_within_the_read_wait(
+    pki: Path, monkeypatch: pytest.MonkeyPatch, admissions: list[Any], wait: float | None
+) -> None:
+    """The curator's read turns are held by its calls that send nothing (their wait for a
+    message unbounded here), and another of its calls queues for a turn: it is refused
+    (RESOURCE_EXHAUSTED) once it has waited ``READ_WAIT_SECONDS``, unread, and gives its
+    calls-at-once slot back while the stalled calls still hold theirs. Control (``wait`` None:
+    no bound on the wait for a turn): the queued call holds its slot until its client's
+    deadline."""
+    monkeypatch.setattr(admission, "READ_WAIT_SECONDS", 1e9)
+    method = "/dpmarket.v1.OwnerService/GetProgress"
+    key = ("dpmarket.v1.OwnerService", str(CURATOR))
+
+    async def scenario(connect, owner, curator):
+        shares, active = admissions[0].shares, admissions[0].active
+        stall = connect(CURATOR).channel.stream_unary(method, None, None)
+        stalled = [asyncio.ensure_future(_code(stall())) for _ in range(READS_PER_CALLER)]
+        await _until(lambda: str(CURATOR) in shares.callers)
+        await _until(lambda: shares.callers[str(CURATOR)].reads.locked())
+        monkeypatch.setattr(admission, "READ_WAIT_SECONDS", 1e9 if wait is None else wait)
+        stub = owner_pb2_grpc.OwnerServiceStub(connect(CURATOR))
+        code, details = await _code(stub.GetProgress(_progress(8), timeout=3.0))
+        if wait is None:
+            assert code == grpc.StatusCode.DEADLINE_EXCEEDED, details
+        else:
+            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+            assert "read turns stayed taken by its other calls for 0.5 s" in details
+            await _until(lambda: active[key] == READS_PER_CALLER)
+            assert not any(call.done() for call in stalled)
+        assert owner.reached == 0
+        for call in stalled:
+            call.cancel()
+        await _until(lambda: not active and not shares.callers)
+
+    _run(pki, scenario)
+
+
 def test_on_plaintext_each_connection_is_a_caller_of_its_own(admissions: list[Any]) -> None:
     """Plaintext transport (no identities; every caller is taken to be the curator): calls that
     send nothing on one connection hold that connection's share only, and a call on another is
@@ -567,7 +649,7 @@ def test_on_plaintext_each_connection_is_a_caller_of_its_own(admissions: list[An
             assert code == grpc.StatusCode.DEADLINE_EXCEEDED
             for call in stalled:
                 call.cancel()
-            await _until(lambda: not shares.callers)
+            await _until(lambda: not shares.callers and not admissions[0].active)
         finally:
             await first.close(None)
             await second.close(None)
@@ -703,7 +785,8 @@ class HoldingOwner(ProbeOwner):
 
 
 def test_a_service_serves_at_most_its_calls_at_once_and_refusals_take_no_slot(pki: Path) -> None:
-    owner = ProbeOwner(concurrent_calls=2)  # type: ignore[abstract]  # (as in _run)
+    # One caller may fill the service here (as the curator nearly may an owner's).
+    owner = ProbeOwner(concurrent_calls=2, calls_per_caller=2)  # type: ignore[abstract]
     owner.hold = True
 
     async def scenario(connect, owner, curator):
@@ -923,7 +1006,21 @@ def test_the_owners_limits_admit_requests_at_its_policy_bounds_and_name_its_rpcs
     # An omega wider than the owner's features does not fit.
     wide = owner_pb2.OpenSessionRequest(omega=array_to_proto(np.zeros((d, 2 * n + 10))))
     assert wide.ByteSize() > limits.request_bytes("OpenSession")
-    assert limits.concurrent_calls >= 32
+    # The curator keeps four calls per session at max_sessions (and at least the default), and
+    # alone it fills half the service.
+    assert limits.per_caller == 64 and limits.concurrent_calls == 128
+    many = owner_limits(Owner("owner-0", PointSet(np.zeros((3, n)), None, "o"), max_sessions=40))
+    assert many.per_caller == 4 * 40 and many.concurrent_calls == 2 * 4 * 40
+
+
+def test_a_services_calls_per_caller_are_half_its_calls_unless_it_says() -> None:
+    assert ServiceLimits().per_caller == 32
+    assert ServiceLimits(concurrent_calls=1).per_caller == 1
+    assert ServiceLimits(concurrent_calls=8, calls_per_caller=8).per_caller == 8
+    with pytest.raises(ValueError, match="calls_per_caller \\(9\\) must not exceed"):
+        ServiceLimits(concurrent_calls=8, calls_per_caller=9)
+    with pytest.raises(ValueError, match="calls_per_caller must be a positive integer, got 0"):
+        ServiceLimits(calls_per_caller=0)
 
 
 def test_the_cape_sites_limits_admit_jobs_of_their_sized_sites_and_columns(pki: Path) -> None:
