@@ -442,15 +442,15 @@ def charge_value_problem(row: Sequence[Any]) -> str | None:
     that sets ``PRAGMA ignore_check_constraints = ON``, and ``PRAGMA integrity_check`` on a
     read-only connection does not report a row that breaks them: a charge of negative epsilon
     appended so, with a valid chain hash, gave budget back. So the chain walk and the owner's
-    guard check every row's values themselves: epsilon finite and >= 0, delta in [0, 1), points
-    an integer >= 0, non_private 0 or 1.
+    guard check every row's values themselves: epsilon >= 0 (infinite only for a non-private
+    release), delta in [0, 1), points an integer >= 0, non_private 0 or 1.
     """
     charge_id, epsilon, delta, points, non_private = row[0], row[6], row[7], row[8], row[9]
     try:
         bad = not (
             isinstance(epsilon, int | float)
-            and math.isfinite(epsilon)
-            and epsilon >= 0
+            and epsilon >= 0  # NaN fails
+            and (math.isfinite(epsilon) or non_private == 1)
             and isinstance(delta, int | float)
             and 0 <= delta < 1
             and isinstance(points, int)
