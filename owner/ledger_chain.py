@@ -38,7 +38,7 @@ import secrets
 import sqlite3
 import struct
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -435,6 +435,39 @@ class Verification:
         return not self.problems and self.open_rollbacks == 0
 
 
+def charge_value_problem(row: Sequence[Any]) -> str | None:
+    """What is wrong with the values of a charge's :data:`CHAINED_COLUMNS` row, or None.
+
+    The table's CHECK constraints say the same, but SQLite does not enforce them on a connection
+    that sets ``PRAGMA ignore_check_constraints = ON``, and ``PRAGMA integrity_check`` on a
+    read-only connection does not report a row that breaks them: a charge of negative epsilon
+    appended so, with a valid chain hash, gave budget back. So the chain walk and the owner's
+    guard check every row's values themselves: epsilon >= 0 (infinite only for a non-private
+    release), delta in [0, 1), points an integer >= 0, non_private 0 or 1.
+    """
+    charge_id, epsilon, delta, points, non_private = row[0], row[6], row[7], row[8], row[9]
+    try:
+        bad = not (
+            isinstance(epsilon, int | float)
+            and epsilon >= 0  # NaN fails
+            and (math.isfinite(epsilon) or non_private == 1)
+            and isinstance(delta, int | float)
+            and 0 <= delta < 1
+            and isinstance(points, int)
+            and points >= 0
+            and non_private in (0, 1)
+        )
+    except TypeError:
+        bad = True
+    if not bad:
+        return None
+    return (
+        f"charge {charge_id} has values no charge can have (epsilon {epsilon!r}, delta "
+        f"{delta!r}, points {points!r}, non_private {non_private!r}): it was written outside "
+        "the owner"
+    )
+
+
 def _walk_chain(
     conn: sqlite3.Connection, identity: LedgerIdentity | None
 ) -> tuple[int, int, bytes, list[ChainProblem]]:
@@ -459,6 +492,11 @@ def _walk_chain(
             continue
         if stored is None:
             problems.append(ChainProblem(charge_id, f"charge {charge_id} has no chain hash"))
+            broken = True
+            continue
+        value_problem = charge_value_problem(row)
+        if value_problem is not None:
+            problems.append(ChainProblem(charge_id, value_problem))
             broken = True
             continue
         expected = charge_hash(previous, tuple(row))

@@ -45,6 +45,7 @@ from dpmarket.owner.ledger_chain import (
     TotalsKey,
     TotalsValue,
     charge_hash,
+    charge_value_problem,
     hash_at,
     head,
     recomputed_totals,
@@ -215,6 +216,9 @@ class ChainGuard:
         for *row, stored in rows:
             if stored is None or charge_hash(previous, tuple(row)) != bytes(stored):
                 self._fail(f"charge {row[0]}, appended since, does not match its chain hash")
+            value_problem = charge_value_problem(row)
+            if value_problem is not None:
+                self._fail(f"{value_problem} (appended since)")
             previous, last = bytes(stored), int(row[0])
             self._add(row[1], row[6], row[7], row[8], row[9])
         if last != sequence:

@@ -26,7 +26,6 @@ from dpmarket.common.summarization.calibration import gaussian_epsilon
 from dpmarket.common.summarization.candidates import (
     allocate_candidates,
     relevance_threshold,
-    validation_embedding,
     validation_embedding_sensitivity,
 )
 from dpmarket.common.summarization.methods import AllocationFields
@@ -204,13 +203,14 @@ class Allocator:
             if s + h > 0 and state.slots[i].active
         }
 
-    async def by_counts(self, val_features: NDArray[np.floating], note: str) -> Allocation:
+    async def by_counts(self, embedding: NDArray[np.float64], note: str) -> Allocation:
         """The counts allocation: gtilde at the whole validation budget, the owners' noisy
         relevance counts, shares in proportion to them (each owner at most the budget).
         ``note`` says why (:meth:`choose`)."""
         state = self.state
         cfg = self.config
-        g_val, sigma = self.releases.gaussian_validation_embedding(val_features, cfg)
+        m = int(state.validation.shape[0])
+        g_val, sigma = self.releases.gaussian_validation_release(embedding, m, cfg)
         # Owners count relevant points against gtilde as released, and denoise it for their
         # proposals only.
         owner_sigma, prior = self.owner_view(sigma)
@@ -258,7 +258,7 @@ class Allocator:
         )
         return requests, g_val, info
 
-    async def by_sketches(self, val_features: NDArray[np.floating]) -> Allocation:
+    async def by_sketches(self, embedding: NDArray[np.float64]) -> Allocation:
         """The sketch allocation (:mod:`dpmarket.common.summarization.sketch_allocation`):
         gtilde and the noisy mean responsibilities, two Gaussian releases about D_v whose
         composition is ``(epsilon_validation_total, delta)`` whatever the split
@@ -288,9 +288,7 @@ class Allocator:
         pi = responsibilities(relevance, vote=cfg.relevance_score in VOTING_SCORES)
         # Charge both releases about D_v before the first leaves the curator.
         self._charge_sketch_releases((sigma_g, sens_g), (sigma_a, sens_a))
-        g_val = validation_embedding(val_features) + state.noise.gaussian(
-            sigma_g, cfg.rff_dimension
-        )
+        g_val = embedding + state.noise.gaussian(sigma_g, cfg.rff_dimension)
         _, noisy = noisy_relevance(pi, sigma_a, state.noise)
         decision, decision_alpha = shrink_decision(noisy, sigma_a)
         owner_sigma, prior = self.owner_view(sigma_g)

@@ -22,6 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dpmarket.common.errors import AbortedError, UnavailableError
+from dpmarket.common.summarization.candidates import validation_embedding_in_chunks
 from dpmarket.common.summarization.hashes import leader_of
 from dpmarket.common.summarization.kernels import (
     embedding_greedy,
@@ -88,10 +89,12 @@ class AllocatedStrategy(Strategy[A]):
 
     async def allocate(self, rff: RFFParams) -> Allocation:
         """The validation embedding and every owner's request, by the allocation in effect."""
-        val_features = random_fourier_features(self.state.validation, rff, dtype=np.float64)
+        embedding = await asyncio.to_thread(
+            validation_embedding_in_chunks, self.state.validation, rff
+        )
         if self._allocation == "sketch":
-            return await self.allocator.by_sketches(val_features)
-        return await self.allocator.by_counts(val_features, self._note)
+            return await self.allocator.by_sketches(embedding)
+        return await self.allocator.by_counts(embedding, self._note)
 
     def ledger(self, ledger: SessionLedger) -> SessionLedger:
         """``ledger`` with the allocation's report and, with the sketch allocation, what the

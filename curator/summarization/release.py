@@ -233,18 +233,28 @@ class Releases:
     def gaussian_validation_embedding(
         self, val_features: NDArray[np.floating], config: GaussianFields
     ) -> tuple[NDArray[np.float64], float]:
-        """gtilde = validation_embedding(h1(D_v)) + N(0, sigma^2 I) at
-        (epsilon_validation_total, delta); charged. Returns gtilde (shape (d,)) and sigma.
+        """:meth:`gaussian_validation_release` of ``validation_embedding(val_features)``
+        (``val_features``: h1(D_v), shape (m, d))."""
+        return self.gaussian_validation_release(
+            validation_embedding(val_features), int(val_features.shape[0]), config
+        )
+
+    def gaussian_validation_release(
+        self, embedding: NDArray[np.float64], m: int, config: GaussianFields
+    ) -> tuple[NDArray[np.float64], float]:
+        """gtilde = ``embedding`` + N(0, sigma^2 I) at (epsilon_validation_total, delta); charged.
+        ``embedding`` is validation_embedding(h1(D_v)), shape (d,), of m validation points.
+        Returns gtilde (shape (d,)) and sigma.
 
         L2 sensitivity 2 / m under replacing one validation point (m public): the mean of the
         validation points' unit-norm h1 rows (:func:`dpmarket.common.summarization.candidates.
         validation_embedding`)."""
         state = self.state
         cfg = config
-        sensitivity = validation_embedding_sensitivity(val_features.shape[0])
+        sensitivity = validation_embedding_sensitivity(m)
         eps_v = cfg.epsilon_validation_total
         sigma = analytic_gaussian_sigma(eps_v, cfg.delta, sensitivity)
-        g_val = validation_embedding(val_features) + state.noise.gaussian(sigma, cfg.rff_dimension)
+        g_val = embedding + state.noise.gaussian(sigma, cfg.rff_dimension)
         state.ledgers["validation"].charge(
             [
                 Charge(

@@ -15,7 +15,7 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 
 from dpmarket.owner.ledger import ledger_path
-from dpmarket.owner.ledger_chain import head
+from dpmarket.owner.ledger_chain import CHAINED_COLUMNS, charge_hash, head
 from dpmarket.owner.ledger_guard import ChainGuard
 
 REBUILD_TOTALS = (
@@ -72,6 +72,29 @@ def drop_last_charge(data_dir: Path) -> None:
         conn.execute("DELETE FROM charges WHERE id = ?", (last,))
         conn.execute("DELETE FROM charge_totals")
         conn.execute(REBUILD_TOTALS)
+
+
+def append_negative_charge(data_dir: Path, epsilon: float = -5.0, points: int = -9) -> None:
+    """Append a charge of negative epsilon and points with a valid chain hash, the table's CHECK
+    constraints switched off for the connection (``PRAGMA ignore_check_constraints``): the
+    stranger's a4_negative_charge.py."""
+    with closing(sqlite3.connect(ledger_path(data_dir), isolation_level=None)) as conn:
+        conn.execute("PRAGMA ignore_check_constraints = ON")
+        conn.execute("BEGIN IMMEDIATE")
+        sequence, previous = head(conn)
+        conn.execute(
+            f"INSERT INTO charges ({CHAINED_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, 0)",
+            (sequence + 1, 1.0, "maintenance-1", "operator", "operator", "ledger maintenance",
+             epsilon, points),
+        )  # fmt: skip
+        row = conn.execute(
+            f"SELECT {CHAINED_COLUMNS} FROM charges WHERE id = ?", (sequence + 1,)
+        ).fetchone()
+        conn.execute(
+            "INSERT INTO charge_chain (charge, hash) VALUES (?, ?)",
+            (sequence + 1, charge_hash(previous, row)),
+        )
+        conn.execute("COMMIT")
 
 
 def downgrade(data_dir: Path, keep: int = 1) -> None:

@@ -52,6 +52,7 @@ from dpmarket.runtime.identity import Identity, identity_files
 from dpmarket.runtime.transport import TransportSecurity
 from tests.owner.ledger_attacks import (
     NoGuard,
+    append_negative_charge,
     delete_totals,
     downgrade,
     drop_last_charge,
@@ -467,6 +468,7 @@ def test_restore_moves_the_replaced_files_aside_and_refuses_another_ledger(
 TIGHT = OwnerPolicy(epsilon_total=2.5, epsilon_per_session=2.0)
 #: Edits of the file the red team made, the owner running (repro_totals.sh and variants).
 LIVE_ATTACKS = {
+    "append a negative charge": append_negative_charge,
     "delete totals": delete_totals,
     "lower totals": lower_totals,
     "drop last charge": drop_last_charge,
@@ -512,6 +514,28 @@ def test_a_ledger_edited_while_the_owner_serves_refuses_the_next_charge(
         LIVE_ATTACKS[attack](control)
         charge(ledger, session="c", epsilon=1.0)  # served: the budget was given back
     assert len(raw_charges(control)) == len(left) + 1
+
+
+def test_a_chained_charge_of_negative_epsilon_keeps_the_owner_from_starting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A charge of epsilon -5 appended by hand with a valid chain hash (CHECK constraints off
+    for the connection; SQLite's read-only integrity check does not report it): verify and the
+    owner's start refuse it. Control: without the owner's check the ledger opens with budget
+    beyond its policy's total."""
+    data_dir = tmp_path / "owner"
+    OwnerLedger.create(data_dir, TIGHT).close()
+    with OwnerLedger(data_dir, TIGHT) as ledger:
+        _spend_two(ledger)
+    append_negative_charge(data_dir)
+    found = verify_file(ledger_path(data_dir))
+    assert [p.charge for p in found.problems] == [3], found.problems
+    assert "values no charge can have (epsilon -5.0" in found.problems[0].what
+    with pytest.raises(LedgerCheckError, match="charge 3 has values no charge can have"):
+        OwnerLedger(data_dir, TIGHT)
+    monkeypatch.setattr(ledger_module, "ChainGuard", NoGuard)
+    with OwnerLedger(data_dir, TIGHT) as ledger:
+        assert ledger.window_totals().epsilon == pytest.approx(2.0 - 5.0)
 
 
 @pytest.mark.parametrize("attack", ["delete totals", "lower totals"])

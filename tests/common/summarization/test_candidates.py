@@ -12,9 +12,27 @@ from dpmarket.common.summarization.candidates import (
     relevance_threshold,
     shrink_embedding,
     validation_embedding,
+    validation_embedding_in_chunks,
     validation_embedding_sensitivity,
 )
 from dpmarket.common.summarization.rff import draw_rff_params, random_fourier_features
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 7, 1000, 5000])
+def test_the_embedding_made_in_chunks_is_the_embedding_of_the_whole_features(
+    chunk_rows: int,
+) -> None:
+    """The curator's chunked validation embedding (never the m x d features at once) equals the
+    mean of the whole feature matrix's unit-norm rows, whatever the chunk, to rounding."""
+    rng = np.random.default_rng(4)
+    points = rng.normal(size=(2_345, 6))
+    rff = draw_rff_params(6, 64, 0.2, rng)
+    whole = validation_embedding(random_fourier_features(points, rff, dtype=np.float64))
+    chunked = validation_embedding_in_chunks(points, rff, chunk_rows=chunk_rows)
+    assert chunked.shape == whole.shape
+    np.testing.assert_allclose(chunked, whole, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="chunk_rows"):
+        validation_embedding_in_chunks(points, rff, chunk_rows=0)
 
 
 def test_sensitivity_bounds_the_change_of_the_mean_embedding() -> None:
