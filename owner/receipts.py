@@ -12,6 +12,9 @@ refuses to serve.
 Only the owner reads a receipt. It verifies its own signature with its own public keys, so a
 curator cannot forge a receipt that makes the owner refuse, nor hide a rollback behind one; a
 curator can only withhold its receipt (see docs/howto-ledger.md for what that leaves). The
+curator keeps, with each receipt, the owner certificate that came with it, so that a receipt
+signed by a key the ledger no longer lists is still known as the owner's
+(:func:`receipt_certificate_key`). The
 ledger's running totals travel in the receipt encrypted under a key only the ledger holds
 (AES-256-GCM), so that its operator can charge back exactly what a rollback lost
 (:meth:`dpmarket.owner.ledger.OwnerLedger.resolve_rollbacks`) without telling any curator how
