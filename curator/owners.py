@@ -190,9 +190,19 @@ class ReceiptBook(Protocol):
     def owner_receipt(self, owner: str) -> bytes | None:
         """The last receipt ``owner`` returned, serialized, or None."""
 
-    def record_owner_receipt(self, owner: str, receipt: bytes, *, only_later: bool = False) -> None:
+    def record_owner_receipt(
+        self,
+        owner: str,
+        receipt: bytes,
+        *,
+        only_later: bool = False,
+        certificate: bytes | None = None,
+    ) -> None:
         """Keep ``receipt`` as ``owner``'s last, durably (with ``only_later``, only over one
-        of the same ledger at an earlier charge)."""
+        of the same ledger at an earlier charge), with ``certificate`` (the owner's, PEM)."""
+
+    def owner_receipt_certificate(self, owner: str) -> bytes | None:
+        """The certificate kept with ``owner``'s last receipt, or None."""
 
 
 def held_receipt(receipts: ReceiptBook | None, owner: str) -> privacy_pb2.LedgerReceipt | None:
@@ -207,6 +217,13 @@ def held_receipt(receipts: ReceiptBook | None, owner: str) -> privacy_pb2.Ledger
     except DecodeError:
         logger.warning("the stored ledger receipt of owner %s does not parse", owner)
         return None
+
+
+def held_certificate(receipts: ReceiptBook | None, owner: str) -> bytes:
+    """The owner certificate (PEM) ``receipts`` keeps with ``owner``'s last receipt, presented
+    with it (empty: none)."""
+    held = None if receipts is None else receipts.owner_receipt_certificate(owner)
+    return held or b""
 
 
 class OwnerChannel:
@@ -269,9 +286,15 @@ class OwnerChannel:
     def _keep_receipt(
         self, response: owner_pb2.CloseSessionResponse | cape_pb2.CloseCapeJobResponse
     ) -> None:
-        """Keep the receipt a close returned (it replaces the one held)."""
+        """Keep the receipt a close returned (it replaces the one held), with the certificate
+        the owner returned with it (the owner checks it when it is presented: a curator cannot
+        make a receipt genuine with a certificate of its choosing)."""
         if self.receipts is not None and response.HasField("receipt"):
-            self.receipts.record_owner_receipt(self.name, response.receipt.SerializeToString())
+            self.receipts.record_owner_receipt(
+                self.name,
+                response.receipt.SerializeToString(),
+                certificate=response.receipt_certificate or None,
+            )
 
     def pass_deadline(self) -> float:
         """The gRPC deadline of a call that may pass over the owner's table: at least
@@ -409,6 +432,7 @@ class OwnerServiceClient(OwnerChannel):
             consumer=consumer,
             terms=terms_to_proto(terms),
             ledger_receipt=self._held_receipt(),
+            receipt_certificate=held_certificate(self.receipts, self.name),
         )
         response = await self._call(
             lambda: self._stub.OpenSession(request, timeout=self.pass_deadline())
@@ -693,6 +717,7 @@ class CapeSiteClient(SecureAggregationClient):
             consumer=consumer,
             seed=seed,
             ledger_receipt=self._held_receipt(),
+            receipt_certificate=held_certificate(self.receipts, self.name),
             market=None if market is None else market_terms_to_proto(market),
         )
         msg.job_to_proto(request, spec)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from dpmarket.common.sketches.marginals import MarginalsMap
 from dpmarket.common.sketches.marginals_fit import MAX_FIT_BYTES
-from dpmarket.curator.owners import held_receipt
+from dpmarket.curator.owners import held_certificate, held_receipt
 from dpmarket.curator.policy import CuratorPolicy
 from dpmarket.curator.sketches import SketchCatalog
 from dpmarket.runtime import sketch_messages as msg
@@ -27,7 +27,7 @@ from dpmarket.runtime.admission import (
     ServiceLimits,
 )
 from dpmarket.runtime.authz import Authorizer, rpc
-from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.identity import Identity, peer_certificate_pem
 from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import sketch_pb2, sketch_pb2_grpc
 
@@ -125,6 +125,9 @@ class SketchCatalogServicer(sketch_pb2_grpc.SketchCatalogServiceServicer):
             held = await asyncio.to_thread(held_receipt, self.receipts, caller.name)
             if held is not None:
                 response.receipt.CopyFrom(held)
+                response.receipt_certificate = await asyncio.to_thread(
+                    held_certificate, self.receipts, caller.name
+                )
         return response
 
     @rpc("owner")
@@ -134,9 +137,14 @@ class SketchCatalogServicer(sketch_pb2_grpc.SketchCatalogServiceServicer):
             # at its next session or job like a session's, unless the one held names the same
             # ledger at a later charge (a restored ledger must not overwrite it). Kept before
             # the catalogue's answer: the owner charged it whatever the catalogue does.
+            # With it, the certificate the owner presented in this call's mTLS handshake.
             receipt = request.receipt.SerializeToString()
             await asyncio.to_thread(
-                functools.partial(self.receipts.record_owner_receipt, only_later=True),
+                functools.partial(
+                    self.receipts.record_owner_receipt,
+                    only_later=True,
+                    certificate=peer_certificate_pem(context),
+                ),
                 caller.name,
                 receipt,
             )

@@ -16,7 +16,8 @@ why:
   :class:`dpmarket.curator.sketches.SketchCatalog` on its own connection to the same file.
 * ``owner_receipts``: the last ledger receipt each owner returned (at the close of a session or
   job), kept durably and presented when the next session or job with that owner opens, so that
-  an owner whose ledger was restored from an older copy finds out (:mod:`dpmarket.owner.receipts`).
+  an owner whose ledger was restored from an older copy finds out (:mod:`dpmarket.owner.receipts`);
+  with it the owner's certificate whose key signed it, presented with it.
 
 Each table has its repository (:class:`SessionRecords`, :class:`ChargeRecords`,
 :class:`OwnerSpendRecords`, :class:`SettlementRecords`, :class:`OwnerReceipts`) on one
@@ -174,6 +175,12 @@ MIGRATIONS: tuple[str, ...] = (
         delivered_at REAL,
         PRIMARY KEY (session, owner)
     );
+    """,
+    # 6 -> 7: the owner certificate (PEM) kept with each owner's last receipt, presented with
+    # it: the owner accepts a receipt its CA-issued certificate's key verifies as genuine even
+    # when its ledger no longer lists that key (NULL: none kept, a receipt of an older curator).
+    """
+    ALTER TABLE owner_receipts ADD COLUMN certificate BLOB;
     """,
 )
 
@@ -802,9 +809,17 @@ class OwnerReceipts(StoreConnection):
     """The ``owner_receipts`` table: the last ledger receipt each owner returned (a
     :class:`dpmarket.curator.owners.ReceiptBook`)."""
 
-    def record_owner_receipt(self, owner: str, receipt: bytes, *, only_later: bool = False) -> None:
+    def record_owner_receipt(
+        self,
+        owner: str,
+        receipt: bytes,
+        *,
+        only_later: bool = False,
+        certificate: bytes | None = None,
+    ) -> None:
         """Keep ``receipt`` (a serialized LedgerReceipt) as the last one ``owner`` returned,
-        durably (committed before this returns), replacing the one held before.
+        durably (committed before this returns), replacing the one held before, with
+        ``certificate`` (PEM, the owner's certificate that signed it; None: none).
 
         With ``only_later`` (a receipt the owner sent unasked, with a publication, before it
         was shown the one held here), it replaces the held receipt only when that one names the
@@ -821,10 +836,11 @@ class OwnerReceipts(StoreConnection):
                 if row is not None and not _later_receipt(bytes(row[0]), receipt):
                     return
             conn.execute(
-                "INSERT INTO owner_receipts (owner, receipt, received_at) VALUES (?, ?, ?) "
-                "ON CONFLICT (owner) DO UPDATE SET receipt = excluded.receipt, "
-                "received_at = excluded.received_at",
-                (owner, receipt, self._clock()),
+                "INSERT INTO owner_receipts (owner, receipt, received_at, certificate) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (owner) DO UPDATE SET receipt = "
+                "excluded.receipt, received_at = excluded.received_at, "
+                "certificate = excluded.certificate",
+                (owner, receipt, self._clock(), certificate or None),
             )
 
     def owner_receipt(self, owner: str) -> bytes | None:
@@ -834,6 +850,14 @@ class OwnerReceipts(StoreConnection):
                 "SELECT receipt FROM owner_receipts WHERE owner = ?", (owner,)
             ).fetchone()
         return None if row is None else bytes(row[0])
+
+    def owner_receipt_certificate(self, owner: str) -> bytes | None:
+        """The certificate (PEM) kept with ``owner``'s last receipt, or None."""
+        with self._lock, snapshot(self._conn) as conn:
+            row = conn.execute(
+                "SELECT certificate FROM owner_receipts WHERE owner = ?", (owner,)
+            ).fetchone()
+        return None if row is None or row[0] is None else bytes(row[0])
 
 
 def _later_receipt(held: bytes, new: bytes) -> bool:

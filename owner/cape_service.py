@@ -223,7 +223,12 @@ class CapeSiteServicer(cape_pb2_grpc.CapeSiteServiceServicer):
         ledger = self.cape.ledger
         if ledger is not None:  # a ledger behind a receipt its owner signed refuses the open
             presented = convert.presented_receipt(request)
-            await asyncio.to_thread(ledger.check_receipt, presented, curator=str(caller))
+            await asyncio.to_thread(
+                ledger.check_receipt,
+                presented,
+                curator=str(caller),
+                certificate=request.receipt_certificate or None,
+            )
         rows = await asyncio.to_thread(
             self.cape.open,
             request.job_id,
@@ -312,4 +317,8 @@ class CapeSiteServicer(cape_pb2_grpc.CapeSiteServiceServicer):
             spent.epsilon,
             spent.delta,
         )
-        return cape_pb2.CloseCapeJobResponse(spent=convert.spend_to_proto(spent), receipt=receipt)
+        return cape_pb2.CloseCapeJobResponse(
+            spent=convert.spend_to_proto(spent),
+            receipt=receipt,
+            receipt_certificate=(ledger.certificate if ledger and receipt else None) or b"",
+        )

@@ -598,7 +598,9 @@ def ledger_rebind(data_dir: Path, **tls: Any) -> None:
     is_flag=True,
     help="Also resolve receipts naming this owner that no key of the ledger verifies and whose "
     "totals do not open under the ledger's key (forged by a curator): nothing is charged, on "
-    "record. Restore the latest backup that verifies instead if the ledger's keys were edited.",
+    "record. Restore the latest backup that verifies instead if the ledger's keys were edited. "
+    "Never a receipt whose certificate (kept by the curator) the owner's CA issued to this owner "
+    "and whose key signed it: that one is genuine.",
 )
 def ledger_resolve(
     data_dir: Path, accept_replaced_ledger: bool, dismiss_unverified_receipts: bool
@@ -613,7 +615,10 @@ def ledger_resolve(
     cannot be charged back: restore that ledger, or pass --accept-replaced-ledger. A receipt
     naming this owner that no key of its ledger verifies is charged back the same way when its
     totals open under the ledger's own key (the ledger's keys were edited); otherwise it is
-    forged: pass --dismiss-unverified-receipts.
+    forged: pass --dismiss-unverified-receipts. A receipt that came with a certificate the
+    owner's CA issued to this owner, whose key signed it, is genuine and never dismissed: if
+    its totals do not open, the ledger was tampered with (its sealing key replaced); this
+    refuses it, writing nothing: restore a ledger that opens the receipt.
     """
     try:
         with OwnerLedger(data_dir, None) as book:

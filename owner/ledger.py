@@ -105,6 +105,7 @@ from dpmarket.owner.receipts import (
     ReceiptError,
     SealedTotals,
     open_receipt,
+    receipt_certificate_key,
     seal_totals,
     sign_receipt,
 )
@@ -859,6 +860,8 @@ class OwnerLedger:
                 upgrade_message(self._path, exc.version, exc.known)
             ) from None
         self._signer = owner.signer if owner is not None else None
+        self._certificate = owner.certificate if owner is not None else None
+        self._ca_pem = owner.ca_pem if owner is not None else None
         try:
             self._identity = self._bind(owner)
             self._policy = self._record_policy(policy)
@@ -1457,7 +1460,37 @@ class OwnerLedger:
         )
         return sign_receipt(self._signer, state)
 
-    def check_receipt(self, receipt: privacy_pb2.LedgerReceipt | None, *, curator: str) -> None:
+    @property
+    def certificate(self) -> bytes | None:
+        """The owner's certificate (PEM) whose key signs :meth:`receipt`: the curator keeps it
+        with the receipt and presents both (:meth:`check_receipt`). None without one."""
+        return self._certificate if self._signer is not None else None
+
+    def _genuine_key(
+        self, receipt: privacy_pb2.LedgerReceipt, certificate: bytes | None, curator: str
+    ) -> dict[str, bytes]:
+        """``{fingerprint: DER}`` of ``certificate`` when it is a CA-issued certificate of this
+        owner whose key signed ``receipt`` (expired or replaced accepted:
+        :func:`~dpmarket.owner.receipts.receipt_certificate_key`), else empty (logged)."""
+        if not certificate or self._ca_pem is None or self._identity.owner is None:
+            return {}
+        try:
+            fingerprint, der = receipt_certificate_key(
+                certificate, self._ca_pem, self._identity.owner
+            )
+            open_receipt(receipt, {fingerprint: der})
+        except ReceiptError as exc:
+            logger.warning("%s presented a receipt with a certificate: %s", curator, exc)
+            return {}
+        return {fingerprint: der}
+
+    def check_receipt(
+        self,
+        receipt: privacy_pb2.LedgerReceipt | None,
+        *,
+        curator: str,
+        certificate: bytes | None = None,
+    ) -> None:
         """Check a receipt a curator presents against this ledger, before a session or job opens.
 
         Parameters
@@ -1466,6 +1499,13 @@ class OwnerLedger:
             The last receipt the curator holds from this owner (None or empty: it holds none).
         curator : str
             Its identity, for the owner's log and the rollback's record.
+        certificate : bytes, optional
+            The owner certificate (PEM) the curator keeps with the receipt (:attr:`certificate`
+            when the owner returned it). When no key of the ledger verifies the receipt but this
+            certificate is issued by the owner's CA to this owner (expired or replaced since
+            accepted) and its key does, the receipt is *genuine*: the key is added to
+            ``ledger_keys`` (append-only), so the receipt counts as verified from then on and is
+            never dismissed as forged (:mod:`dpmarket.owner.ledger_resolutions`).
 
         Raises
         ------
@@ -1506,7 +1546,15 @@ class OwnerLedger:
             keys = self._keys()
             verified = True
             try:
-                state, _ = open_receipt(receipt, keys)
+                try:
+                    state, _ = open_receipt(receipt, keys)
+                except ReceiptError:
+                    genuine = self._genuine_key(receipt, certificate, curator)
+                    if not genuine:
+                        raise
+                    state, _ = open_receipt(receipt, genuine)
+                    self._add_receipt_key(curator, *next(iter(genuine.items())))
+                    keys = self._keys()
             except ReceiptError as exc:
                 unverified = _unverified_state(receipt)
                 if unverified is None or unverified.owner != self._identity.owner:
@@ -1622,6 +1670,24 @@ class OwnerLedger:
             self._path.parent,
         )
         raise LedgerRollbackError(ROLLBACK_MESSAGE)
+
+    def _add_receipt_key(self, curator: str, fingerprint: str, der: bytes) -> None:
+        """Record in ``ledger_keys`` the key of a CA-issued certificate of this owner that signed
+        a receipt ``curator`` presents, which the ledger did not list (its keys were edited)."""
+        self._conn.execute(
+            "INSERT OR IGNORE INTO ledger_keys (fingerprint, public_key, added_at) "
+            "VALUES (?, ?, ?)",
+            (fingerprint, der, float(self._clock())),
+        )
+        logger.error(
+            "%s presented a receipt signed by key %s of a certificate the CA issued to this "
+            "owner, which ledger %s (%s) did not list: the ledger's keys were edited. The key is "
+            "listed again; the receipt is genuine and cannot be dismissed",
+            curator,
+            fingerprint[:16],
+            self._identity.ledger_id,
+            self._path,
+        )
 
     def _keys(self) -> dict[str, bytes]:
         """The ledger's certificate keys: fingerprint -> DER public key."""
@@ -1904,7 +1970,12 @@ class OwnerLedger:
             due = owed(self._conn, key, state, before=head(self._conn)[0] + 1)
         except ReceiptError as exc:
             raise ValueError(
-                f"rollback {number}: {exc}; restore a newer copy of the ledger instead"
+                f"rollback {number}: {curator} presented a receipt this owner signed (a key of "
+                f"this ledger or of a certificate the CA issued to this owner verifies it) for "
+                f"this ledger {state.ledger_id}, up to charge {state.sequence}, and {exc}: the "
+                "ledger's sealing key was replaced, so what it lost cannot be known. It is not "
+                "resolved and cannot be dismissed; nothing was written. Restore a ledger that "
+                "opens this receipt (its latest backup: dpmarket owner ledger restore)"
             ) from None
         charge_id = self._insert(
             _Request(

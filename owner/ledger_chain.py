@@ -330,11 +330,18 @@ class LedgerOwner:
         certificates (plaintext transport).
     signer : Signer or None
         Its certificate key, which signs receipts; None without certificates.
+    certificate : bytes or None
+        Its certificate, PEM: handed to the curator with each receipt it signs.
+    ca_pem : bytes or None
+        Its CA certificate(s), PEM: what a certificate presented with a receipt is checked
+        against (:func:`dpmarket.owner.receipts.receipt_certificate_key`).
     """
 
     name: str
     ca: str | None = None
     signer: Signer | None = field(default=None, repr=False, compare=False)
+    certificate: bytes | None = field(default=None, repr=False, compare=False)
+    ca_pem: bytes | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_security(cls, name: str, security: TransportSecurity) -> LedgerOwner:
@@ -350,7 +357,7 @@ class LedgerOwner:
             return cls(name)
         assert security.ca_pem is not None
         ca = _issuer_fingerprint(security.ca_pem, security.cert_pem)
-        return cls(name, ca, Signer.from_pem(security.key_pem))
+        return cls(name, ca, Signer.from_pem(security.key_pem), security.cert_pem, security.ca_pem)
 
     @property
     def key(self) -> tuple[str, bytes] | None:

@@ -23,6 +23,18 @@ the receipt is resolved (:func:`receipt_resolved`):
   key (forged) is resolved by a dismissal entry naming its bytes (:func:`dismissal_session`,
   ``resolve --dismiss-unverified-receipts``). One whose totals open is the ledger's own and is
   resolved only by a charge-back, never by a dismissal.
+* a **genuine** receipt is never dismissed: one that came with a certificate the owner's CA
+  issued to this owner (expired or replaced since accepted) whose key signed it
+  (:func:`dpmarket.owner.receipts.receipt_certificate_key`). The curator keeps that certificate
+  with the receipt and presents both; when the ledger's keys do not verify the receipt, the
+  owner lists the certificate's key in ``ledger_keys`` again
+  (:meth:`~dpmarket.owner.ledger.OwnerLedger.check_receipt`), so the receipt is verified here
+  and a dismissal entry does not count for it. If it names this ledger and its totals do not
+  open under the ledger's sealing key, the ledger was tampered with (its sealing key replaced):
+  what it lost cannot be known, and ``resolve`` refuses it, writing nothing, until a ledger
+  that opens it is restored. A receipt without a certificate, or with one the CA did not issue
+  to this owner, keeps the rule above: a curator can still forge one to make the owner wait for
+  its operator.
 
 ``ledger_rollbacks.resolved_at`` is kept as a note for the operator; no decision reads it.
 Deleting a detection row only lets the owner serve until a curator presents the receipt again,

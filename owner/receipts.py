@@ -12,6 +12,9 @@ refuses to serve.
 Only the owner reads a receipt. It verifies its own signature with its own public keys, so a
 curator cannot forge a receipt that makes the owner refuse, nor hide a rollback behind one; a
 curator can only withhold its receipt (see docs/howto-ledger.md for what that leaves). The
+curator keeps, with each receipt, the owner certificate that came with it, so that a receipt
+signed by a key the ledger no longer lists is still known as the owner's
+(:func:`receipt_certificate_key`). The
 ledger's running totals travel in the receipt encrypted under a key only the ledger holds
 (AES-256-GCM), so that its operator can charge back exactly what a rollback lost
 (:meth:`dpmarket.owner.ledger.OwnerLedger.resolve_rollbacks`) without telling any curator how
@@ -26,12 +29,14 @@ import os
 from dataclasses import dataclass
 from fractions import Fraction
 
+from cryptography import x509
 from cryptography.exceptions import InvalidSignature, InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from google.protobuf.message import DecodeError
 
+from dpmarket.runtime.identity import check_issued_by, identity_from_certificate
 from dpmarket.v1 import privacy_pb2
 
 __all__ = [
@@ -42,6 +47,7 @@ __all__ = [
     "open_receipt",
     "public_key_der",
     "public_key_fingerprint",
+    "receipt_certificate_key",
     "seal_totals",
     "sign_receipt",
     "unseal_totals",
@@ -219,3 +225,54 @@ def open_receipt(
             raise ReceiptError(f"the signed state does not parse: {exc}") from None
         return state, fingerprint
     raise ReceiptError("no key of this ledger signed the receipt")
+
+
+def receipt_certificate_key(cert_pem: bytes, ca_pem: bytes, owner: str) -> tuple[str, bytes]:
+    """The key of the certificate a curator presents with a receipt, once the certificate is
+    checked to be one the deployment's CA issued to this owner.
+
+    What makes a receipt *genuine* when no key the ledger lists verifies it (the ledger's keys
+    were edited): the curator keeps, with each receipt, the certificate of the owner that
+    returned it, and a receipt that this certificate's key verifies was signed by the owner.
+
+    Parameters
+    ----------
+    cert_pem : bytes
+        The certificate, PEM (the first one is checked).
+    ca_pem : bytes
+        The owner's CA certificate(s), PEM.
+    owner : str
+        The owner's name: the certificate must carry ``owner:<owner>``.
+
+    Returns
+    -------
+    (str, bytes)
+        The key's fingerprint and DER SubjectPublicKeyInfo, as ``ledger_keys`` records keys.
+
+    Raises
+    ------
+    ReceiptError
+        If the bytes hold no certificate, no CA of ``ca_pem`` issued it (directly, as a CA
+        certificate), or it names another identity (or none).
+
+    Notes
+    -----
+    The validity period is not checked (``check_issued_by(..., valid_now=False)``): the receipt
+    was signed in the past, by a certificate that may have expired or been replaced since (a
+    renewed or leaked key); the CA's signature still binds that key to this owner. A stolen
+    old key could sign a receipt too, but such a receipt only makes the owner refuse until its
+    operator acts, which a curator can cause anyway; it never gives budget back.
+    """
+    try:
+        cert = x509.load_pem_x509_certificates(cert_pem)[0]
+        check_issued_by(cert, x509.load_pem_x509_certificates(ca_pem), valid_now=False)
+        found = identity_from_certificate(cert)
+    except (ValueError, IndexError) as exc:
+        raise ReceiptError(f"the receipt's certificate is not this owner's: {exc}") from None
+    if (found.role, found.name) != ("owner", owner):
+        raise ReceiptError(f"the receipt's certificate is of {found}, not owner:{owner}")
+    key = cert.public_key()
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise ReceiptError("the receipt's certificate key is not an elliptic-curve key")
+    der = public_key_der(key)
+    return public_key_fingerprint(der), der

@@ -151,7 +151,12 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
         ledger = self.owner.ledger
         if ledger is not None:  # a ledger behind a receipt its owner signed refuses the open
             presented = convert.presented_receipt(request)
-            await asyncio.to_thread(ledger.check_receipt, presented, curator=str(caller))
+            await asyncio.to_thread(
+                ledger.check_receipt,
+                presented,
+                curator=str(caller),
+                certificate=request.receipt_certificate or None,
+            )
         num_points, max_points = await self._run(
             request.session_id,
             self.owner.open_session,
@@ -298,7 +303,11 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
             spent.delta,
             spent.points,
         )
-        return owner_pb2.CloseSessionResponse(spent=convert.spend_to_proto(spent), receipt=receipt)
+        return owner_pb2.CloseSessionResponse(
+            spent=convert.spend_to_proto(spent),
+            receipt=receipt,
+            receipt_certificate=(ledger.certificate if ledger and receipt else None) or b"",
+        )
 
     @rpc("curator")
     async def RecordStatement(self, request, context, caller):

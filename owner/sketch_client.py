@@ -111,6 +111,7 @@ class CatalogClient:
             bool(response.published),
             int(response.publications_left),
             response.receipt if response.HasField("receipt") else None,
+            response.receipt_certificate or None,
         )
 
     def publish(

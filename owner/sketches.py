@@ -535,7 +535,9 @@ def publish_to(
         status = catalog.spec(name)
         # The curator's held receipt first, as at a session's open: a ledger behind it (restored
         # from an older copy) is refused before it charges, and the rollback recorded.
-        publisher.ledger.check_receipt(status.receipt, curator=catalog.curator)
+        publisher.ledger.check_receipt(
+            status.receipt, curator=catalog.curator, certificate=status.receipt_certificate
+        )
         spec = status.spec
         if publisher.stored(spec) is None:
             if status.published:

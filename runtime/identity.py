@@ -288,6 +288,15 @@ PEER_CACHE_SIZE = 1024
 _peer_identity_of = functools.lru_cache(maxsize=PEER_CACHE_SIZE)(identity_from_pem)
 
 
+def peer_certificate_pem(context: grpc.ServicerContext | grpc.aio.ServicerContext) -> bytes | None:
+    """The caller's certificate (PEM) as verified in the call's mTLS handshake, or None without
+    one (plaintext transport)."""
+    values = context.auth_context().get(_AUTH_PEM_KEY)
+    if not values:
+        return None
+    return bytes(values if isinstance(values, bytes) else next(iter(values)))
+
+
 def peer_public_key(
     context: grpc.ServicerContext | grpc.aio.ServicerContext,
 ) -> CertificatePublicKeyTypes | None:
@@ -299,18 +308,19 @@ def peer_public_key(
     ValueError
         If the certificate in the auth context cannot be parsed.
     """
-    values = context.auth_context().get(_AUTH_PEM_KEY)
-    if not values:
+    pem = peer_certificate_pem(context)
+    if pem is None:
         return None
-    pem = values if isinstance(values, bytes) else next(iter(values))
     return x509.load_pem_x509_certificates(pem)[0].public_key()
 
 
-def check_issued_by(cert: x509.Certificate, cas: list[x509.Certificate]) -> x509.Certificate:
+def check_issued_by(
+    cert: x509.Certificate, cas: list[x509.Certificate], *, valid_now: bool = True
+) -> x509.Certificate:
     """The CA of ``cas`` that issued ``cert``, once the pair is checked as a TLS handshake would:
     ``cert`` is signed directly by it, the issuer is a CA certificate (``BasicConstraints``
     ``ca=True``, so an end-entity certificate of the deployment cannot stand in for the CA), and
-    both are valid now.
+    both are valid now (unless ``valid_now`` is false).
 
     The one check behind a service's own credentials
     (:func:`dpmarket.runtime.transport.load_credentials`) and a certificate handed over with a
@@ -322,6 +332,12 @@ def check_issued_by(cert: x509.Certificate, cas: list[x509.Certificate]) -> x509
         The certificate to check.
     cas : list of cryptography.x509.Certificate
         The deployment's CA certificate(s).
+    valid_now : bool, default True
+        Check both validity periods against the clock. False only to attribute a document
+        signed *in the past* with a certificate key (an owner's ledger receipt,
+        :func:`dpmarket.owner.receipts.receipt_certificate_key`): a certificate that expired or
+        was replaced since still says which key the CA issued to whom; it authenticates no
+        connection then.
 
     Returns
     -------
@@ -332,7 +348,8 @@ def check_issued_by(cert: x509.Certificate, cas: list[x509.Certificate]) -> x509
     ------
     ValueError
         If no certificate of ``cas`` signed ``cert``, the signer is not a CA certificate, or
-        either is not valid now; the message names the certificate (by subject) and the reason.
+        either is not valid now (with ``valid_now``); the message names the certificate (by
+        subject) and the reason.
     """
     subject = cert.subject.rfc4514_string()
     for ca in cas:
@@ -352,6 +369,8 @@ def check_issued_by(cert: x509.Certificate, cas: list[x509.Certificate]) -> x509
         constraints = None
     if constraints is None or not constraints.ca:
         raise ValueError(f"{ca.subject.rfc4514_string()!r} is not a CA certificate")
+    if not valid_now:
+        return ca
     now = datetime.datetime.now(datetime.UTC)
     for checked in (ca, cert):
         start, end = checked.not_valid_before_utc, checked.not_valid_after_utc

@@ -37,12 +37,16 @@ class SpecStatus:
         The curator's held receipt of this owner (its last, as presented at a session's open),
         which the owner checks against its ledger before it charges a publication; None: the
         curator holds none (or keeps no receipts, in process).
+    receipt_certificate : bytes or None
+        The owner certificate (PEM) the curator keeps with it, which the owner checks
+        (:meth:`dpmarket.owner.ledger.OwnerLedger.check_receipt`); None: none.
     """
 
     spec: SketchSpec
     published: bool
     publications_left: int
     receipt: LedgerReceiptMessage | None = None
+    receipt_certificate: bytes | None = None
 
 
 class CatalogEndpoint(Protocol):

@@ -267,15 +267,19 @@ def test_each_owners_last_ledger_receipt_survives_reopening(tmp_path: Path) -> N
     receipt kept only in memory would be lost with it, and a rolled-back owner go unseen."""
     store = CuratorStore(tmp_path / "curator")
     assert store.owner_receipt("owner-0") is None
-    store.record_owner_receipt("owner-0", b"first")
-    store.record_owner_receipt("owner-1", b"other")
-    store.record_owner_receipt("owner-0", b"second")  # the last one replaces the one before
+    store.record_owner_receipt("owner-0", b"first", certificate=b"cert-0")
+    store.record_owner_receipt("owner-1", b"other", certificate=b"cert-1")
+    # The last one replaces the one before, with the certificate that came with it (none).
+    store.record_owner_receipt("owner-0", b"second")
     store.close()
     again = CuratorStore(tmp_path / "curator")
     try:
         assert again.owner_receipt("owner-0") == b"second"
+        assert again.owner_receipt_certificate("owner-0") is None
         assert again.owner_receipt("owner-1") == b"other"
+        assert again.owner_receipt_certificate("owner-1") == b"cert-1"
         assert again.owner_receipt("owner-2") is None
+        assert again.owner_receipt_certificate("owner-2") is None
     finally:
         again.close()
 

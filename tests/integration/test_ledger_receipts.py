@@ -457,6 +457,85 @@ def test_a_rollback_behind_a_rotated_key_and_deleted_keys_is_refused_until_resol
     d.store.close()
 
 
+def test_a_genuine_receipt_behind_a_swapped_seal_key_is_never_dismissed_as_forged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The red team's a3_sealkey_swap.sh: the ledger restored from a backup, then (triggers
+    dropped and created again from their own SQL) its sealing key replaced and its keys
+    deleted, and the owner given a certificate for a new key: the curator's receipt verifies
+    under no key the ledger lists and its totals do not open, so it passed for forged and
+    ``resolve --dismiss-unverified-receipts`` cleared it charging nothing. The curator keeps,
+    with the receipt, the certificate the owner returned it with; the owner checks that its CA
+    issued it to this owner (replaced since: accepted) and that its key signed the receipt: a
+    genuine receipt, which no dismissal resolves. Control: the certificate withheld, the old
+    rule dismisses it. A receipt forged with another key stays dismissable, whatever
+    certificate comes with it."""
+    root = tmp_path / "pki"
+    init_ca(root)
+    issue_all(root, [CURATOR, OWNER])
+    d = Deployment(root, tmp_path)
+    backup = tmp_path / "backup.sqlite3"
+
+    async def two_sessions(keeping: GrpcOwnerEndpoint, _: GrpcOwnerEndpoint) -> None:
+        await session(keeping)
+        await asyncio.to_thread(backup_ledger, d.data_dir, backup)
+        await session(keeping, points=3)
+
+    d.run(two_sessions)
+    held = d.store.owner_receipt(OWNER.name)
+    certificate = d.store.owner_receipt_certificate(OWNER.name)
+    assert held is not None and certificate == d.security.cert_pem  # kept with the receipt
+    issue(root, "owner", OWNER.name, force=True)  # a new certificate key for the owner
+    d.security = _security(root, OWNER)
+    resolve = ["resolve", "--data-dir", str(d.data_dir), "--dismiss-unverified-receipts"]
+
+    def swap_seal_key(presented: bytes | None) -> None:
+        restore_ledger(d.data_dir, backup)
+        d.store.record_owner_receipt(OWNER.name, held, certificate=presented)
+        with (
+            closing(sqlite3.connect(ledger_path(d.data_dir))) as conn,
+            conn,
+            without_triggers(conn, "ledger_identity_fixed", "ledger_keys_no_delete"),
+        ):
+            conn.execute("UPDATE ledger_identity SET seal_key = randomblob(32)")
+            conn.execute("DELETE FROM ledger_keys")
+
+    # Control (the certificate withheld): unverified, totals sealed under another key: the
+    # receipt is dismissed as forged, nothing charged, the three lost points forgotten.
+    swap_seal_key(None)
+    assert ROLLBACK_MESSAGE in d.run(_refused("keeping"))
+    dismissed = CliRunner().invoke(ledger_cli, resolve)
+    assert dismissed.exit_code == 0, dismissed.output
+    assert "dismissed on record: nothing charged" in " ".join(dismissed.output.split())
+    d.run(lambda keeping, _: session(keeping))
+    assert [p for _, p in charges(d)] == [2, 0, 2]
+
+    # The curator presents the owner's (since replaced) certificate with it: genuine.
+    swap_seal_key(certificate)
+    caplog.set_level(logging.ERROR)
+    assert ROLLBACK_MESSAGE in d.run(_refused("keeping"))
+    assert "the receipt is genuine and cannot be dismissed" in caplog.text
+    refused = CliRunner().invoke(ledger_cli, resolve)
+    assert refused.exit_code == 1
+    assert "Restore a ledger that opens this receipt" in " ".join(refused.output.split())
+    assert ROLLBACK_MESSAGE in d.run(_refused("plain"))  # every curator, nothing charged
+    assert [p for _, p in charges(d)] == [2]
+    assert verify_file(ledger_path(d.data_dir)).open_rollbacks == 1
+
+    # A receipt no key of this owner signed stays a forgery, with the owner's certificate or
+    # with another party's: dismissable.
+    restore_ledger(d.data_dir, backup)
+    curator = _security(root, CURATOR)
+    for presented in (certificate, curator.cert_pem):
+        forged = sign_receipt(Signer.from_pem(curator.key_pem or b""), _state(d, 99))
+        d.store.record_owner_receipt(OWNER.name, forged.SerializeToString(), certificate=presented)
+        assert ROLLBACK_MESSAGE in d.run(_refused("keeping"))
+        dismissed = CliRunner().invoke(ledger_cli, resolve)
+        assert dismissed.exit_code == 0, dismissed.output
+        assert "dismissed on record" in " ".join(dismissed.output.split())
+    d.store.close()
+
+
 def test_a_ledger_of_the_previous_schema_gets_its_keys_protected_on_upgrade(
     deployment: Deployment,
 ) -> None:

@@ -702,6 +702,12 @@ def test_a_ledger_restored_from_before_a_publication_is_found_by_its_receipt(
     state = privacy_pb2.LedgerState.FromString(held.state)
     spent = [e.epsilon for e in _entries(dep, owner)]
     assert state.sequence == len(spent) == 2
+    security = _owner_security(dep.cluster, Identity("owner", owner))
+    with closing(sqlite3.connect(dep.cluster.curator_state / DATABASE_FILE)) as conn:
+        (certificate,) = conn.execute(
+            "SELECT certificate FROM owner_receipts WHERE owner = ?", (owner,)
+        ).fetchone()
+    assert bytes(certificate) == security.cert_pem  # the publication's handshake certificate
     # The restored copy: the ledger before the second publication (a whole, shorter chain).
     restored = tmp_path / owner
     backup_ledger(dep.cluster.owner_state(owner), ledger_path(restored))

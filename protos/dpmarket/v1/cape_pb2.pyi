@@ -238,6 +238,7 @@ class OpenCapeJobRequest(_message.Message):
     TRAINING_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
     LEDGER_RECEIPT_FIELD_NUMBER: _builtins.int
+    RECEIPT_CERTIFICATE_FIELD_NUMBER: _builtins.int
     MARKET_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Curator-chosen random job id (at least 128 bits)."""
@@ -245,6 +246,8 @@ class OpenCapeJobRequest(_message.Message):
     """Identity ("consumer:NAME") of the consumer the job serves."""
     seed: _builtins.int
     """Seed of this site's noise; honoured only by an owner started with seeded sessions allowed."""
+    receipt_certificate: _builtins.bytes
+    """As OpenSessionRequest.receipt_certificate."""
     @_builtins.property
     def spec(self) -> Global___CapeSpec:
         """A one-release job: a capeFM model or a mean."""
@@ -273,11 +276,12 @@ class OpenCapeJobRequest(_message.Message):
         training: Global___CapeTrainingSpec | None = ...,
         seed: _builtins.int = ...,
         ledger_receipt: _privacy_pb2.LedgerReceipt | None = ...,
+        receipt_certificate: _builtins.bytes = ...,
         market: _market_pb2.MarketTerms | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "ledger_receipt", b"ledger_receipt", "market", b"market", "spec", b"spec", "training", b"training"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer", b"consumer", "job", b"job", "job_id", b"job_id", "ledger_receipt", b"ledger_receipt", "market", b"market", "seed", b"seed", "spec", b"spec", "training", b"training"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer", b"consumer", "job", b"job", "job_id", b"job_id", "ledger_receipt", b"ledger_receipt", "market", b"market", "receipt_certificate", b"receipt_certificate", "seed", b"seed", "spec", b"spec", "training", b"training"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_job: _TypeAlias = _typing.Literal["spec", "training"]  # noqa: Y015
     _WhichOneofArgType_job: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
@@ -602,6 +606,9 @@ class CloseCapeJobResponse(_message.Message):
 
     SPENT_FIELD_NUMBER: _builtins.int
     RECEIPT_FIELD_NUMBER: _builtins.int
+    RECEIPT_CERTIFICATE_FIELD_NUMBER: _builtins.int
+    receipt_certificate: _builtins.bytes
+    """As CloseSessionResponse.receipt_certificate."""
     @_builtins.property
     def spent(self) -> _privacy_pb2.SessionSpend: ...
     @_builtins.property
@@ -613,10 +620,11 @@ class CloseCapeJobResponse(_message.Message):
         *,
         spent: _privacy_pb2.SessionSpend | None = ...,
         receipt: _privacy_pb2.LedgerReceipt | None = ...,
+        receipt_certificate: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt", "spent", b"spent"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt", "spent", b"spent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt", "receipt_certificate", b"receipt_certificate", "spent", b"spent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -187,6 +187,7 @@ class OpenSessionRequest(_message.Message):
     CONSUMER_FIELD_NUMBER: _builtins.int
     TERMS_FIELD_NUMBER: _builtins.int
     LEDGER_RECEIPT_FIELD_NUMBER: _builtins.int
+    RECEIPT_CERTIFICATE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Curator-chosen random session id (at least 128 bits), unique per curator; unrelated to the id
     the consumer knows.
@@ -201,6 +202,12 @@ class OpenSessionRequest(_message.Message):
     consumer: _builtins.str
     """Identity ("consumer:NAME") of the consumer the session serves, as the curator authenticated
     it; recorded in the owner's ledger.
+    """
+    receipt_certificate: _builtins.bytes
+    """The owner certificate (PEM) the curator keeps with ledger_receipt: the one the owner
+    returned with it. The owner checks that its CA issued it to this owner (expired or replaced
+    since is accepted) and that its key signed the receipt: such a receipt is genuine even when
+    the ledger no longer lists that key, and is never dismissed as forged.
     """
     @_builtins.property
     def omega(self) -> _array_pb2.Array:
@@ -233,10 +240,11 @@ class OpenSessionRequest(_message.Message):
         consumer: _builtins.str = ...,
         terms: Global___SessionTerms | None = ...,
         ledger_receipt: _privacy_pb2.LedgerReceipt | None = ...,
+        receipt_certificate: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["ledger_receipt", b"ledger_receipt", "omega", b"omega", "phase", b"phase", "terms", b"terms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer", b"consumer", "gamma", b"gamma", "ledger_receipt", b"ledger_receipt", "omega", b"omega", "phase", b"phase", "sampling_seed", b"sampling_seed", "session_id", b"session_id", "terms", b"terms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer", b"consumer", "gamma", b"gamma", "ledger_receipt", b"ledger_receipt", "omega", b"omega", "phase", b"phase", "receipt_certificate", b"receipt_certificate", "sampling_seed", b"sampling_seed", "session_id", b"session_id", "terms", b"terms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -721,6 +729,11 @@ class CloseSessionResponse(_message.Message):
 
     SPENT_FIELD_NUMBER: _builtins.int
     RECEIPT_FIELD_NUMBER: _builtins.int
+    RECEIPT_CERTIFICATE_FIELD_NUMBER: _builtins.int
+    receipt_certificate: _builtins.bytes
+    """The owner's certificate (PEM) whose key signed the receipt: keep it with the receipt and
+    present it as receipt_certificate.
+    """
     @_builtins.property
     def spent(self) -> _privacy_pb2.SessionSpend:
         """What the session spent of this owner's budget, as its own ledger records it."""
@@ -737,10 +750,11 @@ class CloseSessionResponse(_message.Message):
         *,
         spent: _privacy_pb2.SessionSpend | None = ...,
         receipt: _privacy_pb2.LedgerReceipt | None = ...,
+        receipt_certificate: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt", "spent", b"spent"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt", "spent", b"spent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt", "receipt_certificate", b"receipt_certificate", "spent", b"spent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

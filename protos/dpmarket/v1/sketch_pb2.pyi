@@ -754,10 +754,13 @@ class GetSketchSpecResponse(_message.Message):
     PUBLISHED_FIELD_NUMBER: _builtins.int
     PUBLICATIONS_LEFT_FIELD_NUMBER: _builtins.int
     RECEIPT_FIELD_NUMBER: _builtins.int
+    RECEIPT_CERTIFICATE_FIELD_NUMBER: _builtins.int
     published: _builtins.bool
     """Owners only: whether the caller has published under this spec."""
     publications_left: _builtins.int
     """Owners only: how many more sketches the catalogue accepts from the caller."""
+    receipt_certificate: _builtins.bytes
+    """The owner certificate kept with it, as OpenSessionRequest.receipt_certificate."""
     @_builtins.property
     def spec(self) -> Global___SketchSpec: ...
     @_builtins.property
@@ -773,10 +776,11 @@ class GetSketchSpecResponse(_message.Message):
         published: _builtins.bool = ...,
         publications_left: _builtins.int = ...,
         receipt: _privacy_pb2.LedgerReceipt | None = ...,
+        receipt_certificate: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["publications_left", b"publications_left", "published", b"published", "receipt", b"receipt", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["publications_left", b"publications_left", "published", b"published", "receipt", b"receipt", "receipt_certificate", b"receipt_certificate", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
