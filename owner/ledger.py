@@ -99,6 +99,7 @@ from dpmarket.owner.ledger_resolutions import (
     receipt_resolved,
     rollback_session,
     supersession_session,
+    supersession_through_session,
 )
 from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.receipts import (
@@ -467,13 +468,18 @@ def record_superseded(
     how: str,
     at: float,
     spent: tuple[Fraction, Fraction, int] = (Fraction(0), Fraction(0), 0),
+    *,
+    through: int | None = None,
 ) -> int:
     """Record, as a chained entry of the ledger (inside the caller's transaction), that it
     replaced ledger ``ledger_id`` on its operator's request ``how`` at Unix time ``at``,
     charging ``spent`` (that ledger's lifetime epsilon, delta and points when they are known:
     ``restore --replace-other-ledger``; nothing for ``resolve --accept-replaced-ledger``). The
     receipts of that ledger are accepted from then on
-    (:func:`~dpmarket.owner.ledger_resolutions.receipt_resolved`). Returns the entry's number.
+    (:func:`~dpmarket.owner.ledger_resolutions.receipt_resolved`); with ``through``, the replaced
+    ledger's last charge counted in ``spent``, only its receipts up to that charge
+    (:func:`~dpmarket.owner.ledger_resolutions.supersession_through_session`). Returns the
+    entry's number.
 
     Notes
     -----
@@ -482,7 +488,11 @@ def record_superseded(
     """
     epsilon, delta, points = spent
     request = _Request(
-        session=supersession_session(ledger_id),
+        session=(
+            supersession_session(ledger_id)
+            if through is None
+            else supersession_through_session(ledger_id, through)
+        ),
         consumer="operator",
         curator="operator",
         mechanism=f"ledger {ledger_id} replaced by this one ({how})",

@@ -288,6 +288,14 @@ def restore_ledger(
         and found.identity is not None
         and current.identity.ledger_id != found.identity.ledger_id
     )
+    if other and replace_other and current is not None and current.problems:
+        raise ValueError(
+            f"{target} does not verify ("
+            + "; ".join(p.what for p in current.problems[:3])
+            + "), so what it spent cannot be counted and it was not replaced. Restore a backup of "
+            "it that verifies first, or move it aside and accept on record what it spent as lost "
+            "(dpmarket owner ledger resolve --accept-replaced-ledger, after the restore)"
+        )
     if other and not replace_other:
         assert current is not None and current.identity is not None
         assert found.identity is not None
@@ -325,5 +333,6 @@ def restore_ledger(
                 "restore --replace-other-ledger",
                 datetime.now(UTC).timestamp(),
                 current.totals,
+                through=current.sequence,
             )
     return verify_file(target), moved

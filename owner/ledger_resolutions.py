@@ -16,9 +16,13 @@ the receipt is resolved (:func:`receipt_resolved`):
   lifetime totals hold beyond the charges the ledger shared with it when the entry was written
   (:func:`owed`, recomputed: an entry appended with less does not count);
 * a receipt of **another ledger** of this owner is resolved by a supersession entry naming that
-  ledger (:func:`supersession_session`), written by ``resolve --accept-replaced-ledger`` (nothing
-  charged: that ledger's totals are sealed under its own key) or ``restore
-  --replace-other-ledger`` (which charges the replaced ledger's lifetime totals);
+  ledger: ``resolve --accept-replaced-ledger`` writes one (:func:`supersession_session`; nothing
+  charged: that ledger's totals are sealed under its own key), which the ledger's record then
+  shows as the operator's acceptance of the loss; ``restore --replace-other-ledger`` writes one
+  that charges the replaced ledger's lifetime totals as found (it must verify) and names its
+  last charge (:func:`supersession_through_session`): it resolves that ledger's receipts up to
+  that charge only, so a replaced file older than, or emptied behind, a receipt resolves
+  nothing;
 * a receipt **no key of the ledger verifies** and whose totals do not open under the ledger's
   key (forged) is resolved by a dismissal entry naming its bytes (:func:`dismissal_session`,
   ``resolve --dismiss-unverified-receipts``). One whose totals open is the ledger's own and is
@@ -74,6 +78,7 @@ __all__ = [
     "receipt_resolved",
     "rollback_session",
     "supersession_session",
+    "supersession_through_session",
 ]
 
 #: Session prefixes of the chained entries that resolve a rollback, written only by the
@@ -82,6 +87,31 @@ __all__ = [
 ROLLBACK_PREFIX = "ledger-rollback-"
 SUPERSEDED_PREFIX = "ledger-superseded-"
 DISMISSED_PREFIX = "ledger-dismissed-"
+
+
+def supersession_through_session(ledger_id: str, sequence: int) -> str:
+    """The session of a supersession entry written by ``restore --replace-other-ledger``: the
+    replaced ledger ``ledger_id`` as it was found, verified, up to its charge ``sequence`` (what
+    the entry charged). It resolves that ledger's receipts up to that charge only: a receipt of a
+    later charge shows the replaced file was behind it (an older copy, or emptied), so what it
+    lost was not counted."""
+    return f"{SUPERSEDED_PREFIX}{ledger_id}-through-{int(sequence)}"
+
+
+def _superseded_through(conn: sqlite3.Connection, ledger_id: str) -> int:
+    """The furthest charge of ledger ``ledger_id`` a chained ``restore --replace-other-ledger``
+    entry counted (-1: none)."""
+    prefix = f"{SUPERSEDED_PREFIX}{ledger_id}-through-"
+    found = -1
+    for (session,) in conn.execute(
+        "SELECT c.session FROM charges c JOIN charge_chain k ON k.charge = c.id "
+        "WHERE substr(c.session, 1, ?) = ?",
+        (len(prefix), prefix),
+    ):
+        tail = str(session)[len(prefix) :]
+        if tail.isdigit():
+            found = max(found, int(tail))
+    return found
 
 
 def rollback_session(state: privacy_pb2.LedgerState) -> str:
@@ -263,7 +293,11 @@ def receipt_resolved(
             verified = False
     dismissed = not verified and bool(_entries(conn, [dismissal_session(receipt)]))
     if not mine:
-        return dismissed or bool(_entries(conn, [supersession_session(state.ledger_id)]))
+        return (
+            dismissed
+            or bool(_entries(conn, [supersession_session(state.ledger_id)]))
+            or _superseded_through(conn, state.ledger_id) >= int(state.sequence)
+        )
     try:
         unseal_totals(
             key,

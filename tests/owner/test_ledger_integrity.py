@@ -694,9 +694,60 @@ def test_restoring_over_another_ledger_records_the_ledger_it_replaces(
         assert ledger.identity.ledger_id == old
         ledger.check_receipt(interim, curator="curator:curator")  # recognised: no refusal
         assert ledger.rollbacks() == []
-        (entry,) = ledger.entries(session=f"ledger-superseded-{new}")
+        (entry,) = [
+            e for e in ledger.entries() if e.session.startswith(f"ledger-superseded-{new}-")
+        ]
+    assert entry.session == f"ledger-superseded-{new}-through-{entry_sequence(interim)}"
     assert "restore --replace-other-ledger" in entry.mechanism
     assert (entry.epsilon, entry.points) == (0.5, 1)  # what the replaced ledger spent
+
+
+def entry_sequence(receipt: object) -> int:
+    """The charge a receipt seals the ledger at."""
+    from dpmarket.v1 import privacy_pb2
+
+    return int(privacy_pb2.LedgerState.FromString(receipt.state).sequence)  # type: ignore[attr-defined]
+
+
+def test_replacing_a_ledger_behind_its_receipt_resolves_nothing(
+    pki: dict[str, Path], tmp_path: Path
+) -> None:
+    """``restore --replace-other-ledger`` over an older copy of the ledger in place counts what
+    that copy holds and resolves that ledger's receipts up to its last charge only: the
+    curator's receipt of a later charge is still refused (the stranger's stale-copy reset).
+    Over a copy that does not verify (emptied, its triggers dropped) it is refused and nothing
+    is replaced. Control: a receipt within the copy is recognised."""
+    from tests.owner.ledger_attacks import without_triggers
+
+    data_dir, backup = tmp_path / "alice", tmp_path / "backup.sqlite3"
+    stale = tmp_path / "stale.sqlite3"
+    alice, _, _ = _receipt_then_lose(pki, data_dir, backup)
+    with OwnerLedger(data_dir, None, owner=alice) as ledger:
+        charge(ledger, session="interim", epsilon=0.5)
+        within = ledger.receipt()
+        backup_ledger(data_dir, stale)
+        charge(ledger, session="later", epsilon=0.5, points=2)
+        later = ledger.receipt()
+    emptied = tmp_path / "emptied"
+    shutil.copytree(data_dir, emptied)
+    restore_ledger(data_dir, stale)  # the older copy of the same ledger put back
+    restore_ledger(data_dir, backup, replace_other=True)
+    with OwnerLedger(data_dir, None, owner=alice) as ledger:
+        ledger.check_receipt(within, curator="curator:curator")
+        with pytest.raises(LedgerRollbackError):
+            ledger.check_receipt(later, curator="curator:curator")
+    with (
+        closing(sqlite3.connect(ledger_path(emptied))) as conn,
+        conn,
+        without_triggers(conn, "charges_no_delete", "charge_chain_no_delete"),
+    ):
+        conn.execute("DELETE FROM charge_chain")
+        conn.execute("DELETE FROM charges")
+    for trigger in ("charges_no_delete", "charge_chain_no_delete"):
+        with closing(sqlite3.connect(ledger_path(emptied))) as conn, conn:
+            conn.execute(f"DROP TRIGGER IF EXISTS {trigger}")
+    with pytest.raises(ValueError, match="does not verify"):
+        restore_ledger(emptied, backup, replace_other=True)
 
 
 def test_a_dismissal_never_resolves_a_receipt_whose_totals_are_this_ledgers_own(
