@@ -475,12 +475,9 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
             )
         if record.mmd_curve.get("sizes"):
             curve_svg = await run_in_threadpool(
-                functools.partial(
-                    plots.mmd_curve_plot,
-                    [int(s) for s in record.mmd_curve["sizes"]],
-                    record.mmd_curve["mmd2"],
-                    title="MMD² of the summary's first k points to your validation set",
-                )
+                _drawn_curve,
+                tuple(int(s) for s in record.mmd_curve["sizes"]),
+                tuple(float(v) for v in record.mmd_curve["mmd2"]),
             )
         downloadable = consumer.summary_file(record) is not None
         return page(
@@ -552,6 +549,15 @@ def _drawn_share(
     shares: tuple[tuple[str, int], ...], left_out: tuple[tuple[str, str], ...], title: str
 ) -> str:
     return plots.share_plot(dict(shares), dict(left_out), title=title)
+
+
+@functools.lru_cache(maxsize=64)
+def _drawn_curve(sizes: tuple[int, ...], mmd2: tuple[float, ...]) -> str:
+    """:func:`plots.mmd_curve_plot` of a recorded session's curve, drawn once (a record does
+    not change)."""
+    return plots.mmd_curve_plot(
+        list(sizes), list(mmd2), title="MMD² of the summary's first k points to your validation set"
+    )
 
 
 async def _with_status(response: Awaitable[Response], status: int) -> Response:
