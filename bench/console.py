@@ -194,7 +194,8 @@ Page = tuple[str, str, bytes | None, str]
 
 def pages(clinics: Path) -> dict[str, Page]:
     """Every page of each role, as ``name: (role, path, body or None, content type)``: the
-    explore form's questions with its defaults (only the fields a question needs besides)."""
+    explore form's questions with its defaults (only the fields a question needs besides), and
+    two questions with columns chosen."""
     validation = clinics.parent / "validation.csv"
     rank_body, rank_kind = _multipart({"spec": ""}, "validation", validation)
     quote_fields = {"p": "20", "method": "candidates", "min_owners": "0", "max_cost": ""}
@@ -209,6 +210,10 @@ def pages(clinics: Path) -> dict[str, Page]:
         "logreg": "query=logreg&target=high",
         "logreg bmi, ltg": "query=logreg&column=bmi&column=ltg&target=high",
         "marginal": "query=marginal&column=bmi&column=high",
+        # Questions the console does not answer ahead (it does the ones above that need no
+        # field more: dpmarket.console.consumer.ANSWERED_AHEAD): their first fetch computes.
+        "cdf bmi, bp at 25, 30, 35": "query=cdf&column=bmi&column=bp&points=25%2C+30%2C+35",
+        "covariance bmi, bp, ltg": "query=covariance&column=bmi&column=bp&column=ltg",
     }
     out: dict[str, Page] = {"consumer: catalogue and forms": ("consumer", "/consumer", None, "")}
     for name, question in explore.items():
