@@ -164,9 +164,10 @@ compose-monitoring-test: $(STAMP)
 wan-test: $(STAMP)
 	$(PY) -m pytest -q -m wan tests/deploy/test_wan.py
 
-# The consoles on the tutorial's deployment (bench/console.py): each page's time, fetched as a
-# signed-in program (10 times after a warm-up), and the RPCs an owner served meanwhile against
-# those the pages make; into $(OUT)/bench.json under "console" (about 3 minutes on 2 cores).
+# The consoles on the tutorial's deployment (bench/console.py): every page of each role, fetched
+# as a signed-in program once the consoles' start-up work is over (a first fetch, then 5 more):
+# the console's CPU and the wall time of each, printed as a table, and the RPCs an owner served
+# per page; into $(OUT)/bench.json under "console" (about 4 minutes on 2 quiet cores).
 console-bench: $(STAMP)
 	$(PY) -m bench.console --out $(OUT)/bench.json
 

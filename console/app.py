@@ -21,10 +21,12 @@ address of a form's action, opened, is the form.
 Pages are rendered on the server (Jinja2 templates, matplotlib SVG plots,
 :mod:`dpmarket.console.plots`, drawn in worker threads so that one page's plot does not hold up
 the others); the one script (``static/console.js``) follows a summary's progress
-from its server-sent events. Every response carries a Content-Security-Policy that allows this
-origin only (no CDN: the console works offline), forbids framing, and sends a referrer to this
-origin only (so a login address with the token never leaks to another site, while the console's
-own requests keep the ``Origin`` the CSRF check needs).
+from its server-sent events, and shows on the request form what a request with the chosen
+fewest owners would do (the page holds each choice's state,
+:func:`~dpmarket.console.consumer.method_form`). Every response carries a
+Content-Security-Policy that allows this origin only (no CDN: the console works offline), forbids
+framing, and sends a referrer to this origin only (so a login address with the token never leaks
+to another site, while the console's own requests keep the ``Origin`` the CSRF check needs).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from dpmarket.common.errors import DPMarketError
 from dpmarket.common.market.statement import StatementError
 from dpmarket.common.summarization.methods import METHODS
+from dpmarket.common.summarization.terms import MethodOffer
 from dpmarket.console import plots
 from dpmarket.console.auth import ConsoleToken, TokenMiddleware, cookie_name, session_of
 from dpmarket.console.consumer import (
@@ -71,6 +74,7 @@ from dpmarket.console.consumer import (
     UserError,
     form_credits,
     form_number,
+    method_form,
     quote_view,
     statement_view,
 )
@@ -289,9 +293,9 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
         except DPMarketError as exc:
             error = f"the curator did not answer: {exc}"
         try:
-            methods = await run_in_threadpool(consumer.methods)
+            offers = await run_in_threadpool(consumer.methods)
         except DPMarketError:  # an older curator, or none: every method offered
-            methods = [{"method": m, "served": True, "reason": ""} for m in METHODS]
+            offers = [MethodOffer(m, True) for m in METHODS]
         history = await run_in_threadpool(consumer.history.entries, 20)
         last = next((r for r in history if r.status == "done"), None)
         share_svg = ""
@@ -310,7 +314,7 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
             "share_svg": share_svg,
             "running": [j for j in consumer.jobs.values() if not j.finished],
             "queries": EXPLORE_QUERIES,
-            "methods": methods,
+            "methods": method_form(offers),
             "request_id": uuid.uuid4().hex,
             **(extra or {}),
         }
@@ -346,8 +350,8 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
             answer = await run_in_threadpool(consumer.explore, question)
         except UserError as exc:
             return await _with_status(overview(request, {"explore_error": str(exc)}), 400)
-        svg = await run_in_threadpool(plots.interval_plot, answer["plotted"], title=answer["title"])
-        return page(request, "explore.html", {"answer": answer, "svg": svg, "question": question})
+        context = {"answer": answer, "svg": answer["svg"], "question": question}
+        return page(request, "explore.html", context)
 
     #: Answers of uploaded files (rankings, quotes), kept at an address of their own so that
     #: the page a POST redirects to can be reopened: the newest :data:`KEPT_ANSWERS`, in this
@@ -471,12 +475,9 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
             )
         if record.mmd_curve.get("sizes"):
             curve_svg = await run_in_threadpool(
-                functools.partial(
-                    plots.mmd_curve_plot,
-                    [int(s) for s in record.mmd_curve["sizes"]],
-                    record.mmd_curve["mmd2"],
-                    title="MMD² of the summary's first k points to your validation set",
-                )
+                _drawn_curve,
+                tuple(int(s) for s in record.mmd_curve["sizes"]),
+                tuple(float(v) for v in record.mmd_curve["mmd2"]),
             )
         downloadable = consumer.summary_file(record) is not None
         return page(
@@ -548,6 +549,15 @@ def _drawn_share(
     shares: tuple[tuple[str, int], ...], left_out: tuple[tuple[str, str], ...], title: str
 ) -> str:
     return plots.share_plot(dict(shares), dict(left_out), title=title)
+
+
+@functools.lru_cache(maxsize=64)
+def _drawn_curve(sizes: tuple[int, ...], mmd2: tuple[float, ...]) -> str:
+    """:func:`plots.mmd_curve_plot` of a recorded session's curve, drawn once (a record does
+    not change)."""
+    return plots.mmd_curve_plot(
+        list(sizes), list(mmd2), title="MMD² of the summary's first k points to your validation set"
+    )
 
 
 async def _with_status(response: Awaitable[Response], status: int) -> Response:

@@ -40,9 +40,11 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
@@ -54,10 +56,15 @@ from dpmarket.common.schema import Schema
 from dpmarket.common.summarization.kernels import suggested_gamma
 from dpmarket.common.summarization.methods import SummarizationConfig, method_config
 from dpmarket.common.summarization.summary import OwnerSelection
+from dpmarket.common.summarization.terms import MethodOffer
+from dpmarket.console import plots
 from dpmarket.consumer import model_store
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.consumer.history import RecordedSession, SessionHistory, spent
 from dpmarket.consumer.market import SettledStatement
+
+if TYPE_CHECKING:
+    from dpmarket.consumer.catalogue import ExplorationCache
 
 __all__ = [
     "Catalogue",
@@ -68,6 +75,7 @@ __all__ = [
     "form_credits",
     "form_number",
     "in_form_terms",
+    "method_form",
     "quote_view",
     "statement_view",
 ]
@@ -82,6 +90,11 @@ MAX_JOBS = 16
 STATEMENTS_SHOWN = 100
 #: CPU priority the refits of published fits run at, above the console's (nice).
 REFIT_NICENESS = 10
+#: The explore form's questions answered ahead by the warm-up: the query kinds the form asks
+#: with its defaults alone (a count, a logistic regression and a marginal need a field more).
+ANSWERED_AHEAD = ("mean", "moment2", "cdf", "covariance")
+#: Answer pages (their rows and plot) kept, the most recent.
+VIEWS_KEPT = 64
 #: Largest validation file a form may upload, bytes.
 MAX_UPLOAD_BYTES = 64 << 20
 
@@ -177,6 +190,69 @@ def in_form_terms(message: str) -> str:
         return found.group(1) if label is None else f"the form's “{label}”"
 
     return _OPTION.sub(field, message)
+
+
+def _names(owners: Sequence[str]) -> str:
+    return ", ".join(owners)
+
+
+def method_state(offer: MethodOffer, min_owners: int, owners: int) -> dict[str, Any]:
+    """What a request of ``offer``'s method with the form's “Fewest owners” at ``min_owners``
+    would do (:meth:`~dpmarket.common.summarization.terms.MethodOffer.runs_with`), as the form
+    shows it: ``{"runs", "label", "note"}`` (``label``: the option's text; ``note``: how many
+    owners would take part, or why it would be refused, in the form's terms).
+
+    Parameters
+    ----------
+    offer : MethodOffer
+        ListMethods' answer for the method.
+    min_owners : int
+        The form's “Fewest owners” (0: every owner).
+    owners : int
+        How many owners the deployment's answer names (:func:`method_form`).
+    """
+    k, refusing = len(offer.serving), offer.refusing
+    refuse = f"{_names(refusing)} refuse{'s' if len(refusing) == 1 else ''} it" if refusing else ""
+    if offer.runs_with(min_owners):
+        label = offer.method if not refusing else f"{offer.method} ({k} of {owners} owners)"
+        note = f"would run with {k} of {owners} owners ({_names(offer.serving)})"
+        if refusing:
+            note += f"; {refuse} and would be left out, charged nothing"
+        if not refusing and offer.reason:
+            note += f"; {in_form_terms(offer.reason)}"
+        return {"runs": True, "label": label, "note": note}
+    if not offer.by_policy or k == 0 or min_owners == 0:
+        why = "not served here" if not offer.by_policy or k == 0 else "not with every owner"
+        label = f"{offer.method} ({why})"
+        return {"runs": False, "label": label, "note": in_form_terms(offer.reason)}
+    only, also = ("only ", f"; {refuse}") if refusing else ("", "")
+    note = (
+        f"{only}{k} of {owners} owners serve it ({_names(offer.serving)}{also}): a request "
+        f"needing {min_owners} would be refused, nothing charged; set the form's "
+        f"“{FORM_FIELDS['--min-owners']}” to {k} or fewer"
+    )
+    plural = "s serve" if k > 1 else " serves"
+    label = f"{offer.method} ({only}{k} owner{plural} it)"
+    return {"runs": False, "label": label, "note": note}
+
+
+def method_form(offers: Sequence[MethodOffer]) -> dict[str, Any]:
+    """The request form's method choices for every value of its “Fewest owners” field
+    (:func:`method_state`): ``{"owners", "levels", "methods": [{"method", "states"}]}``,
+    ``states[i]`` for ``min_owners = levels[i]``: 0 (every owner), 1 to ``owners`` (the
+    owners ListMethods names), and ``owners + 1`` standing for any larger value. The page
+    shows the states of the field's value (``static/console.js`` follows it as it changes).
+    """
+    owners = max((len(o.serving) + len(o.refusing) for o in offers), default=0)
+    levels = list(range(owners + 2))
+    return {
+        "owners": owners,
+        "levels": levels,
+        "methods": [
+            {"method": o.method, "states": [method_state(o, m, owners) for m in levels]}
+            for o in offers
+        ],
+    }
 
 
 def count_row(fraction: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -360,11 +436,17 @@ class ConsumerConsole:
         self.jobs: dict[str, SummaryJob] = {}
         self._lock = threading.Lock()
         self._catalogue: Catalogue | None = None
-        self._methods: tuple[float, list[dict[str, Any]]] | None = None
+        self._methods: tuple[float, list[MethodOffer]] | None = None
         #: Each spec's M2M explorer, kept for the console's lifetime (its synthetic design); one
         #: exploration at a time uses them.
         self._explorers: dict[Any, Any] = {}
+        #: Explorations kept by question and sketch content (a reopened or repeated question
+        #: is answered at once): :meth:`_kept_answers`.
+        self._answers: ExplorationCache | None = None
         self._exploring = threading.Lock()
+        #: Answer pages (rows and plot) by their exploration's id, the exploration held
+        #: beside each: :meth:`_view`.
+        self._views: OrderedDict[int, tuple[Any, dict[str, Any]]] = OrderedDict()
         self._stop_warming = threading.Event()
         #: Marginals models kept on disk (shared with ``dpmarket consumer explore --data-dir``).
         self.model_dir = self.data_dir / model_store.FOLDER
@@ -378,8 +460,11 @@ class ConsumerConsole:
         console's own refit of every published fit
         (:func:`dpmarket.consumer.catalogue.verify_fits`), fitted in a child process at a lower
         CPU priority (:func:`dpmarket.consumer.catalogue.refit_into_store`, into the model store
-        the check then reads). Start-up and pages do not wait for it; an answer waits only for
-        the design or the model it needs."""
+        the check then reads). After the designs, and again after the refits (the answers kept
+        read the published fits: they are forgotten), the explore form's questions as it opens
+        are answered ahead (:data:`ANSWERED_AHEAD`), so that their pages are read from the
+        kept explorations. Start-up and pages do not wait for it; an answer waits only for the
+        design or the model it needs, or the answer ahead in progress."""
         self.warming = threading.Thread(target=self._warm, name="explore-warm", daemon=True)
         self.warming.start()
         return self.warming
@@ -408,13 +493,31 @@ class ConsumerConsole:
             # this process they would share its interpreter lock with every page for minutes,
             # whatever this thread's priority. A child process at a lower priority fits them
             # into the model store; this thread then reads them from there and checks them.
+            self._answer_ahead()
             fits = published_fits(self.client)
             if fits and not self._stop_warming.is_set():
                 self._refit_elsewhere(fits)
-            if not self._stop_warming.is_set():
-                verify_fits(self.client, stop=self._stop_warming, model_dir=self.model_dir)
+            refitted = not self._stop_warming.is_set() and verify_fits(
+                self.client, stop=self._stop_warming, model_dir=self.model_dir
+            )
+            if refitted:  # answers now read this console's own fits, those kept the published
+                with self._exploring:
+                    self._kept_answers().clear()
+                self._answer_ahead()
         except Exception as exc:  # best effort: the first answer computes what is missing
             logger.warning("the explore warm-up stopped: %s", exc)
+
+    def _answer_ahead(self) -> None:
+        """Answer the explore form's questions as it opens (:data:`ANSWERED_AHEAD`: each
+        query kind that needs no other field) into the kept explorations, one at a time
+        (an answer asked meanwhile waits at most for the one in progress)."""
+        for kind in ANSWERED_AHEAD:
+            if self._stop_warming.is_set():
+                return
+            try:
+                self.explore({"query": kind, "owners": []})
+            except UserError as exc:  # e.g. no sketch answers it: the form will say so
+                logger.info("explore %s not answered ahead: %s", kind, exc)
 
     def _refit_elsewhere(self, fits: list[Any]) -> None:
         """Run :func:`~dpmarket.consumer.catalogue.refit_into_store` on ``fits`` in a child
@@ -487,11 +590,10 @@ class ConsumerConsole:
             self._catalogue = catalogue
         return catalogue
 
-    def methods(self) -> list[dict[str, Any]]:
+    def methods(self) -> list[MethodOffer]:
         """The summarization methods as this deployment serves them (ListMethods: the
-        curator's policy and the owners' published access flags), for the request form:
-        ``{"method", "served", "reason"}`` each (the reason in the form's terms,
-        :func:`in_form_terms`); read again after :data:`CATALOGUE_TTL_SECONDS`.
+        curator's policy and the owners' published access flags), for the request form
+        (:func:`method_form`); read again after :data:`CATALOGUE_TTL_SECONDS`.
 
         Raises
         ------
@@ -503,15 +605,22 @@ class ConsumerConsole:
         now = time.time()
         if cached is not None and now - cached[0] < CATALOGUE_TTL_SECONDS:
             return cached[1]
-        offers = [
-            {"method": o.method, "served": o.served, "reason": in_form_terms(o.reason)}
-            for o in self.client.methods()
-        ]
+        offers = self.client.methods()
         with self._lock:
             self._methods = (now, offers)
         return offers
 
     # ------------------------------------------------------------------------ exploring
+    def _kept_answers(self) -> ExplorationCache:
+        """The explorations this console keeps (made when first needed: the exploration
+        modules are imported by the warm-up, not before the console serves). Called with
+        the exploring lock held."""
+        if self._answers is None:
+            from dpmarket.consumer.catalogue import ExplorationCache
+
+            self._answers = ExplorationCache()
+        return self._answers
+
     def explore(self, form: dict[str, Any]) -> dict[str, Any]:
         """Answer an exploration form: ``query``, ``spec``, ``owners`` (none: every owner),
         ``columns``, ``points``, ``where``, ``target``.
@@ -520,12 +629,16 @@ class ConsumerConsole:
         -------
         dict
             ``{"title", "spec", "reason", "owners", "n", "source", "rows", "plotted",
-            "count"}``,
+            "count", "bases", "svg"}``,
             ``rows`` as :meth:`dpmarket.consumer.explore.Answer.rows` (each with its 95 %
             interval and flags; a count's first row is in records, :func:`count_row`, as the
             CLI prints it, then the fraction), ``plotted`` the rows of one unit the plot
             draws, ``count`` a count's row in records (None for another query), ``bases`` the
-            distinct ``(basis, covers)`` pairs (what the intervals cover).
+            distinct ``(basis, covers)`` pairs (what the intervals cover), ``svg`` the plot
+            (:func:`dpmarket.console.plots.interval_plot`). A question asked again of the same
+            sketches is answered from the explorations this console keeps
+            (:class:`dpmarket.consumer.catalogue.ExplorationCache`), its page from the one
+            drawn then. The dict is shared: read it, do not change it.
 
         Raises
         ------
@@ -559,11 +672,21 @@ class ConsumerConsole:
                     owners=tuple(form["owners"]),
                     explorers=self._explorers,
                     model_dir=self.model_dir,
+                    answers=self._kept_answers(),
                 )
         except click.ClickException as exc:
             raise UserError(exc.format_message()) from exc
         except (DPMarketError, ValueError) as exc:
             raise UserError(str(exc)) from exc
+        return self._view(explored)
+
+    def _view(self, explored: Any) -> dict[str, Any]:
+        """An exploration as its page shows it (:meth:`explore`), with its plot; kept for
+        as long as the exploration is (a kept exploration's page is not drawn again)."""
+        with self._lock:
+            found = self._views.get(id(explored))
+        if found is not None and found[0] is explored:  # held in the entry: its id is its own
+            return found[1]
         answer = explored.answer
         rows = answer.rows()
         owners = [e.owner for e in explored.entries]
@@ -574,8 +697,9 @@ class ConsumerConsole:
             count = count_row(rows[0], answer.extra)
             plotted = [count]
             rows = [*plotted, {**rows[0], "label": f"{rows[0]['label']} (the fraction)"}]
-        return {
-            "title": f"{query.kind} of {who}",
+        title = f"{answer.query.kind} of {who}"
+        view = {
+            "title": title,
             "spec": explored.spec.name,
             "reason": explored.reason,
             "owners": owners,
@@ -585,7 +709,13 @@ class ConsumerConsole:
             "plotted": plotted,
             "count": count,
             "bases": list(dict.fromkeys((r["basis"], r["covers"]) for r in rows)),
+            "svg": plots.interval_plot(plotted, title=title),
         }
+        with self._lock:
+            self._views[id(explored)] = (explored, view)
+            while len(self._views) > VIEWS_KEPT:
+                self._views.popitem(last=False)
+        return view
 
     def rank(self, upload: bytes, filename: str, spec: str | None) -> dict[str, Any]:
         """Rank the owners against an uploaded validation file (``rank-owners``).

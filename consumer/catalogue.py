@@ -8,11 +8,13 @@ their one home: ``dpmarket consumer explore`` / ``rank-owners`` print what :func
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -44,12 +46,14 @@ from dpmarket.consumer.explore import (
 __all__ = [
     "RANK_COVERS",
     "Exploration",
+    "ExplorationCache",
     "ExploreOptions",
     "GraphicalModel",
     "M2MModel",
     "Ranking",
     "SpecChoiceError",
     "choose_spec",
+    "exploration_key",
     "explore",
     "published",
     "published_fits",
@@ -61,6 +65,11 @@ __all__ = [
 
 
 logger = logging.getLogger(__name__)
+
+#: Modules the answers import on first use, which :func:`warm` imports ahead: scikit-learn's
+#: logistic regression (about a second of CPU, with pandas and pyarrow) and ``scipy.stats``
+#: (half a second; owners ranked, a summary's evaluation).
+IMPORTED_AHEAD = ("sklearn.linear_model", "scipy.stats")
 
 
 class SpecChoiceError(InvalidArgumentError):
@@ -198,6 +207,83 @@ class Exploration:
             **(self.model.to_json() if self.model is not None else {}),
             "answer": self.answer.as_dict(),
         }
+
+
+#: Explorations an :class:`ExplorationCache` keeps by default (the least recently used are
+#: dropped beyond it; each holds one answer's arrays, kilobytes).
+EXPLORATION_CACHE_SIZE = 256
+
+
+class ExplorationCache:
+    """Explorations kept per question and per the content of the sketches it was answered from
+    (a bounded LRU, thread-safe): :func:`explore` given one returns a kept exploration instead
+    of computing it again.
+
+    A published sketch does not change (a new publication is a new sketch, with its own
+    digest: :attr:`~dpmarket.common.sketches.sketch.PrivateSketch.digest`), and an answer is
+    a deterministic function of the question, the options and the sketches (the consumer's
+    randomness is seeded by the options), so a kept exploration is exactly what
+    :func:`explore` would compute, as long as the marginals models it read stay those the
+    process reads: :meth:`clear` it when they change (the console does once it has refitted
+    the owners' published fits, :func:`verify_fits`).
+
+    Parameters
+    ----------
+    size : int
+        Explorations kept.
+    """
+
+    def __init__(self, size: int = EXPLORATION_CACHE_SIZE) -> None:
+        self.size = int(size)
+        self._entries: OrderedDict[Hashable, Exploration] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> Exploration | None:
+        """The exploration kept under ``key`` (made the most recent), or None."""
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self._entries.move_to_end(key)
+            return found
+
+    def put(self, key: Hashable, exploration: Exploration) -> None:
+        """Keep ``exploration`` under ``key``, dropping the least recently used beyond
+        :attr:`size`."""
+        with self._lock:
+            self._entries[key] = exploration
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        """Forget every exploration."""
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+
+def exploration_key(
+    query: Query,
+    spec: str | None,
+    owners: Sequence[str],
+    options: ExploreOptions,
+    candidates: Sequence[tuple[SketchSpec, Sequence[PublishedSketch]]],
+) -> Hashable:
+    """What an exploration depends on: the question, the spec and owners asked, the options,
+    and each candidate spec's key with the content of every sketch read under it (owner,
+    publication time and digest)."""
+    read = tuple(
+        (
+            s.name,
+            s.key,
+            tuple(sorted((e.owner, e.published_at, e.sketch.digest) for e in entries)),
+        )
+        for s, entries in candidates
+    )
+    return (query, spec, tuple(owners), options, read)
 
 
 @dataclass(frozen=True)
@@ -447,7 +533,8 @@ def warm(
     model and bootstrap refits (into :data:`~dpmarket.consumer.explore.MARGINALS_MODELS`: read
     from the owner's published fit where there is one, a few ms each), then every spec's M2M
     design (into ``explorers``), for the specs a question naming none reads (every spec besides
-    the curator's allocation spec's declaration). Answers are the same whether or not it ran.
+    the curator's allocation spec's declaration), then the modules answers import on first use
+    (:data:`IMPORTED_AHEAD`). Answers are the same whether or not it ran.
 
     Parameters
     ----------
@@ -505,6 +592,10 @@ def warm(
         with guard:
             _ = _explorer(kept, spec, options).design  # drawn when first read
         done += 1
+    for module in IMPORTED_AHEAD:  # imported on an answer's first use otherwise
+        if stop is not None and stop.is_set():
+            return done
+        importlib.import_module(module)
     logger.info("explore caches warmed: %d designs and sketch models", done)
     return done
 
@@ -653,6 +744,7 @@ def explore(
     options: ExploreOptions | None = None,
     explorers: dict[Any, Explorer] | None = None,
     model_dir: str | os.PathLike[str] | None = None,
+    answers: ExplorationCache | None = None,
 ) -> Exploration:
     """Answer ``query`` about ``owners``' data (their union; none: any owner) from their
     published sketches, with standard errors, computed here (no owner is asked anything).
@@ -682,6 +774,11 @@ def explore(
     model_dir : path, optional
         A folder where marginals models are also kept on disk, for the next process
         (:mod:`dpmarket.consumer.model_store`; the CLI's ``DATA_DIR/explore-models``).
+    answers : ExplorationCache, optional
+        Explorations kept across calls, by question and sketch content
+        (:func:`exploration_key`): a question asked again of the same sketches is answered
+        from it (the catalogue is read all the same). The consumer's console passes one for its
+        lifetime.
 
     Returns
     -------
@@ -724,6 +821,10 @@ def explore(
         return answered[chosen.name]
 
     candidates = _candidates(client, spec, owners)
+    key = exploration_key(query, spec, owners, options, candidates)
+    kept_answer = answers.get(key) if answers is not None else None
+    if kept_answer is not None:
+        return kept_answer
     by_name = {s.name: (s, e) for s, e in candidates}
     chosen, reason = choose_source(
         query,
@@ -748,7 +849,10 @@ def explore(
             lam=estimator.lam,
             intercept=options.intercept,
         )
-    return Exploration(chosen, reason, tuple(entries), answer, n_hat, model)
+    exploration = Exploration(chosen, reason, tuple(entries), answer, n_hat, model)
+    if answers is not None:
+        answers.put(key, exploration)
+    return exploration
 
 
 def rank(

@@ -96,6 +96,7 @@ from dpmarket.common.sketches.marginals import (
 from dpmarket.common.sketches.marginals_bounds import (
     covariance_bounds,
     fraction_bounds,
+    record_count_bounds,
     unmeasured_covariance_bounds,
 )
 from dpmarket.common.sketches.marginals_fit import carried_fit, fit_sketch
@@ -1256,6 +1257,47 @@ MARGINALS_MODELS = ModelCache()
 _FITTING = threading.Lock()
 
 
+class _Fractions:
+    """Fractions of the union of models' records, each weighted by a product of per-column
+    cell weights (:meth:`MarginalsModel.query`), evaluated for any models: the values asking
+    one column (a CDF's thresholds, a mean, a second moment) by one product per model and
+    column with their weights stacked (the same sums, in the same order, as
+    :meth:`MarginalsModel.query`'s), the others by :meth:`MarginalsModel.query`.
+
+    Parameters
+    ----------
+    weights : sequence of mapping of column to ndarray
+        Per value, its cell weights (:meth:`MarginalsExplorer._value_weights`).
+    """
+
+    def __init__(self, weights: Sequence[Mapping[int, NDArray[np.float64]]]) -> None:
+        self.weights = list(weights)
+        self.k = len(self.weights)
+        grouped: dict[int, list[int]] = {}
+        self.others: list[int] = []
+        for v, w in enumerate(self.weights):
+            if len(w) == 1:
+                grouped.setdefault(next(iter(w)), []).append(v)
+            else:
+                self.others.append(v)
+        self.columns = [
+            (j, vs, np.stack([np.asarray(self.weights[v][j], dtype=np.float64) for v in vs]))
+            for j, vs in grouped.items()
+        ]
+
+    def __call__(self, models: Sequence[MarginalsModel]) -> NDArray[np.float64]:
+        """The values, shape (k,), on the union of ``models``' data."""
+        total = math.fsum(m.total for m in models)
+        out = np.empty(self.k)
+        for j, vs, stacked in self.columns:
+            # Each row summed as MarginalsModel.query sums its table (the same rounding).
+            per_model = [(stacked * m.marginal([j])[None, :]).sum(axis=1) for m in models]
+            out[vs] = [math.fsum(parts) / total for parts in zip(*per_model, strict=True)]
+        for v in self.others:
+            out[v] = math.fsum(m.query(self.weights[v]) for m in models) / total
+        return out
+
+
 class MarginalsExplorer:
     """Graphical-model answers for the marginals sketches of one spec.
 
@@ -1431,10 +1473,11 @@ class MarginalsExplorer:
         if query.kind == "synthetic":
             return self._synthetic(query, [m for m, _ in fitted])
         replicates = min((len(b) for _, b in fitted), default=0)
-        # A count's cell weights are the same for every model: computed once.
-        weights = self._weights(query) if query.kind == "count" else None
-        main = self._values(query, [m for m, _ in fitted], weights)
-        draws = [self._values(query, [b[r] for _, b in fitted], weights) for r in range(replicates)]
+        # The values' cell weights are the same for every model (the estimate's and each
+        # bootstrap replicate's): computed once.
+        values_of = self._evaluator(query)
+        main = values_of([m for m, _ in fitted])
+        draws = [values_of([b[r] for _, b in fitted]) for r in range(replicates)]
         se = (
             np.std(np.array(draws), axis=0, ddof=1)
             if replicates > 1
@@ -1546,12 +1589,13 @@ class MarginalsExplorer:
         if query.kind == "covariance":
             return self._covariance_intervals(query, parts, values)
         per_value = self._value_weights(query, bounds=True)
+        record_counts = record_count_bounds(parts, cells)  # the same for every value
         bounds = np.empty((k, 2))
         basis: list[str] = []
         covers: list[str] = []
         flags: list[tuple[Flag, ...]] = []
         for v, w in enumerate(per_value):
-            low, high, measured = fraction_bounds(parts, cells, w)
+            low, high, measured = fraction_bounds(parts, cells, w, record_counts=record_counts)
             if measured:
                 low, high = min(low, float(values[v])), max(high, float(values[v]))
                 basis.append("measured")
@@ -1646,33 +1690,22 @@ class MarginalsExplorer:
             out[j] = weigh(self.feature_map, domain, j, lower[0, j], upper[0, j])
         return out
 
-    def _values(
-        self,
-        query: Query,
-        models: Sequence[MarginalsModel],
-        weights: dict[int, NDArray[np.float64]] | None = None,
-    ) -> NDArray[np.float64]:
-        """The query's values on the union of ``models``' data (fractions, moments); a count's
-        ``weights`` (:meth:`_weights`) when already computed."""
+    def _evaluator(self, query: Query) -> Callable[[Sequence[MarginalsModel]], NDArray[np.float64]]:
+        """``models -> values``: the query's values on the union of ``models``' data
+        (fractions, moments; :meth:`_values`), a count's, CDF's, mean's or second moment's by
+        its cell weights (:meth:`_value_weights`) computed here once (:class:`_Fractions`)."""
+        if query.kind in ("count", "cdf", "mean", "moment2"):
+            return _Fractions(self._value_weights(query))
+        return functools.partial(self._values, query)
+
+    def _values(self, query: Query, models: Sequence[MarginalsModel]) -> NDArray[np.float64]:
+        """A marginal table's or a covariance's values on the union of ``models``' data."""
         domain = self.domain
-        fmap = self.feature_map
         total = math.fsum(m.total for m in models)
 
         def fraction(weights: dict[int, NDArray[np.float64]]) -> float:
             return math.fsum(m.query(weights) for m in models) / total
 
-        if query.kind == "count":
-            return np.array([fraction(self._weights(query) if weights is None else weights)])
-        if query.kind == "cdf":
-            idx = _columns(query, domain)
-            t = _thresholds(query, domain, idx)
-            return np.array(
-                [
-                    fraction({int(j): cell_weights(fmap, domain, int(j), -np.inf, float(x))})
-                    for j, row in zip(idx, t, strict=True)
-                    for x in row
-                ]
-            )
         if query.kind == "marginal":
             idx = _index(domain, query.columns).tolist()
             table = sum(m.marginal(idx) for m in models)
@@ -1683,9 +1716,6 @@ class MarginalsExplorer:
             lv = domain.level_values(int(j))
             assert lv is not None  # expresses(): discrete columns only
             levels[int(j)] = lv
-        if query.kind in ("mean", "moment2"):
-            order = 1 if query.kind == "mean" else 2
-            return np.array([fraction({int(j): levels[int(j)] ** order}) for j in idx])
         # covariance of discrete columns: E[x_a x_b] - E[x_a] E[x_b]
         means = {int(j): fraction({int(j): levels[int(j)]}) for j in idx}
         rows, cols = np.triu_indices(idx.size)

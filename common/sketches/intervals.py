@@ -317,9 +317,11 @@ def m2m_residual_range(
     in ``r``). The design's ``n_s`` points stand for the domain: an estimate of the supremum
     (exact for a function of one-hot buckets that every bucket's points reach), reported as such.
     """
-    fitted = np.asarray(design.matrix @ a, dtype=np.float64) + a0[None, :]
-    r = values - fitted
-    return r.min(axis=0), r.max(axis=0)
+    # values - (P a + a0), with one (n_s, k) array: its extremes are those of values - P a,
+    # shifted by a0 (a shift keeps the order).
+    r = np.asarray(design.matrix @ a, dtype=np.float64)
+    np.subtract(values, r, out=r)
+    return r.min(axis=0) - a0, r.max(axis=0) - a0
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ counts are kept), it is the representation the paper recommends for combining sk
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -570,6 +571,21 @@ class PrivateSketch:
     def count_noise_variance(self) -> float:
         """Variance of the noise on the count."""
         return self.mechanism.count_noise_variance
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 (hex) of the release's content: its mechanism's public figures (noise,
+        epsilon, delta, budget split, noise scales, the map's kind and dimension), the noisy sum
+        and the noisy count. Two sketches of one spec with the same digest give the same
+        answers (the map itself is the spec's)."""
+        mech = self.mechanism
+        h = hashlib.sha256()
+        h.update(f"{mech.mechanism}|{mech.feature_map.kind}|{mech.feature_map.dimension}|".encode())
+        figures = (mech.epsilon, mech.delta, mech.numerator_share, mech.sum_scale,
+                   mech.count_scale, self.noisy_count)  # fmt: skip
+        h.update(np.asarray(figures, dtype="<f8").tobytes())
+        h.update(np.ascontiguousarray(self.noisy_sum, dtype="<f8").tobytes())
+        return h.hexdigest()
 
 
 @dataclass(frozen=True, eq=False)

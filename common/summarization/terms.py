@@ -175,6 +175,30 @@ class MethodOffer:
     serving: tuple[str, ...] = ()
     refusing: tuple[str, ...] = ()
 
+    @property
+    def by_policy(self) -> bool:
+        """Whether the curator's policy serves the method (it names the refusing owners only
+        of a method it serves)."""
+        return self.served or bool(self.refusing)
+
+    def runs_with(self, min_owners: int) -> bool:
+        """Whether a session of this method asking every owner, with ``min_owners`` as
+        :class:`~dpmarket.common.summarization.summary.OwnerSelection` takes it, would open:
+        with 0, only when no owner is known to refuse it (:attr:`served`); otherwise when the
+        curator's policy serves it and at least ``min_owners`` owners do (the refusing ones are
+        left out when the session opens, charged nothing).
+
+        Raises
+        ------
+        ValueError
+            If ``min_owners`` is negative.
+        """
+        if min_owners < 0:
+            raise ValueError(f"min_owners must be >= 0, got {min_owners}")
+        if min_owners == 0:
+            return self.served
+        return self.by_policy and len(self.serving) >= min_owners
+
 
 def access_refusal(method: str, access: OwnerAccess) -> str | None:
     """Why an owner whose policy has ``access`` refuses a session of the summarization

@@ -21,3 +21,34 @@
     window.location.reload();
   });
 })();
+
+// The request form: each method's state for the "Fewest owners" chosen (the page holds every
+// choice's, data-runs-N and data-label-N for N = 0 .. owners + 1, the last for any larger value).
+(function () {
+  "use strict";
+  var form = document.getElementById("request-form");
+  if (!form) { return; }
+  var field = form.querySelector("input[name=min_owners]");
+  var select = form.querySelector("select[name=method]");
+  var top = parseInt(form.getAttribute("data-owners"), 10) + 1;
+  function show() {
+    var chosen = parseInt(field.value, 10);
+    var level = isNaN(chosen) || chosen < 0 ? 0 : Math.min(chosen, top);
+    Array.prototype.forEach.call(select.options, function (option) {
+      option.disabled = option.getAttribute("data-runs-" + level) !== "1";
+      option.textContent = option.getAttribute("data-label-" + level);
+      var item = form.querySelector("#method-terms li[data-method='" + option.value + "']");
+      if (item) { item.className = option.disabled ? "refused" : "served"; }
+    });
+    var selected = select.options[select.selectedIndex];
+    if (selected && selected.disabled) {
+      var first = Array.prototype.find.call(select.options, function (o) { return !o.disabled; });
+      if (first) { select.value = first.value; }
+    }
+    Array.prototype.forEach.call(form.querySelectorAll("#method-terms [data-min]"), function (note) {
+      note.hidden = note.getAttribute("data-min") !== String(level);
+    });
+  }
+  field.addEventListener("input", show);
+  show();
+})();

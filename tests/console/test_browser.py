@@ -4,9 +4,11 @@ One deployment (docs/tutorial.md's commands up to the clinics' sketches: three c
 and a consumer over mTLS, one summary asked with ``dpmarket request``), one console per role
 (``dpmarket console --config PARTY.toml``, the consumer's, the young clinic's and the curator's,
 each a process on its own certificate) and one browser (Debian's Chromium, driven by Playwright;
-never a browser Playwright downloads) serve every test. Pages are checked on their content, as a
-newcomer reads them: the clinic's remaining budget equals what its own ledger says, the last
-summary's per-owner share equals the consumer's record, a catalogue answer comes with its interval.
+never a browser Playwright downloads), signed in once to each console (one context per role, in
+which each test opens its pages; the tests about signing in and cookies make their own), serve
+every test. Pages are checked on their content, as a newcomer reads them: the clinic's remaining
+budget equals what its own ledger says, the last summary's per-owner share equals the consumer's
+record, a catalogue answer comes with its interval.
 Each role's main page is saved as a screenshot into docs/ (docs/howto-console.md shows them).
 Against another local web server (a stranger's, on another port of 127.0.0.1: the same site for
 the browser's cookies): its page cannot make the consumer's console start a summary or answer a
@@ -29,7 +31,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,12 +207,42 @@ def browser() -> Iterator[Any]:
             chromium.close()
 
 
-def _signed_in(browser: Any, console: Console, width: int = 1280) -> Any:
-    """A fresh browser context signed in to ``console`` by its printed address."""
-    context = browser.new_context(viewport={"width": width, "height": 900})
-    page = context.new_page()
-    page.goto(f"{console.url}/login?token={console.token}")
-    return page
+@pytest.fixture(scope="module")
+def signed_in(browser: Any, consoles: dict[str, Console]) -> Iterator[dict[str, Any]]:
+    """One browser context per role, signed in once by the console's printed address (the
+    tests' pages open in it: the console's cookie is the context's)."""
+    contexts = {}
+    for role, console in consoles.items():
+        contexts[role] = browser.new_context(viewport={"width": 1280, "height": 900})
+        page = contexts[role].new_page()
+        page.goto(f"{console.url}/login?token={console.token}")
+        page.wait_for_url(f"{console.url}/{role}")
+        page.close()
+    try:
+        yield contexts
+    finally:
+        for context in contexts.values():
+            context.close()
+
+
+@pytest.fixture
+def opened(signed_in: dict[str, Any]) -> Iterator[Callable[..., Any]]:
+    """``opened(console, width=1280)``: a new page in the role's signed-in context (closed
+    after the test)."""
+    pages: list[Any] = []
+
+    def open_page(console: Console, width: int = 1280) -> Any:
+        page = signed_in[console.role].new_page()
+        if width != 1280:
+            page.set_viewport_size({"width": width, "height": 900})
+        pages.append(page)
+        return page
+
+    try:
+        yield open_page
+    finally:
+        for page in pages:
+            page.close()
 
 
 def _shot(page: Any, name: str) -> None:
@@ -248,9 +280,9 @@ def test_a_request_without_the_token_is_refused(consoles: dict[str, Console], br
 
 # -------------------------------------------------------------------------------- consumer
 def test_the_consumer_finds_its_last_summarys_share_and_the_catalogue(
-    deployment: Path, consoles: dict[str, Console], browser: Any
+    deployment: Path, consoles: dict[str, Console], opened: Callable[..., Any]
 ) -> None:
-    page = _signed_in(browser, consoles["consumer"])
+    page = opened(consoles["consumer"])
     page.goto(f"{consoles['consumer'].url}/consumer")
     # The last summary (the tutorial's `dpmarket request`, recorded in the consumer's data
     # directory): each owner's share as the record has it.
@@ -277,9 +309,9 @@ def test_the_consumer_finds_its_last_summarys_share_and_the_catalogue(
 
 
 def test_the_forms_offer_only_published_sketches(
-    consoles: dict[str, Console], browser: Any
+    consoles: dict[str, Console], opened: Callable[..., Any]
 ) -> None:
-    page = _signed_in(browser, consoles["consumer"])
+    page = opened(consoles["consumer"])
     page.goto(f"{consoles['consumer'].url}/consumer")
     # The tutorial's sketches.toml declares clinics/race, which no clinic publishes: the
     # catalogue's specs say so, and no form offers it (it would answer nothing).
@@ -296,7 +328,7 @@ def test_the_forms_offer_only_published_sketches(
 
 
 def test_a_cli_session_shows_under_one_id_with_its_mmd_curve(
-    deployment: Path, consoles: dict[str, Console], browser: Any
+    deployment: Path, consoles: dict[str, Console], opened: Callable[..., Any]
 ) -> None:
     # The tutorial's `dpmarket consumer request`, recorded in the consumer's data directory.
     (record,) = [
@@ -304,7 +336,7 @@ def test_a_cli_session_shows_under_one_id_with_its_mmd_curve(
     ]
     assert record.session_id and record.mmd_curve["sizes"][-1] == 20
     consumer = consoles["consumer"]
-    page = _signed_in(browser, consumer)
+    page = opened(consumer)
     page.goto(f"{consumer.url}/consumer")
     link = page.locator("#sessions a", has_text=record.session_id[:8])
     assert link.count() == 1
@@ -322,9 +354,9 @@ def test_a_cli_session_shows_under_one_id_with_its_mmd_curve(
 
 
 def test_a_catalogue_answer_comes_with_its_interval(
-    consoles: dict[str, Console], browser: Any
+    consoles: dict[str, Console], opened: Callable[..., Any]
 ) -> None:
-    page = _signed_in(browser, consoles["consumer"])
+    page = opened(consoles["consumer"])
     page.goto(f"{consoles['consumer'].url}/consumer")
     page.select_option("#explore select[name=query]", "mean")
     page.select_option("#explore select[name=column]", ["bmi"])
@@ -343,9 +375,9 @@ def test_a_catalogue_answer_comes_with_its_interval(
 
 
 def test_a_count_answer_reads_in_records_as_the_cli_prints_it(
-    consoles: dict[str, Console], browser: Any
+    consoles: dict[str, Console], opened: Callable[..., Any]
 ) -> None:
-    page = _signed_in(browser, consoles["consumer"])
+    page = opened(consoles["consumer"])
     page.goto(f"{consoles['consumer'].url}/consumer")
     page.select_option("#explore select[name=query]", "count")
     page.fill("#explore input[name=where]", "bmi>=30; high=1")
@@ -369,10 +401,10 @@ def test_a_count_answer_reads_in_records_as_the_cli_prints_it(
 
 
 def test_answers_can_be_reopened_by_their_address(
-    deployment: Path, consoles: dict[str, Console], browser: Any
+    deployment: Path, consoles: dict[str, Console], browser: Any, opened: Callable[..., Any]
 ) -> None:
     consumer = consoles["consumer"]
-    page = _signed_in(browser, consumer)
+    page = opened(consumer)
     page.goto(f"{consumer.url}/consumer")
     page.select_option("#explore select[name=query]", "cdf")
     page.select_option("#explore select[name=column]", ["bmi"])
@@ -413,9 +445,9 @@ def test_answers_can_be_reopened_by_their_address(
 
 
 def test_the_request_form_offers_only_the_methods_the_deployment_serves(
-    deployment: Path, consoles: dict[str, Console], browser: Any
+    deployment: Path, consoles: dict[str, Console], opened: Callable[..., Any]
 ) -> None:
-    page = _signed_in(browser, consoles["consumer"])
+    page = opened(consoles["consumer"])
     page.goto(f"{consoles['consumer'].url}/consumer")
     options = page.locator("#request select[name=method] option").evaluate_all(
         "options => options.map(o => [o.value, o.disabled])"
@@ -436,6 +468,22 @@ def test_the_request_form_offers_only_the_methods_the_deployment_serves(
     assert (
         "curator's policy does not serve it" in terms.locator("li[data-method=greedy]").inner_text()
     )
+    # The form follows the fewest owners chosen (tests/console/test_request_form.py has owners
+    # that differ): every clinic refuses exact bids, so private stays off at any number, while
+    # candidates runs with 1 to 3 owners and not with more than the deployment has.
+    candidates = terms.locator("li[data-method=candidates]")
+    assert "would run with 3 of 3 owners (middle, senior, young)" in candidates.inner_text()
+    for chosen, runs in (("1", True), ("4", False), ("0", True)):
+        page.fill("#request input[name=min_owners]", chosen)
+        disabled = page.locator("#request select[name=method] option").evaluate_all(
+            "options => Object.fromEntries(options.map(o => [o.value, o.disabled]))"
+        )
+        assert disabled["candidates"] == (not runs) and disabled["private"], (chosen, disabled)
+    page.fill("#request input[name=min_owners]", "4")
+    assert "a request needing 4 would be refused" in candidates.inner_text()
+    assert page.locator("#request select[name=method] option[value=candidates]").inner_text() == (
+        "candidates (3 owners serve it)"
+    )
     # The control: what the form no longer offers is what the deployment refuses. A private
     # request with the form's other defaults, sent by a program, is refused before anything
     # is released or charged; a candidates one is accepted.
@@ -448,17 +496,31 @@ def test_the_request_form_offers_only_the_methods_the_deployment_serves(
         deployment.parent / "validation.csv",
     )
     assert status == 400 and "allow_exact_bids" in html.unescape(body)
+    # And a candidates request needing more owners than there are, as the form said.
+    status, body = consumer.post_file(
+        "/consumer/summary",
+        {"p": "5", "method": "candidates", "min_owners": "4", "request_id": uuid.uuid4().hex},
+        deployment.parent / "validation.csv",
+    )
+    assert status == 400, (status, body[-500:])
     with CuratorRecords(deployment / "curator") as records:
         assert len(records.sessions()) == before
 
 
 def test_the_consumer_sees_a_quote_without_running_anything_and_its_statements(
-    deployment: Path, consoles: dict[str, Console], browser: Any
+    deployment: Path, consoles: dict[str, Console], opened: Callable[..., Any]
 ) -> None:
     consumer = consoles["consumer"]
     with CuratorRecords(deployment / "curator") as records:
         sessions_before = len(records.sessions())
-    page = _signed_in(browser, consumer)
+    # What `dpmarket consumer statements` lists (the tutorial's summary, settled when it
+    # ended), asked while the browser works (its interpreter starts in seconds).
+    listing = subprocess.Popen(
+        [sys.executable, "-m", "dpmarket.deploy.cli", "consumer", "statements", "--json",
+         "--config", str(deployment / "consumer.toml")],
+        env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    page = opened(consumer)
     page.goto(f"{consumer.url}/consumer")
     form = "#request"
     page.set_input_files(
@@ -474,14 +536,11 @@ def test_the_consumer_sees_a_quote_without_running_anything_and_its_statements(
     assert "within your cap of 5.00 credits" in page.locator("#quote").inner_text()
     with CuratorRecords(deployment / "curator") as records:
         assert len(records.sessions()) == sessions_before  # a quote runs nothing
-    # The statements page lists what `dpmarket consumer statements` lists (the tutorial's
-    # summary, settled when it ended), with each one's total cost.
-    listed = subprocess.run(
-        [sys.executable, "-m", "dpmarket.deploy.cli", "consumer", "statements", "--json",
-         "--config", str(deployment / "consumer.toml")],
-        env=environment(), capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
-    settled = json.loads(listed.stdout)["statements"]
+    # The statements page lists what `dpmarket consumer statements` lists, with each one's
+    # total cost.
+    out, err = listing.communicate(timeout=120)
+    assert listing.returncode == 0, err[-2000:]
+    settled = json.loads(out)["statements"]
     assert settled
     page.goto(f"{consumer.url}/consumer/statements")
     rows = page.locator("#statements tbody tr[data-session]").all()
@@ -490,10 +549,10 @@ def test_the_consumer_sees_a_quote_without_running_anything_and_its_statements(
 
 
 def test_a_summary_requested_from_the_console_shows_its_progress_and_result(
-    deployment: Path, consoles: dict[str, Console], browser: Any
+    deployment: Path, consoles: dict[str, Console], opened: Callable[..., Any]
 ) -> None:
     consumer = consoles["consumer"]
-    page = _signed_in(browser, consumer)
+    page = opened(consumer)
     page.goto(f"{consumer.url}/consumer")
     form = "#request"
     page.set_input_files(
@@ -525,9 +584,9 @@ def test_a_summary_requested_from_the_console_shows_its_progress_and_result(
 
 # ----------------------------------------------------------------------------------- owner
 def test_the_clinic_finds_its_remaining_budget(
-    deployment: Path, consoles: dict[str, Console], browser: Any
+    deployment: Path, consoles: dict[str, Console], opened: Callable[..., Any]
 ) -> None:
-    page = _signed_in(browser, consoles["owner"])
+    page = opened(consoles["owner"])
     page.goto(f"{consoles['owner'].url}/owner")
     with OwnerLedger(deployment / "owners" / "young", None) as ledger:
         left = ledger.remaining()
@@ -558,9 +617,9 @@ def test_the_clinic_finds_its_remaining_budget(
 
 # --------------------------------------------------------------------------------- curator
 def test_the_curator_sees_its_owners_sessions_and_catalogue(
-    deployment: Path, consoles: dict[str, Console], browser: Any
+    deployment: Path, consoles: dict[str, Console], opened: Callable[..., Any]
 ) -> None:
-    page = _signed_in(browser, consoles["curator"])
+    page = opened(consoles["curator"])
     page.goto(f"{consoles['curator'].url}/curator")
     owners = page.locator("#owners tbody tr").all()
     health = {
@@ -583,10 +642,10 @@ def test_the_curator_sees_its_owners_sessions_and_catalogue(
 
 # ---------------------------------------------------------------------------- boundaries
 def test_a_consumers_console_cannot_show_another_partys_data(
-    deployment: Path, consoles: dict[str, Console], browser: Any
+    deployment: Path, consoles: dict[str, Console], opened: Callable[..., Any]
 ) -> None:
     consumer = consoles["consumer"]
-    page = _signed_in(browser, consumer)
+    page = opened(consumer)
     for path in ("/owner", "/curator"):
         response = page.goto(consumer.url + path)
         assert response.status == 404
@@ -601,9 +660,11 @@ def test_a_consumers_console_cannot_show_another_partys_data(
     assert "owner.sqlite3" not in content and "left ·" not in content
 
 
-def test_every_main_page_reads_on_a_phone(consoles: dict[str, Console], browser: Any) -> None:
+def test_every_main_page_reads_on_a_phone(
+    consoles: dict[str, Console], opened: Callable[..., Any]
+) -> None:
     for console in consoles.values():
-        page = _signed_in(browser, console, width=390)
+        page = opened(console, width=390)
         paths = [f"/{console.role}"]
         if console.role == "consumer":
             paths.append("/consumer/statements")
@@ -681,7 +742,7 @@ Promise.allSettled([send({target}, 0), send({target}, 1), send({target}, 2), sen
 
 
 def test_a_page_on_another_port_cannot_make_the_console_act(
-    deployment: Path, consoles: dict[str, Console], browser: Any, stranger: Stranger
+    deployment: Path, consoles: dict[str, Console], opened: Callable[..., Any], stranger: Stranger
 ) -> None:
     consumer = consoles["consumer"]
     validation = (deployment.parent / "validation.csv").read_text(encoding="utf-8")
@@ -689,7 +750,7 @@ def test_a_page_on_another_port_cannot_make_the_console_act(
     with CuratorRecords(deployment / "curator") as records:
         sessions_before = len(records.sessions())
     history_before = len(SessionHistory(deployment / "consumer").entries())
-    page = _signed_in(browser, consumer)
+    page = opened(consumer)
     forged: list[Any] = []
     page.on("request", lambda r: forged.append(r) if r.method == "POST" else None)
     page.goto(f"{stranger.url}/cats.html")

@@ -19,6 +19,7 @@ from dpmarket.common.sketches.marginals_fit import MarginalsFit, fit_sketch
 from dpmarket.common.sketches.sketch import SketchMechanism
 from dpmarket.common.sketches.spec import PublishedSketch, SketchDeclaration, SketchSpec
 from dpmarket.consumer.catalogue import (
+    ExplorationCache,
     ExploreOptions,
     SpecChoiceError,
     choose_spec,
@@ -36,7 +37,7 @@ from dpmarket.consumer.explore import (
     Query,
     sketch_digest,
 )
-from tests.conftest import marginals_mechanism
+from tests.conftest import marginals_mechanism, sketch_mechanism
 
 COLUMNS = [
     {"name": "age", "low": 0, "high": 120},
@@ -232,3 +233,35 @@ def test_owners_are_ranked_against_a_features_only_validation_set_when_the_label
     assert by_file.validation_points == len(features)
     with pytest.raises(click.ClickException, match=r"no column\(s\) \[.high.\]"):
         rank_sketches(catalogue, str(path), rff.name)
+
+
+def test_a_question_asked_again_of_the_same_sketches_is_answered_from_the_kept_one() -> None:
+    """An :class:`ExplorationCache` returns the exploration it kept for the same question and
+    the same sketches (what the console's reopened answers read), bit for bit what ``explore``
+    computes without it; a new publication under the same spec and owner is a new key, and
+    its answer is computed from the new sketch (a kept answer is never served for it)."""
+    (hist,) = _specs("clinics", COLUMNS, {"hist": {"bins": 5}})
+    rng = np.random.default_rng(3)
+    records = np.column_stack(
+        [rng.uniform(0, 120, 300), rng.uniform(10, 70, 300), rng.integers(0, 2, 300)]
+    )
+    first = sketch_mechanism(hist, 1.0).release(records, SeededNoise(np.random.default_rng(1)))
+    again = sketch_mechanism(hist, 1.0).release(records, SeededNoise(np.random.default_rng(2)))
+    assert first.digest != again.digest and first.digest == dataclasses.replace(first).digest
+    catalogue = _Published([hist], None, [PublishedSketch("young", hist.name, 1.0, first)])
+    cdf = Query("cdf", columns=("bmi",), points=(30.0, 40.0))
+    kept = ExplorationCache()
+    asked = explore(catalogue, cdf, answers=kept)
+    assert explore(catalogue, cdf, answers=kept) is asked and len(kept) == 1
+    plain = explore(catalogue, cdf)  # the control: without the cache, computed again
+    assert plain is not asked
+    for field in ("values", "errors", "low", "high"):
+        assert np.array_equal(getattr(plain.answer, field), getattr(asked.answer, field))
+    # The owner publishes again: the same question reads the new sketch.
+    catalogue.entries = [PublishedSketch("young", hist.name, 2.0, again)]
+    renewed = explore(catalogue, cdf, answers=kept)
+    assert renewed is not asked and len(kept) == 2
+    assert not np.array_equal(renewed.answer.values, asked.answer.values)
+    assert np.array_equal(renewed.answer.values, explore(catalogue, cdf).answer.values)
+    kept.clear()
+    assert len(kept) == 0 and explore(catalogue, cdf, answers=kept) is not renewed
