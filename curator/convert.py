@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
@@ -11,8 +12,9 @@ import numpy as np
 from google.protobuf import duration_pb2, timestamp_pb2
 from numpy.typing import NDArray
 
-from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError
 from dpmarket.common.privacy.ledger import SessionSpend
+from dpmarket.common.schema import Schema
 from dpmarket.common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
 from dpmarket.common.summarization.methods import (
     PARAMETER_NAMES,
@@ -29,6 +31,7 @@ from dpmarket.common.summarization.summary import (
 )
 from dpmarket.common.summarization.terms import OwnerAccess
 from dpmarket.runtime.arrays import array_from_proto, array_to_proto, labeled_points_from_proto
+from dpmarket.runtime.identity import NAME_PATTERN, Identity
 from dpmarket.runtime.market import prices_from_proto, quote_to_proto, reward_from_proto
 from dpmarket.runtime.schemas import schema_from_proto
 
@@ -36,6 +39,8 @@ if TYPE_CHECKING:
     from dpmarket.common.summarization.terms import MethodOffer
     from dpmarket.curator.store import StoredStatement
 from dpmarket.v1 import curator_pb2, market_pb2, owner_pb2, privacy_pb2
+
+logger = logging.getLogger(__name__)
 
 
 def spend_from_proto(message: privacy_pb2.SessionSpend) -> SessionSpend:
@@ -48,21 +53,52 @@ def spend_from_proto(message: privacy_pb2.SessionSpend) -> SessionSpend:
     )
 
 
-def info_from_proto(message: owner_pb2.GetOwnerInfoResponse) -> OwnerInfo:
+def info_from_proto(
+    message: owner_pb2.GetOwnerInfoResponse, owner: str, expected: Identity | None = None
+) -> OwnerInfo:
     """GetOwnerInfoResponse -> OwnerInfo.
+
+    Parameters
+    ----------
+    message : GetOwnerInfoResponse
+        The owner's answer.
+    owner : str
+        The name the curator knows the owner by (its configured name): every error names it,
+        and no error carries a text of the answer.
+    expected : Identity, optional
+        The owner's certificate identity (mTLS): the answer's ``owner_id`` must be its name.
 
     Raises
     ------
+    FailedPreconditionError
+        If the answer's ``owner_id`` is not a name (:data:`~dpmarket.runtime.identity.NAME_PATTERN`,
+        a DNS label of at most 63 characters), or not ``expected``'s name: the owner is
+        misconfigured, or lies.
     InvalidArgumentError
-        If the owner's schema is malformed or its fingerprint is not its columns'.
+        If the owner's schema is malformed or its fingerprint is not its columns' (the message
+        says which owner; the curator's log says what, at most :data:`_LOGGED_CHARS` of it).
+        A negative price.
     """
+    who = f"owner {owner}"
+    owner_id = message.owner_id
+    if NAME_PATTERN.fullmatch(owner_id) is None:
+        raise FailedPreconditionError(
+            f"{who} answered GetOwnerInfo with an owner id of {len(owner_id)} characters that is "
+            "not a name (a DNS label: at most 63 letters, digits and hyphens); its operator must "
+            "fix its --owner-id"
+        )
+    if expected is not None and owner_id != expected.name:
+        raise FailedPreconditionError(
+            f"{who} answered GetOwnerInfo with an owner id other than its certificate's name "
+            f"({expected.name}); its operator must serve it under that name"
+        )
     return OwnerInfo(
-        owner_id=message.owner_id,
+        owner_id=owner_id,
         num_points=int(message.num_points),
         num_features=int(message.num_features),
         has_labels=bool(message.has_labels),
-        schema=schema_from_proto(message.schema, f"owner {message.owner_id}"),
-        prices=prices_from_proto(message.prices, message.owner_id),
+        schema=_owner_schema(message, who),
+        prices=prices_from_proto(message.prices, owner),
         access=OwnerAccess(
             allow_exact_bids=message.access.allow_exact_bids,
             allow_steered_selection=message.access.allow_steered_selection,
@@ -71,6 +107,25 @@ def info_from_proto(message: owner_pb2.GetOwnerInfoResponse) -> OwnerInfo:
         if message.HasField("access")
         else None,
     )
+
+
+#: Characters of an owner's malformed answer the curator logs (the answer's strings are the
+#: owner's and may be as long as its response limit).
+_LOGGED_CHARS = 500
+
+
+def _owner_schema(message: owner_pb2.GetOwnerInfoResponse, who: str) -> Schema | None:
+    """The owner's schema, or InvalidArgumentError naming ``who`` alone: what is malformed (a
+    column name, a label, strings the owner chose) goes to the curator's log, not to the
+    consumer the error may reach."""
+    try:
+        return schema_from_proto(message.schema, who)
+    except InvalidArgumentError as exc:
+        logger.warning("%s: %s", who, str(exc)[:_LOGGED_CHARS])
+        raise InvalidArgumentError(
+            f"the schema {who} published (GetOwnerInfo) is malformed; the curator's log says "
+            "how, and its operator must fix it"
+        ) from None
 
 
 def bid_from_proto(message: owner_pb2.BidResponse) -> OwnerBid | None:

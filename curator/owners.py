@@ -74,10 +74,21 @@ CALL_DEADLINE_SECONDS = 30.0
 #: milliseconds (gRPC's default grows to 120 s): an owner restarted after a failed call is
 #: reconnected within this, not minutes later (its channel fails calls fast while it waits).
 MAX_RECONNECT_BACKOFF_MS = 1000
-#: Channel arguments of the curator's channels to its owners: :data:`CHANNEL_OPTIONS` and the
-#: short reconnect backoff.
+#: Largest response the curator receives from an owner, bytes (64 MiB; every client channel
+#: otherwise accepts ``MAX_MESSAGE_BYTES``, 256 MiB). The owners' largest legitimate responses
+#: are ``ProposeCandidates`` and ``SampleUniform``: at most ``candidate_multiple`` x
+#: ``summary_size`` points (10 x 5,000 = 50,000 at the curator's default ranges) of n float64
+#: features and an int64 label each, 50,000 x 8 (n + 1) bytes, which fits for n up to 166; the
+#: others are far smaller (secure aggregation's D = 1e5 masked values, 0.8 MB). gRPC refuses a
+#: larger response from its declared length (``RESOURCE_EXHAUSTED`` at the curator), before
+#: buffering it, so that an owner cannot make the curator hold 256 MiB per call (six concurrent
+#: 200 MiB ``GetOwnerInfo`` answers took a curator from 365 MiB to 6.6 GiB).
+OWNER_RESPONSE_BYTES = 64 << 20
+#: Channel arguments of the curator's channels to its owners: :data:`CHANNEL_OPTIONS` with the
+#: receive limit :data:`OWNER_RESPONSE_BYTES`, and the short reconnect backoff.
 OWNER_CHANNEL_OPTIONS = [
-    *CHANNEL_OPTIONS,
+    *((k, v) for k, v in CHANNEL_OPTIONS if k != "grpc.max_receive_message_length"),
+    ("grpc.max_receive_message_length", OWNER_RESPONSE_BYTES),
     ("grpc.initial_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
 ]
@@ -245,6 +256,9 @@ class OwnerChannel:
         Where the owner's ledger receipts are kept (the curator's store): the last one is
         presented when a session or job opens, the one a close returns replaces it. None: no
         receipt is kept or presented.
+    response_bytes : int
+        The largest response received from the owner, bytes (:data:`OWNER_RESPONSE_BYTES`); a
+        larger one fails its call with ``RESOURCE_EXHAUSTED``.
     """
 
     def __init__(
@@ -255,6 +269,7 @@ class OwnerChannel:
         *,
         deadline: float = CALL_DEADLINE_SECONDS,
         receipts: ReceiptBook | None = None,
+        response_bytes: int = OWNER_RESPONSE_BYTES,
     ) -> None:
         self.target = target
         self.expected = expected
@@ -263,7 +278,11 @@ class OwnerChannel:
         self._security = security
         #: The owner's declared rows (from GetOwnerInfo), which scale its long calls' deadlines.
         self.rows = 0
-        self._channel = aio_channel(target, security, expected, options=OWNER_CHANNEL_OPTIONS)
+        options = [
+            *((k, v) for k, v in OWNER_CHANNEL_OPTIONS if k != "grpc.max_receive_message_length"),
+            ("grpc.max_receive_message_length", response_bytes),
+        ]
+        self._channel = aio_channel(target, security, expected, options=options)
 
     @property
     def name(self) -> str:
@@ -395,7 +414,7 @@ class OwnerServiceClient(OwnerChannel):
         response = await self._call(
             lambda: self._stub.GetOwnerInfo(owner_pb2.GetOwnerInfoRequest(), timeout=self.deadline)
         )
-        info = convert.info_from_proto(response)
+        info = convert.info_from_proto(response, self.name, self.expected)
         self.rows = info.num_points
         return info
 

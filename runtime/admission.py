@@ -76,8 +76,10 @@ queued before it (one queued for its caller's share of the budget waits while it
 requests are read, as only that caller's slots do). It takes ``READS_AT_ONCE / READS_PER_CALLER``
 distinct identities (two; two for the budget and for a service's calls at once as well) stalling
 together to delay or refuse the others, each round for at most :data:`READ_WAIT_SECONDS` per
-piece (the services whose only callers are the curators an owner's policy names keep a
-curator's calls at once at what it runs: :func:`dpmarket.owner.service.owner_limits`).
+piece, and a declared request's budget for at most ``READ_WAIT_SECONDS + declared /``
+:data:`MIN_UPLOAD_BYTES_PER_SECOND` in all (the services whose only callers are the curators an
+owner's policy names keep a curator's calls at once at what it runs:
+:func:`dpmarket.owner.service.owner_limits`).
 """
 
 from __future__ import annotations
@@ -110,6 +112,7 @@ from dpmarket.runtime.status import abort_for
 __all__ = [
     "COLUMN_BYTES",
     "DEFAULT_CONCURRENT_CALLS",
+    "MIN_UPLOAD_BYTES_PER_SECOND",
     "OPEN_CALLS_PER_CALLER",
     "OPEN_CONCURRENT_CALLS",
     "OPEN_SERVICES",
@@ -173,6 +176,16 @@ READS_PER_CALLER = 2
 #: queued behind their caller's stalled ones give their calls-at-once slots back as soon as those
 #: do, not one round per call queued before them.
 READ_WAIT_SECONDS = 10.0
+#: Least average rate, bytes per second, at which a request declared in pieces must arrive
+#: (256 KiB/s, 2 Mbit/s): a call that took ``declared`` bytes of the request budget is refused
+#: (RESOURCE_EXHAUSTED) and gives them back unless its whole request has been read within
+#: ``READ_WAIT_SECONDS + declared / MIN_UPLOAD_BYTES_PER_SECOND`` of taking them (its waits for
+#: read turns included, each bounded by ``READ_WAIT_SECONDS``). The per-piece wait alone let a
+#: client hold its reservation for a piece's wait per piece: a 16 MiB ``CreateSession`` sending
+#: a 1 MiB piece every 9.5 s held 16 MiB of the curator's budget for 160 s, and two such callers
+#: froze every other request above 0 bytes that did not fit; at this rate it is refused after
+#: 74 s.
+MIN_UPLOAD_BYTES_PER_SECOND = 256 << 10
 #: Request bytes a server's admitted calls hold at once, all services together (32 MiB): each
 #: unary call reserves its request's declared size (or, sent as one message, its RPC's limit up
 #: to one message, then the size it had) before a byte of it is read, and gives it back when it
@@ -202,6 +215,12 @@ OPEN_CALLS_PER_CALLER = 2
 class RequestNotSentError(ResourceExhaustedError):
     """A call's request (or its next piece) did not arrive within :data:`READ_WAIT_SECONDS` of
     its turn to be read: the read slot is given back and the call refused."""
+
+
+class RequestTooSlowError(ResourceExhaustedError):
+    """A declared request did not arrive whole within its deadline
+    (``READ_WAIT_SECONDS + declared / MIN_UPLOAD_BYTES_PER_SECOND`` of taking its budget): its
+    budget is given back and the call refused."""
 
 
 class TurnsTakenError(ResourceExhaustedError):
@@ -319,14 +338,16 @@ class CallerShares:
     waits for A only if it, or a request queued before it (the budget serves first come first
     served), is larger than that: the curator's ``CreateSession`` or ``QuoteSession`` above 15
     MiB, for as long as A's own large request is being read (:data:`READ_WAIT_SECONDS` per
-    piece at most). **A's queued calls**: a call of A waiting for one of A's read turns is
+    piece, and ``READ_WAIT_SECONDS + r /`` :data:`MIN_UPLOAD_BYTES_PER_SECOND` in all, at
+    most). **A's queued calls**: a call of A waiting for one of A's read turns is
     refused after :data:`READ_WAIT_SECONDS` (:meth:`reading`), so that it holds its slot of its
     service's calls at once (of which A has at most :attr:`ServiceLimits.per_caller`, half by
     default: :class:`Admission` refuses B's call for A's only if two identities fill them) that
     long at most, not until every call of A before it has been refused in turn. **Several
     identities together**: k distinct callers hold k shares; ``reads / reads_per_caller``
     callers that send nothing can again hold every read turn, and ``total / bytes_per_caller``
-    (2) callers the budget, each round for at most ``READ_WAIT_SECONDS`` per piece. The
+    (2) callers the budget, each round for at most ``READ_WAIT_SECONDS`` per piece and
+    ``READ_WAIT_SECONDS + r / MIN_UPLOAD_BYTES_PER_SECOND`` per request. The
     deployment issues the identities, so that is bounded by its parties (on plaintext transport,
     by the server's connections).
     """
@@ -692,6 +713,9 @@ class _Gate:
             If the declared size exceeds the method's limit (nothing read), or a message
             exceeds it, or the pieces' count what that limit needs
             (:func:`~dpmarket.runtime.framing.most_pieces`): nothing more is read.
+        RequestTooSlowError
+            If a declared request is not read whole within ``READ_WAIT_SECONDS + declared /``
+            :data:`MIN_UPLOAD_BYTES_PER_SECOND` seconds of taking its budget.
         InvalidArgumentError
             If the call ends without a request or before its declared size, its pieces hold
             more than that, or the request does not parse.
@@ -715,7 +739,28 @@ class _Gate:
             shares.give(share, reserved - len(raw))  # keep what the request holds
             held[-1] = len(raw)
             return request
+        taken = asyncio.get_running_loop().time()
         await context.send_initial_metadata(((SIZE_METADATA, str(declared)),))
+        allowed = READ_WAIT_SECONDS + declared / MIN_UPLOAD_BYTES_PER_SECOND
+        try:
+            async with asyncio.timeout_at(taken + allowed):
+                return await self._read_pieces(context, parse, share, declared)
+        except TimeoutError:
+            raise RequestTooSlowError(
+                f"the {self.rpc} request of {declared} bytes did not arrive within {allowed:g} s "
+                f"({READ_WAIT_SECONDS:g} s and {MIN_UPLOAD_BYTES_PER_SECOND} bytes per second): "
+                "send it faster, or a smaller one"
+            ) from None
+
+    async def _read_pieces(
+        self,
+        context: grpc.aio.ServicerContext,
+        parse: Callable[[bytes], Any] | None,
+        share: _Share,
+        declared: int,
+    ) -> Any:
+        """Read the pieces of a declared request (:meth:`_read_request`) and return it parsed."""
+        shares = self.admission.shares
         parts: list[bytes] = []
         total = 0
         most = most_pieces(self.limit)
@@ -898,7 +943,13 @@ _EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]
 #: What admission refuses a call for, and what reading its request may raise (a handler wrapped
 #: by ``rpc``/``rpc_stream`` turns the latter into a status itself; these catch the rest).
 _REFUSALS = (UnauthenticatedError, PermissionDeniedError, ResourceExhaustedError)
-_UNREADABLE = (RequestTooLargeError, RequestNotSentError, TurnsTakenError, InvalidArgumentError)
+_UNREADABLE = (
+    RequestTooLargeError,
+    RequestNotSentError,
+    RequestTooSlowError,
+    TurnsTakenError,
+    InvalidArgumentError,
+)
 
 
 class Admission(grpc.aio.ServerInterceptor):

@@ -13,19 +13,26 @@ import logging
 import socket
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 
-from dpmarket.common.errors import FailedPreconditionError
-from dpmarket.curator.owners import GrpcOwnerEndpoint, check_owners
+from dpmarket.common.errors import (
+    DPMarketError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    ResourceExhaustedError,
+)
+from dpmarket.curator.disclosure import public_error
+from dpmarket.curator.owners import OWNER_RESPONSE_BYTES, GrpcOwnerEndpoint, check_owners
 from dpmarket.deploy.pki import init_ca, issue_all
 from dpmarket.owner.protocol import Owner
 from dpmarket.owner.service import OwnerServicer, owner_authorizer
 from dpmarket.runtime.identity import Identity, identity_files
-from dpmarket.runtime.serving import start_server
+from dpmarket.runtime.serving import MAX_MESSAGE_BYTES, start_server
 from dpmarket.runtime.tables import PointSet
 from dpmarket.runtime.transport import TransportSecurity
-from dpmarket.v1 import owner_pb2, owner_pb2_grpc
+from dpmarket.v1 import owner_pb2, owner_pb2_grpc, schema_pb2
 
 pytestmark = pytest.mark.integration
 
@@ -176,3 +183,93 @@ def test_the_curator_warns_when_its_allocation_would_read_no_sketch(
         "no sketch under flights/rff yet from owner-0: until every owner publishes one "
         "(dpmarket owner publish --spec flights/rff;"
     )
+
+
+# ----------------------------------------------- what an owner answers the curator is bounded
+
+#: A GetOwnerInfo answer's owner id that no curator error may carry (the reply's own text).
+_REPLY_MARK = "zq"
+
+
+async def _fake_owner(pki: Path, answer: owner_pb2.GetOwnerInfoResponse):
+    """An owner's server that is not the owner service: it proves owner-1 (its real test
+    certificate) and answers every GetOwnerInfo with ``answer``; return (server, address)."""
+    raw = answer.SerializeToString()
+
+    async def info(request: bytes, context: object) -> bytes:
+        return raw
+
+    server = grpc.aio.server(options=[("grpc.max_send_message_length", 512 << 20)])
+    service = owner_pb2.DESCRIPTOR.services_by_name["OwnerService"].full_name
+    handler = grpc.method_handlers_generic_handler(
+        service,
+        {"GetOwnerInfo": grpc.unary_unary_rpc_method_handler(info, bytes, bytes)},
+    )
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_secure_port("127.0.0.1:0", _security(pki, OWNERS[1]).server_credentials())
+    await server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+def _ask_info(pki: Path, answer: owner_pb2.GetOwnerInfoResponse, **kwargs) -> BaseException:
+    """The curator's GetOwnerInfo to the fake owner-1: what it raised."""
+
+    async def run() -> BaseException:
+        server, address = await _fake_owner(pki, answer)
+        endpoint = GrpcOwnerEndpoint(
+            address, _security(pki, CURATOR), OWNERS[1], deadline=10.0, **kwargs
+        )
+        try:
+            with pytest.raises(DPMarketError) as info:
+                await endpoint.info()
+            return info.value
+        finally:
+            await endpoint.close()
+            await server.stop(None)
+
+    return asyncio.run(run())
+
+
+def _consumer_text(error: BaseException) -> str:
+    """What a consumer reads of the failure (a session's relayed error)."""
+    assert isinstance(error, DPMarketError)
+    return str(public_error("owner-1", error))
+
+
+def test_an_oversized_owner_answer_is_refused_and_not_relayed(pki: Path) -> None:
+    """An owner answering GetOwnerInfo with a 2 MiB owner id, to a curator receiving at most
+    1 MiB from owners: RESOURCE_EXHAUSTED at the curator, naming the owner by its configured
+    name; nothing of the reply reaches the consumer. Control: with the former limit of every
+    client channel (256 MiB) the curator receives it whole, and only the id's check (a name)
+    refuses it, again without its text."""
+    answer = owner_pb2.GetOwnerInfoResponse(owner_id=_REPLY_MARK * (1 << 20), num_points=5)
+    refused = _ask_info(pki, answer, response_bytes=1 << 20)
+    assert isinstance(refused, ResourceExhaustedError)
+    assert str(refused).startswith("owner owner-1: ")
+    assert _REPLY_MARK * 4 not in str(refused) + _consumer_text(refused)
+
+    accepted = _ask_info(pki, answer, response_bytes=MAX_MESSAGE_BYTES)
+    assert isinstance(accepted, FailedPreconditionError)  # received whole, refused by its id
+    assert "owner owner-1 answered GetOwnerInfo with an owner id of 2097152 characters" in str(
+        accepted
+    )
+    assert _REPLY_MARK * 4 not in str(accepted) + _consumer_text(accepted)
+    assert OWNER_RESPONSE_BYTES < MAX_MESSAGE_BYTES
+
+
+def test_an_owner_id_other_than_its_certificate_s_or_a_bad_schema_is_refused(pki: Path) -> None:
+    """The id an owner answers is the name the curator knows it by (its certificate's); a
+    schema it publishes malformed is refused naming the owner, without the owner's strings."""
+    other = _ask_info(pki, owner_pb2.GetOwnerInfoResponse(owner_id="owner-0", num_points=5))
+    assert isinstance(other, FailedPreconditionError)
+    assert "owner owner-1 answered GetOwnerInfo with an owner id other than" in str(other)
+    assert "owner-0" not in str(other)
+
+    column = schema_pb2.SchemaColumn(name=_REPLY_MARK * 1000)  # no type: malformed
+    bad = owner_pb2.GetOwnerInfoResponse(
+        owner_id="owner-1", num_points=5, schema=schema_pb2.DatasetSchema(columns=[column])
+    )
+    malformed = _ask_info(pki, bad)
+    assert isinstance(malformed, InvalidArgumentError)
+    assert "the schema owner owner-1 published (GetOwnerInfo) is malformed" in str(malformed)
+    assert _REPLY_MARK * 4 not in str(malformed) + _consumer_text(malformed)

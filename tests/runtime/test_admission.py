@@ -615,6 +615,50 @@ def test_a_call_queued_behind_its_callers_stalled_reads_is_refused_within_the_re
     _run(pki, scenario)
 
 
+@pytest.mark.parametrize("least_rate", [True, False])
+def test_a_declared_request_sent_too_slowly_is_refused_and_gives_its_budget_back(
+    pki: Path, monkeypatch: pytest.MonkeyPatch, admissions: list[Any], least_rate: bool
+) -> None:
+    """The curator declares a 2 MiB OpenSession and sends its three pieces one every 0.6 s: each
+    within the read wait (1.2 s), but the whole request slower than the least rate (here its
+    size in 0.2 s: 1.4 s in all). It is refused RESOURCE_EXHAUSTED, saying so, before its last
+    piece is sent, and the budget it took is free. Control (no least rate): it holds its budget
+    past that, until its last piece, and is served."""
+    request = _opening(2 * FRAME_BYTES).SerializeToString()
+    pieces = [request[i : i + FRAME_BYTES] for i in range(0, len(request), FRAME_BYTES)]
+    assert len(pieces) == 3
+    monkeypatch.setattr(admission, "READ_WAIT_SECONDS", 1.2)
+    rate = len(request) / 0.2 if least_rate else 1e-6
+    monkeypatch.setattr(admission, "MIN_UPLOAD_BYTES_PER_SECOND", rate)
+    metadata = (("dpmarket-request-bytes", str(len(request))),)
+    method = "/dpmarket.v1.OwnerService/OpenSession"
+
+    async def scenario(connect, owner, curator):
+        budget = admissions[0].shares.budget
+        sent: list[int] = []  # the budget held as each piece is sent
+
+        async def slowly() -> Any:
+            for piece in pieces:
+                await asyncio.sleep(0.6)
+                sent.append(budget.held)
+                yield piece
+
+        upload = connect(CURATOR).channel.stream_unary(method, None, None)
+        code, details = await _code(upload(slowly(), metadata=metadata, timeout=DEADLINE))
+        if least_rate:
+            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+            assert f"request of {len(request)} bytes did not arrive within 1.4 s" in details
+            assert len(sent) < len(pieces) and owner.reached == 0
+        else:
+            assert code == grpc.StatusCode.OK, details
+            assert sent == [len(request)] * 3  # held 1.8 s, past the 1.4 s refused above
+            assert owner.opened == [request]
+        await _until(lambda: not admissions[0].shares.callers)
+        assert budget.held == 0
+
+    _run(pki, scenario)
+
+
 def test_on_plaintext_each_connection_is_a_caller_of_its_own(admissions: list[Any]) -> None:
     """Plaintext transport (no identities; every caller is taken to be the curator): calls that
     send nothing on one connection hold that connection's share only, and a call on another is
