@@ -20,12 +20,15 @@ greedy over the *other* scenarios is run on it, and the table shows those held-o
 setting chosen on the whole suite is the session's default (:class:`CandidatesConfig`).
 
 Every run is cached on disk (``<out>/cache``), keyed by a digest of the scenario, the setting,
-the seed and :data:`RESULTS_VERSION`: running again reuses them; changing the protocol's code
-needs a new version (or an empty cache).
+the seed, :data:`RESULTS_VERSION` and, for a session of the method, the source of the packages
+that compute it (:func:`session_code_version`): running again reuses them, and a change to the
+method's code (a constant of the allocation included) runs them again; a change to the protocol
+elsewhere needs a new version (or an empty cache).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -183,10 +186,38 @@ def _digest(*parts: str) -> str:
     return digest.hexdigest()[:32]
 
 
+#: The folders (under the ``dpmarket`` package) whose code computes a session's summary.
+SESSION_CODE = ("common/summarization", "common/sketches", "curator/summarization", "owner")
+
+
+def source_digest(root: Path, folders: Sequence[str]) -> str:
+    """A digest of every Python file's path and source under ``root / folder`` for each of
+    ``folders`` (links followed)."""
+    digest = hashlib.sha256()
+    for folder in folders:
+        base = (root / folder).resolve()
+        for path in sorted(base.rglob("*.py")):
+            digest.update(f"{folder}/{path.relative_to(base).as_posix()}".encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
+def session_code_version() -> str:
+    """The source digest (:func:`source_digest`) of :data:`SESSION_CODE`: the code of the method
+    a cached session ran, so that a run is found again only for the same code (module constants,
+    which no configuration field carries, included)."""
+    import dpmarket
+
+    return source_digest(Path(dpmarket.__file__).resolve().parent, SESSION_CODE)
+
+
 def _config_key(config: SummarizationConfig) -> str:
     """Every field of a session's configuration, so that a cached run is found again only for
-    the same configuration (the session's defaults included, which a setting's label omits)."""
-    return json.dumps(config.to_json(), sort_keys=True, default=str)
+    the same configuration (the session's defaults included, which a setting's label omits),
+    and the method's code (:func:`session_code_version`)."""
+    fields = json.dumps(config.to_json(), sort_keys=True, default=str)
+    return f"{fields} code={session_code_version()}"
 
 
 def _cached(path: Path, compute: Any) -> dict[str, Any]:
