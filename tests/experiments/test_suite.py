@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from dpmarket.common.summarization.kernels import exact_kernel_greedy
+from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.experiments.suite import (
     FIRST_SUITE,
     SKETCH_SCALE,
@@ -21,7 +22,14 @@ from dpmarket.experiments.suite import (
     scenario_digest,
     suite_scenario,
 )
-from dpmarket.experiments.suite_eval import SuiteSetting, leave_one_scenario_out, uniform_reads
+from dpmarket.experiments.suite_eval import (
+    SuiteSetting,
+    _config_key,
+    leave_one_scenario_out,
+    session_code_version,
+    source_digest,
+    uniform_reads,
+)
 from dpmarket.experiments.suite_split import load_split
 from dpmarket.experiments.suite_tables import FAMILIES
 
@@ -182,3 +190,15 @@ def test_every_suite_entry_names_its_pattern() -> None:
     assert all(e.pattern for e in SUITE)
     with pytest.raises(ValueError, match="unknown suite scenario"):
         suite_scenario("digits")
+
+
+def test_a_cached_session_is_keyed_by_the_methods_code(tmp_path: Path) -> None:
+    """A change to the method's source (a module constant included, which no configuration
+    field carries) changes the cached run's key, so a logic change never reads a stale run."""
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "m.py").write_text("TEMPERATURE = 0.02\n", encoding="utf-8")
+    before = source_digest(tmp_path, ["a"])
+    assert source_digest(tmp_path, ["a"]) == before
+    (tmp_path / "a" / "b" / "m.py").write_text("TEMPERATURE = 0.03\n", encoding="utf-8")
+    assert source_digest(tmp_path, ["a"]) != before
+    assert f"code={session_code_version()}" in _config_key(CandidatesConfig(summary_size=5))
