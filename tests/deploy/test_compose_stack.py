@@ -578,6 +578,12 @@ def test_a_restarted_curator_returns_the_stored_answer_and_charges_nothing_twice
     # settled yet" then, and is the settled statement's total once that owner answered.
     settled = stored["report"].pop("cost")
     assert answered["report"].pop("cost") in (None, settled)
+    # So is that owner's record, "unknown" first (the rest is the same answer).
+    records = stored["report"].pop("owner_spend")
+    first_records = answered["report"].pop("owner_spend")
+    assert records.keys() == first_records.keys()
+    for owner, record in first_records.items():
+        assert record.get("unknown") or record == records[owner], (owner, record, records)
     assert stored == answered
     assert stack.ledgers_after() == before
 
