@@ -210,6 +210,12 @@ OPEN_SERVICES = "the health and reflection services"
 #: Calls one caller may have in progress on the health or reflection service (a probe calls
 #: once every few seconds).
 OPEN_CALLS_PER_CALLER = 2
+#: Whether the health and reflection services read their requests outside the server's
+#: :data:`READS_AT_ONCE` turns. Any identity may call them, so two identities' stalled probes
+#: (two each) held every turn and slowed every other call of the server by up to
+#: :data:`READ_WAIT_SECONDS`; apart, they hold at most ``OPEN_CONCURRENT_CALLS`` reads of one
+#: message each (2 x 4 x 1 MiB) beside the turns.
+OPEN_READS_APART = True
 
 
 class RequestNotSentError(ResourceExhaustedError):
@@ -529,6 +535,8 @@ class _Gate:
         self.limit = limit
         self.concurrent_calls = concurrent_calls
         self.per_caller = per_caller
+        #: The health and reflection services (read outside the server's read turns).
+        self.open = service == OPEN_SERVICES and OPEN_READS_APART
 
     def admit(self, context: grpc.aio.ServicerContext) -> tuple[_Share, Callable[[], None]]:
         """Authorize the call and count it in; return its caller's :class:`CallerShares` share
@@ -728,7 +736,11 @@ class _Gate:
         await shares.take(share, reserved)
         held.append(reserved)
         if declared is None:  # one message, as any gRPC client sends a unary request
-            async with shares.reading(share):
+            # The health and reflection services read outside the server's turns: their calls
+            # are few (OPEN_CONCURRENT_CALLS, each at most one message), and any identity may
+            # make them, so two identities' stalled probes must not hold every turn the other
+            # services read with.
+            async with contextlib.nullcontext() if self.open else shares.reading(share):
                 raw = await self._read_in_slot(context)
                 if raw is _EOF:
                     raise InvalidArgumentError(f"the {self.rpc} call ended without a request")
