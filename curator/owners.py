@@ -212,29 +212,26 @@ class ReceiptBook(Protocol):
         """Keep ``receipt`` as ``owner``'s last, durably (with ``only_later``, only over one
         of the same ledger at an earlier charge), with ``certificate`` (the owner's, PEM)."""
 
-    def owner_receipt_certificate(self, owner: str) -> bytes | None:
-        """The certificate kept with ``owner``'s last receipt, or None."""
+    def owner_receipt_and_certificate(self, owner: str) -> tuple[bytes, bytes | None] | None:
+        """``owner``'s last receipt and the certificate kept with it, read together, or None."""
 
 
-def held_receipt(receipts: ReceiptBook | None, owner: str) -> privacy_pb2.LedgerReceipt | None:
-    """``owner``'s last ledger receipt ``receipts`` keeps, to present to that owner before it
-    charges (a session's or job's open, a publication's spec): None if none is kept, or if the
-    one kept does not parse (logged; not one the owner returned)."""
-    held = None if receipts is None else receipts.owner_receipt(owner)
+def held_receipt(
+    receipts: ReceiptBook | None, owner: str
+) -> tuple[privacy_pb2.LedgerReceipt, bytes] | None:
+    """``owner``'s last ledger receipt ``receipts`` keeps and the owner certificate (PEM; empty:
+    none) kept with it, read together, to present to that owner before it charges (a session's
+    or job's open, a publication's spec): None if none is kept, or if the one kept does not
+    parse (logged; not one the owner returned)."""
+    held = None if receipts is None else receipts.owner_receipt_and_certificate(owner)
     if held is None:
         return None
+    receipt, certificate = held
     try:
-        return privacy_pb2.LedgerReceipt.FromString(held)
+        return privacy_pb2.LedgerReceipt.FromString(receipt), certificate or b""
     except DecodeError:
         logger.warning("the stored ledger receipt of owner %s does not parse", owner)
         return None
-
-
-def held_certificate(receipts: ReceiptBook | None, owner: str) -> bytes:
-    """The owner certificate (PEM) ``receipts`` keeps with ``owner``'s last receipt, presented
-    with it (empty: none)."""
-    held = None if receipts is None else receipts.owner_receipt_certificate(owner)
-    return held or b""
 
 
 class OwnerChannel:
@@ -298,9 +295,13 @@ class OwnerChannel:
         except grpc.RpcError as exc:
             raise error_from_rpc(exc, f"owner {self.name}") from None
 
-    def _held_receipt(self) -> privacy_pb2.LedgerReceipt | None:
-        """The owner's last receipt this curator keeps, to present as a session or job opens."""
-        return held_receipt(self.receipts, self.name)
+    def _held_receipt(self) -> dict[str, Any]:
+        """The owner's last receipt this curator keeps and its certificate, as the fields of a
+        session's or job's open request that present them (none: no field)."""
+        held = held_receipt(self.receipts, self.name)
+        if held is None:
+            return {}
+        return {"ledger_receipt": held[0], "receipt_certificate": held[1]}
 
     def _keep_receipt(
         self, response: owner_pb2.CloseSessionResponse | cape_pb2.CloseCapeJobResponse
@@ -450,8 +451,7 @@ class OwnerServiceClient(OwnerChannel):
             gamma=rff.gamma,
             consumer=consumer,
             terms=terms_to_proto(terms),
-            ledger_receipt=self._held_receipt(),
-            receipt_certificate=held_certificate(self.receipts, self.name),
+            **self._held_receipt(),
         )
         response = await self._call(
             lambda: self._stub.OpenSession(request, timeout=self.pass_deadline())
@@ -735,8 +735,7 @@ class CapeSiteClient(SecureAggregationClient):
             job_id=job_id,
             consumer=consumer,
             seed=seed,
-            ledger_receipt=self._held_receipt(),
-            receipt_certificate=held_certificate(self.receipts, self.name),
+            **self._held_receipt(),
             market=None if market is None else market_terms_to_proto(market),
         )
         msg.job_to_proto(request, spec)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from dpmarket.common.sketches.marginals import MarginalsMap
 from dpmarket.common.sketches.marginals_fit import MAX_FIT_BYTES
-from dpmarket.curator.owners import held_certificate, held_receipt
+from dpmarket.curator.owners import held_receipt
 from dpmarket.curator.policy import CuratorPolicy
 from dpmarket.curator.sketches import SketchCatalog
 from dpmarket.runtime import sketch_messages as msg
@@ -124,10 +124,8 @@ class SketchCatalogServicer(sketch_pb2_grpc.SketchCatalogServiceServicer):
             # a session's open): a ledger restored from an older copy is found before it spends.
             held = await asyncio.to_thread(held_receipt, self.receipts, caller.name)
             if held is not None:
-                response.receipt.CopyFrom(held)
-                response.receipt_certificate = await asyncio.to_thread(
-                    held_certificate, self.receipts, caller.name
-                )
+                response.receipt.CopyFrom(held[0])
+                response.receipt_certificate = held[1]
         return response
 
     @rpc("owner")

@@ -851,13 +851,16 @@ class OwnerReceipts(StoreConnection):
             ).fetchone()
         return None if row is None else bytes(row[0])
 
-    def owner_receipt_certificate(self, owner: str) -> bytes | None:
-        """The certificate (PEM) kept with ``owner``'s last receipt, or None."""
+    def owner_receipt_and_certificate(self, owner: str) -> tuple[bytes, bytes | None] | None:
+        """``owner``'s last receipt and the certificate (PEM) kept with it (None: none), read
+        together, or None."""
         with self._lock, snapshot(self._conn) as conn:
             row = conn.execute(
-                "SELECT certificate FROM owner_receipts WHERE owner = ?", (owner,)
+                "SELECT receipt, certificate FROM owner_receipts WHERE owner = ?", (owner,)
             ).fetchone()
-        return None if row is None or row[0] is None else bytes(row[0])
+        if row is None:
+            return None
+        return bytes(row[0]), None if row[1] is None else bytes(row[1])
 
 
 def _later_receipt(held: bytes, new: bytes) -> bool:

@@ -274,12 +274,10 @@ def test_each_owners_last_ledger_receipt_survives_reopening(tmp_path: Path) -> N
     store.close()
     again = CuratorStore(tmp_path / "curator")
     try:
-        assert again.owner_receipt("owner-0") == b"second"
-        assert again.owner_receipt_certificate("owner-0") is None
-        assert again.owner_receipt("owner-1") == b"other"
-        assert again.owner_receipt_certificate("owner-1") == b"cert-1"
+        assert again.owner_receipt_and_certificate("owner-0") == (b"second", None)
+        assert again.owner_receipt_and_certificate("owner-1") == (b"other", b"cert-1")
         assert again.owner_receipt("owner-2") is None
-        assert again.owner_receipt_certificate("owner-2") is None
+        assert again.owner_receipt_and_certificate("owner-2") is None
     finally:
         again.close()
 

@@ -482,9 +482,10 @@ def test_a_genuine_receipt_behind_a_swapped_seal_key_is_never_dismissed_as_forge
         await session(keeping, points=3)
 
     d.run(two_sessions)
-    held = d.store.owner_receipt(OWNER.name)
-    certificate = d.store.owner_receipt_certificate(OWNER.name)
-    assert held is not None and certificate == d.security.cert_pem  # kept with the receipt
+    pair = d.store.owner_receipt_and_certificate(OWNER.name)
+    assert pair is not None
+    held, certificate = pair
+    assert certificate == d.security.cert_pem  # kept with the receipt
     issue(root, "owner", OWNER.name, force=True)  # a new certificate key for the owner
     d.security = _security(root, OWNER)
     resolve = ["resolve", "--data-dir", str(d.data_dir), "--dismiss-unverified-receipts"]
