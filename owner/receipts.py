@@ -10,13 +10,14 @@ charges than a receipt it signed, or other charges up to it, has lost charges, a
 refuses to serve.
 
 Only the owner reads a receipt. It verifies its own signature with its own public keys, so a
-curator cannot forge a receipt that makes the owner refuse, nor hide a rollback behind one; a
-curator can only withhold its receipt (see docs/howto-ledger.md for what that leaves). The
-curator keeps, with each receipt, the owner certificate that came with it, so that a receipt
-signed by a key the ledger no longer lists is still known as the owner's
-(:func:`receipt_certificate_key`). The
-ledger's running totals travel in the receipt encrypted under a key only the ledger holds
-(AES-256-GCM), so that its operator can charge back exactly what a rollback lost
+curator cannot hide a rollback behind a forged receipt, and can withhold its receipt (see
+docs/howto-ledger.md for what that leaves). A receipt no key of the ledger verifies is recorded
+and refused until the operator resolves it: a curator presenting forged ones can make an owner
+wait for its operator, who may then dismiss them on record. The curator keeps, with each
+receipt, the owner certificate that came with it, so that a receipt signed by a key the ledger
+no longer lists is still known as the owner's (:func:`receipt_certificate_key`) and is never
+dismissed. The ledger's running totals travel in the receipt encrypted under a key only the
+ledger holds (AES-256-GCM), so that its operator can charge back exactly what a rollback lost
 (:meth:`dpmarket.owner.ledger.OwnerLedger.resolve_rollbacks`) without telling any curator how
 much of the owner's budget is spent.
 """
