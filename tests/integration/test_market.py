@@ -55,6 +55,10 @@ pytestmark = pytest.mark.integration
 K = 3
 P = 12
 PRICES = """
+[budget]   # the module's three dozen sessions on one cluster: room for all (the default 10
+epsilon = 100.0   # was nearly spent by the last, so one more session elsewhere refused it)
+delta = 1e-3
+
 [access]
 allow_steered_selection = true   # the candidates method, the consumer's default
 
