@@ -310,7 +310,7 @@ class CapeSiteServicer(cape_pb2_grpc.CapeSiteServiceServicer):
         spent = await asyncio.to_thread(self.cape.close, request.job_id, curator=str(caller))
         self.rounds.forget(request.job_id)
         ledger = self.cape.ledger
-        receipt = None if ledger is None else await asyncio.to_thread(ledger.receipt)
+        receipt = None if ledger is None else await asyncio.to_thread(ledger.close_receipt)
         logger.info(
             "CAPE job %s closed: spent epsilon=%g, delta=%g",
             short_id(request.job_id),

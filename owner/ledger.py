@@ -848,6 +848,9 @@ class OwnerLedger:
         self._pending: list[tuple[tuple[Any, ...], bytes]] = []
         self._rollback_cache: tuple[tuple[int, int, Any], list[int]] | None = None
         self._resolved_rollbacks: set[int] = set()  # decided once: the chain only grows
+        #: Whether a curator's held receipt passed :meth:`check_receipt` since the ledger was
+        #: opened (:meth:`close_receipt` signs none before).
+        self._receipt_checked = False
         try:
             # A rollback journal, not WAL: a committed charge is in owner.sqlite3 itself, so a
             # lost or truncated file beside it cannot take a charge back in silence. A file
@@ -1495,6 +1498,37 @@ class OwnerLedger:
         return {fingerprint: der}
 
     def check_receipt(
+        self,
+        receipt: privacy_pb2.LedgerReceipt | None,
+        *,
+        curator: str,
+        certificate: bytes | None = None,
+    ) -> None:
+        """Check a receipt a curator presents against this ledger, before a session or job opens
+        (:meth:`_check_receipt`); once one passed, :meth:`close_receipt` signs receipts."""
+        self._check_receipt(receipt, curator=curator, certificate=certificate)
+        self._receipt_checked = True
+
+    def close_receipt(self) -> privacy_pb2.LedgerReceipt | None:
+        """The receipt a close (or a publication) returns to its curator: :meth:`receipt`, but
+        None until a curator's held receipt passed :meth:`check_receipt` since this ledger was
+        opened, and None while a rollback found is not resolved.
+
+        A receipt a curator keeps replaces the one it held, which is the evidence of what this
+        ledger had charged. Signed for a ledger whose chain was rewritten while the owner was
+        stopped (every hash recomputed), and returned by a close that needs no open (a job
+        refused at its open, a close of a job the owner no longer holds), it would replace the
+        receipt that shows the rewrite, and the rewrite would pass from then on. After a passed
+        check the chain extends what the curator's receipt covered.
+        """
+        if not self._receipt_checked:
+            return None
+        with self._lock, snapshot(self._conn):
+            if self._open_rollbacks():
+                return None
+        return self.receipt()
+
+    def _check_receipt(
         self,
         receipt: privacy_pb2.LedgerReceipt | None,
         *,

@@ -295,7 +295,7 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
         # of D = 4,096 over 354 points left an owner 48 MiB up, 7 MiB with this).
         await asyncio.to_thread(release_free_memory)
         ledger = self.owner.ledger
-        receipt = None if ledger is None else await asyncio.to_thread(ledger.receipt)
+        receipt = None if ledger is None else await asyncio.to_thread(ledger.close_receipt)
         logger.info(
             "session %s closed: spent epsilon=%g, delta=%g, %d points",
             short_id(request.session_id),

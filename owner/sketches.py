@@ -558,7 +558,7 @@ def publish_to(
         # The ledger's receipt after the charge goes with the sketch: the curator presents it
         # at this owner's next session, so a ledger restored from a copy older than this
         # publication is found.
-        receipt = publisher.ledger.receipt()
+        receipt = publisher.ledger.close_receipt()
         entry, again = catalog.publish(name, publication.sketch, receipt)
         publisher.delivered(publication, curator=catalog.curator, spec=name)
         out.append(Delivery(name, publication, entry, again))

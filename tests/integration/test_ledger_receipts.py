@@ -165,6 +165,37 @@ def charges(d: Deployment) -> list[tuple[str, int]]:
         return [(e.session, e.points) for e in ledger.entries()]
 
 
+@pytest.mark.parametrize("guarded", [True, False])
+def test_a_close_before_any_open_returns_no_receipt_that_would_hide_a_rollback(
+    deployment: Deployment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, guarded: bool
+) -> None:
+    """The owner restarted on an older copy of its ledger, and the curator closes a session the
+    owner answers from its ledger (as its settlement retry does) before it opens any: the close
+    returns no receipt, so the curator keeps the one that shows the rollback, and the next open
+    is refused. Control (a close signs a receipt whatever was checked, as before): that receipt
+    replaces the curator's, and the rolled-back ledger is served from then on (a stranger's
+    silent budget reset: a chain rewritten while the owner was stopped)."""
+    d = deployment
+    backup = tmp_path / "backup.sqlite3"
+    if not guarded:
+        monkeypatch.setattr(OwnerLedger, "close_receipt", OwnerLedger.receipt)
+
+    async def two(keeping: GrpcOwnerEndpoint, _: GrpcOwnerEndpoint) -> str:
+        first = await session(keeping)
+        await asyncio.to_thread(backup_ledger, d.data_dir, backup)
+        await session(keeping)
+        return first
+
+    first = d.run(two)
+    restore_ledger(d.data_dir, backup)  # the second session's charge lost
+    d.run(lambda keeping, _: keeping.close_session(first))
+    if guarded:
+        with pytest.raises(FailedPreconditionError, match=ROLLBACK_MESSAGE.split("(")[0][:40]):
+            d.run(lambda keeping, _: session(keeping))
+    else:
+        d.run(lambda keeping, _: session(keeping))  # served on the rolled-back ledger
+
+
 def test_a_ledger_restored_from_an_older_copy_is_refused_until_resolved(
     deployment: Deployment, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
