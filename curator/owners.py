@@ -5,7 +5,9 @@ client per owner service (:class:`OwnerServiceClient`, :class:`SecureAggregation
 :class:`CapeSiteClient`) on one :class:`OwnerChannel`, joined in :class:`GrpcOwnerEndpoint`.
 
 The channel is mTLS with the owner's identity checked at the handshake: the curator talks only to
-the owner names it was configured with, whatever answers at an address.
+the owner names it was configured with, whatever answers at an address. Every reply is held to
+its own limit before it is read (:mod:`dpmarket.runtime.replies`; :class:`OwnerChannel`'s
+Notes): a hostile owner can make the curator hold at most what its calls legitimately need.
 """
 
 from __future__ import annotations

@@ -269,3 +269,52 @@ def test_an_owner_s_large_replies_wait_for_their_turns(pki: Path) -> None:
     seen["most"] = 0
     _sample(pki, slow, [20_000] * 6, large_replies_at_once=6)
     assert seen["most"] == 6
+
+
+def test_a_rounds_answer_is_held_to_one_point(pki: Path) -> None:
+    """A RunRounds release answered with 2 MB (a 'point' of 250,000 values) fails its step
+    naming RunRounds and its 1 MiB limit; a point of the owner's 10 features passes."""
+    info = owner_pb2.GetOwnerInfoResponse(owner_id=HOSTILE.name, num_points=20, num_features=10)
+
+    def rounds(values: int) -> Any:
+        point = array_to_proto(np.zeros((1, values)))
+        answer = owner_pb2.RunRoundsResponse(
+            release_point=owner_pb2.ReleasePointResponse(point=point, bid=1.0)
+        ).SerializeToString()
+
+        async def handler(requests: Any, context: Any) -> Any:
+            async for _ in requests:
+                yield answer
+
+        return handler
+
+    async def run(values: int) -> Any:
+        server = grpc.aio.server(options=[("grpc.max_send_message_length", 512 << 20)])
+        generic = grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "GetOwnerInfo": grpc.unary_unary_rpc_method_handler(_answer(info), bytes, bytes),
+                "RunRounds": grpc.stream_stream_rpc_method_handler(rounds(values), bytes, bytes),
+            },
+        )
+        server.add_generic_rpc_handlers((generic,))
+        credentials = _security(pki, HOSTILE).server_credentials()
+        port = server.add_secure_port("127.0.0.1:0", credentials)
+        await server.start()
+        endpoint = _endpoint(pki, f"127.0.0.1:{port}", HOSTILE)
+        try:
+            await endpoint.info()
+            return await endpoint.release_point("s", 1)
+        except DPMarketError as exc:
+            return exc
+        finally:
+            await endpoint.close()
+            await server.stop(None)
+
+    refused = asyncio.run(run(250_000))
+    assert isinstance(refused, ReplyTooLargeError)
+    assert str(refused).startswith(
+        "owner owner-2: its RunRounds reply is larger than the 1048576 bytes"
+    )
+    released = asyncio.run(run(FEATURES))
+    assert not isinstance(released, BaseException)
