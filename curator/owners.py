@@ -413,7 +413,7 @@ class OwnerChannel:
             return await make()
         except grpc.RpcError as exc:
             if over_limit(exc):
-                known = limit if limit is not None else self._by_method.get(method, self._ceiling)
+                known = limit or min(self._by_method.get(method, self._ceiling), self._ceiling)
                 raise reply_refused(f"owner {self.name}", method, known) from None
             raise error_from_rpc(exc, f"owner {self.name}") from None
 
