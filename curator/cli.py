@@ -25,6 +25,7 @@ from dpmarket.runtime.metrics import metrics_options, start_metrics
 from dpmarket.runtime.transport import BindError
 
 if TYPE_CHECKING:
+    from dpmarket.curator.owners import GrpcOwnerEndpoint
     from dpmarket.curator.policy import CuratorPolicy
     from dpmarket.curator.sketches import SketchCatalog
 
@@ -75,6 +76,32 @@ def _warn_about_allocation(catalog: Any, spec: str | None, owners: list[str]) ->
             ", ".join(missing),
             spec,
         )
+
+
+def _owner_endpoints(
+    targets: list[tuple[Any, str]],
+    security: Any,
+    owner_timeout: float,
+    store: Any,
+    policy: CuratorPolicy,
+) -> list[GrpcOwnerEndpoint]:
+    """The curator's endpoint of each configured owner ``(identity, host:port)``: its calls'
+    deadline, its receipts kept in ``store``, and the largest schema it may publish as many
+    columns as the policy lets a CAPE job use (at least ``SCHEMA_COLUMNS``)."""
+    from dpmarket.curator.owners import SCHEMA_COLUMNS, GrpcOwnerEndpoint
+
+    columns = max(SCHEMA_COLUMNS, int(policy.ranges.get("cape_columns", (0, 0))[1]))
+    return [
+        GrpcOwnerEndpoint(
+            target,
+            security,
+            expected,
+            deadline=owner_timeout,
+            receipts=store,
+            schema_columns=columns,
+        )
+        for expected, target in targets
+    ]
 
 
 def _curator_policy(policy_path: str | None, allow_seeded_sessions: bool) -> CuratorPolicy:
@@ -219,7 +246,7 @@ def serve_curator(
 ) -> None:
     """Serve the parsimonious curator for a fixed set of owners (mTLS), with its catalogue of
     the owners' private sketches."""
-    from dpmarket.curator.owners import GrpcOwnerEndpoint, check_owners
+    from dpmarket.curator.owners import check_owners
     from dpmarket.curator.service import serve_curator as serve
     from dpmarket.curator.store import CuratorStore
 
@@ -250,10 +277,7 @@ def serve_curator(
     _warn_about_allocation(catalog, allocation_sketch_spec, owner_names)
 
     async def run() -> None:
-        endpoints = [
-            GrpcOwnerEndpoint(target, security, expected, deadline=owner_timeout, receipts=store)
-            for expected, target in targets
-        ]
+        endpoints = _owner_endpoints(targets, security, owner_timeout, store, policy)
         try:
             await check_owners(
                 endpoints,

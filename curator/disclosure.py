@@ -44,6 +44,7 @@ from dpmarket.common.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
+from dpmarket.runtime.replies import ReplyTooLargeError
 
 __all__ = [
     "BUDGET_REFUSED",
@@ -104,6 +105,8 @@ def public_text(exc: BaseException) -> str:
         return BUDGET_REFUSED
     if isinstance(exc, NoAnswerError):
         return str(exc)
+    if isinstance(exc, ReplyTooLargeError):  # the method and the curator's limit
+        return exc.public
     if isinstance(exc, UnavailableError):
         return UNREACHABLE
     if isinstance(exc, PermissionDeniedError | UnauthenticatedError):

@@ -5,7 +5,9 @@ client per owner service (:class:`OwnerServiceClient`, :class:`SecureAggregation
 :class:`CapeSiteClient`) on one :class:`OwnerChannel`, joined in :class:`GrpcOwnerEndpoint`.
 
 The channel is mTLS with the owner's identity checked at the handshake: the curator talks only to
-the owner names it was configured with, whatever answers at an address.
+the owner names it was configured with, whatever answers at an address. Every reply is held to
+its own limit before it is read (:mod:`dpmarket.runtime.replies`; :class:`OwnerChannel`'s
+Notes): a hostile owner can make the curator hold at most what its calls legitimately need.
 """
 
 from __future__ import annotations
@@ -26,7 +28,11 @@ from numpy.typing import NDArray
 from dpmarket.common.cape.agreement import SizeAttestation
 from dpmarket.common.cape.endpoints import OpenedJob
 from dpmarket.common.cape.spec import AnyCapeSpec
-from dpmarket.common.errors import DPMarketError, FailedPreconditionError, UnavailableError
+from dpmarket.common.errors import (
+    DPMarketError,
+    FailedPreconditionError,
+    UnavailableError,
+)
 from dpmarket.common.market.pricing import OwnerPrices
 from dpmarket.common.market.terms import MarketTerms
 from dpmarket.common.privacy.ledger import SessionSpend
@@ -43,6 +49,14 @@ from dpmarket.runtime import cape_messages as msg
 from dpmarket.runtime.arrays import array_to_proto
 from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.market import market_terms_to_proto
+from dpmarket.runtime.replies import (
+    REPLY_SLACK_BYTES,
+    SMALLEST_BUCKET_BYTES,
+    bucket,
+    limit_options,
+    over_limit,
+    reply_refused,
+)
 from dpmarket.runtime.serving import CHANNEL_OPTIONS
 from dpmarket.runtime.status import error_from_rpc
 from dpmarket.runtime.terms import terms_to_proto
@@ -75,20 +89,92 @@ CALL_DEADLINE_SECONDS = 30.0
 #: reconnected within this, not minutes later (its channel fails calls fast while it waits).
 MAX_RECONNECT_BACKOFF_MS = 1000
 #: Largest response the curator receives from an owner, bytes (64 MiB; every client channel
-#: otherwise accepts ``MAX_MESSAGE_BYTES``, 256 MiB). The owners' largest legitimate responses
-#: are ``ProposeCandidates`` and ``SampleUniform``: at most ``candidate_multiple`` x
+#: otherwise accepts ``MAX_MESSAGE_BYTES``, 256 MiB): the ceiling of every reply's own limit
+#: (:data:`OWNER_REPLY_LIMITS`, :func:`points_reply_bytes`). The owners' largest legitimate
+#: responses are ``ProposeCandidates`` and ``SampleUniform``: at most ``candidate_multiple`` x
 #: ``summary_size`` points (10 x 5,000 = 50,000 at the curator's default ranges) of n float64
-#: features and an int64 label each, 50,000 x 8 (n + 1) bytes, which fits for n up to 166; the
-#: others are far smaller (secure aggregation's D = 1e5 masked values, 0.8 MB). gRPC refuses a
-#: larger response from its declared length (``RESOURCE_EXHAUSTED`` at the curator), before
-#: buffering it, so that an owner cannot make the curator hold 256 MiB per call (six concurrent
-#: 200 MiB ``GetOwnerInfo`` answers took a curator from 365 MiB to 6.6 GiB).
+#: features and an int64 label each, 50,000 x 8 (n + 1) bytes, which fits for n up to 166.
 OWNER_RESPONSE_BYTES = 64 << 20
+#: Columns of the largest schema an owner's ``GetOwnerInfo`` may publish, unless the curator's
+#: policy allows more (its ``cape_columns`` high end: no job can use more columns).
+SCHEMA_COLUMNS = 1000
+#: Bytes one schema column takes at most in a ``GetOwnerInfo`` reply: a name of up to 256
+#: bytes, its type and bounds (20 bytes), up to 64 categorical levels (8 bytes each) and the
+#: field tags, rounded up to 1 KiB.
+SCHEMA_COLUMN_BYTES = 1 << 10
+#: Replies the curator receives at once from one owner with a limit above
+#: :data:`~dpmarket.runtime.replies.SMALLEST_BUCKET_BYTES` (points, masked inputs, CAPE
+#: releases); a further call waits for one to end. With the ceiling
+#: :data:`OWNER_RESPONSE_BYTES`, what one owner can make the curator hold in such replies is at
+#: most 4 x 64 MiB (the default ``max_running``: four sessions' steps go on at once).
+LARGE_REPLIES_AT_ONCE = 4
+#: Per-entry bytes of a reply that lists one entry per site of a secure-aggregation round
+#: (an encrypted share, a Shamir share, a tag), as the owner's own receive limit of the
+#: requests that carry the sites (docs/reference.md, "Message limits").
+SITE_REPLY_BYTES = 4 << 10
+#: gRPC names of the owner services' methods, ``package.Service/Method``.
+_OWNER = owner_pb2.DESCRIPTOR.services_by_name["OwnerService"].full_name
+_SECAGG = secure_aggregation_pb2.DESCRIPTOR.services_by_name["SecureAggregationService"].full_name
+_CAPE = cape_pb2.DESCRIPTOR.services_by_name["CapeSiteService"].full_name
+#: The limit of every reply that carries ids, counts, scalars, a ledger receipt and a
+#: certificate or signature only: :data:`~dpmarket.runtime.replies.REPLY_SLACK_BYTES` (64 KiB).
+SMALL_REPLY_METHODS = (
+    f"{_OWNER}/OpenSession",
+    f"{_OWNER}/SetValidationEmbedding",
+    f"{_OWNER}/CountRelevant",
+    f"{_OWNER}/CloseSession",
+    f"{_OWNER}/RecordStatement",
+    f"{_OWNER}/GetProgress",
+    f"{_OWNER}/Bid",
+    f"{_OWNER}/ReleasePoint",
+    f"{_SECAGG}/AdvertiseKeys",
+    f"{_SECAGG}/RevealNonce",
+    f"{_CAPE}/OpenCapeJob",
+    f"{_CAPE}/AttestCapePlan",
+    f"{_CAPE}/PlanCapeJob",
+    f"{_CAPE}/CloseCapeJob",
+)
+
+
+def owner_reply_limits(schema_columns: int = SCHEMA_COLUMNS) -> dict[str, int]:
+    """The reply limit of every owner method whose largest legitimate reply does not depend on
+    its request (``package.Service/Method`` -> bytes): :data:`SMALL_REPLY_METHODS` 64 KiB, and
+    ``GetOwnerInfo`` a schema of ``schema_columns`` columns of :data:`SCHEMA_COLUMN_BYTES` each
+    plus 64 KiB (1.04 MiB at 1,000 columns). The others' limits derive from their requests
+    (:func:`points_reply_bytes`, :func:`values_reply_bytes`, :func:`sites_reply_bytes`)."""
+    limits = dict.fromkeys(SMALL_REPLY_METHODS, REPLY_SLACK_BYTES)
+    limits[f"{_OWNER}/GetOwnerInfo"] = REPLY_SLACK_BYTES + schema_columns * SCHEMA_COLUMN_BYTES
+    return limits
+
+
+#: :func:`owner_reply_limits` at :data:`SCHEMA_COLUMNS`.
+OWNER_REPLY_LIMITS = owner_reply_limits()
+
+
+def points_reply_bytes(count: int, features: int) -> int:
+    """The largest legitimate reply carrying ``count`` points of ``features`` float64 values
+    and an int64 label each (``SampleUniform``, ``ProposeCandidates``; one point: a
+    ``RunRounds`` release), bytes: ``8 count (features + 1)`` plus 64 KiB."""
+    return REPLY_SLACK_BYTES + 8 * max(count, 0) * (max(features, 0) + 1)
+
+
+def values_reply_bytes(values: int, sites: int = 0) -> int:
+    """The largest legitimate reply carrying ``values`` 8-byte values (a masked input, a CAPE
+    release) and one tag per site of ``sites``, bytes: ``8 values + 4 KiB sites`` plus 64 KiB."""
+    return REPLY_SLACK_BYTES + 8 * max(values, 0) + SITE_REPLY_BYTES * max(sites, 0)
+
+
+def sites_reply_bytes(sites: int) -> int:
+    """The largest legitimate reply carrying an entry (or two: ``Unmask``'s self-mask and key
+    shares) per site of a round of ``sites`` sites, bytes: ``2 x 4 KiB sites`` plus 64 KiB."""
+    return REPLY_SLACK_BYTES + 2 * SITE_REPLY_BYTES * max(sites, 0)
+
+
 #: Channel arguments of the curator's channels to its owners: :data:`CHANNEL_OPTIONS` with the
-#: receive limit :data:`OWNER_RESPONSE_BYTES`, and the short reconnect backoff.
+#: receive limit :data:`OWNER_RESPONSE_BYTES`, each method's own (:data:`OWNER_REPLY_LIMITS`),
+#: and the short reconnect backoff.
 OWNER_CHANNEL_OPTIONS = [
-    *((k, v) for k, v in CHANNEL_OPTIONS if k != "grpc.max_receive_message_length"),
-    ("grpc.max_receive_message_length", OWNER_RESPONSE_BYTES),
+    *limit_options(CHANNEL_OPTIONS, OWNER_REPLY_LIMITS, OWNER_RESPONSE_BYTES),
     ("grpc.initial_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
 ]
@@ -126,6 +212,9 @@ class RoundsStream:
     peer : str
         Names the owner in error messages (``"owner NAME"``: its name, never its address,
         which the curator's errors must not carry to a consumer).
+    limit : int
+        The receive limit of the stream's channel, bytes: an answer above it fails its step
+        (``ResourceExhaustedError`` naming the owner and the limit).
 
     Notes
     -----
@@ -134,9 +223,10 @@ class RoundsStream:
     stream for a later step. No step is ever sent twice.
     """
 
-    def __init__(self, stub: owner_pb2_grpc.OwnerServiceAsyncStub, peer: str) -> None:
+    def __init__(self, stub: owner_pb2_grpc.OwnerServiceAsyncStub, peer: str, limit: int) -> None:
         self._call = stub.RunRounds(None)  # read and write: no request iterator
         self._peer = peer
+        self._limit = limit
         self._lock = asyncio.Lock()
         self.broken = False
 
@@ -164,6 +254,8 @@ class RoundsStream:
                     response = await self._call.read()
             except grpc.RpcError as exc:
                 self._fail()
+                if over_limit(exc):
+                    raise reply_refused(self._peer, "RunRounds", self._limit) from None
                 raise error_from_rpc(exc, self._peer) from None
             except TimeoutError:
                 self._fail()
@@ -254,8 +346,24 @@ class OwnerChannel:
         presented when a session or job opens, the one a close returns replaces it. None: no
         receipt is kept or presented.
     response_bytes : int
-        The largest response received from the owner, bytes (:data:`OWNER_RESPONSE_BYTES`); a
-        larger one fails its call with ``RESOURCE_EXHAUSTED``.
+        The largest response received from the owner, bytes (:data:`OWNER_RESPONSE_BYTES`): the
+        ceiling of every reply's own limit.
+    schema_columns : int
+        Columns of the largest schema the owner may publish (:func:`owner_reply_limits`).
+    large_replies_at_once : int
+        Calls whose reply may exceed 1 MiB in flight at once to the owner
+        (:data:`LARGE_REPLIES_AT_ONCE`).
+
+    Notes
+    -----
+    Every reply has its own limit, refused before it is buffered
+    (:mod:`dpmarket.runtime.replies`): a method whose largest reply is fixed has it in the
+    channel's service config (:func:`owner_reply_limits`); a method whose largest reply
+    depends on the request (points, values, sites) is called on a channel of this owner whose
+    limit is the least power of two at least that need (at most ``response_bytes``), and above
+    1 MiB holds one of the owner's ``large_replies_at_once`` turns while it runs. A reply
+    above its limit fails its call with ``ResourceExhaustedError`` naming the owner, the method
+    and the limit (never the reply's size or content): the owner failed that step.
     """
 
     def __init__(
@@ -267,6 +375,8 @@ class OwnerChannel:
         deadline: float = CALL_DEADLINE_SECONDS,
         receipts: ReceiptBook | None = None,
         response_bytes: int = OWNER_RESPONSE_BYTES,
+        schema_columns: int = SCHEMA_COLUMNS,
+        large_replies_at_once: int = LARGE_REPLIES_AT_ONCE,
     ) -> None:
         self.target = target
         self.expected = expected
@@ -275,11 +385,16 @@ class OwnerChannel:
         self._security = security
         #: The owner's declared rows (from GetOwnerInfo), which scale its long calls' deadlines.
         self.rows = 0
-        options = [
-            *((k, v) for k, v in OWNER_CHANNEL_OPTIONS if k != "grpc.max_receive_message_length"),
-            ("grpc.max_receive_message_length", response_bytes),
-        ]
+        #: The owner's declared features (from GetOwnerInfo), which size its points' replies.
+        self.features = 0
+        self._ceiling = response_bytes
+        self._limits = owner_reply_limits(schema_columns)
+        self._by_method = {full.rpartition("/")[2]: n for full, n in self._limits.items()}
+        options = limit_options(OWNER_CHANNEL_OPTIONS, self._limits, response_bytes)
         self._channel = aio_channel(target, security, expected, options=options)
+        #: This owner's channels for replies sized by their requests, by their limit.
+        self._sized: dict[int, grpc.aio.Channel] = {}
+        self._large_turns = asyncio.Semaphore(large_replies_at_once)
 
     @property
     def name(self) -> str:
@@ -289,11 +404,40 @@ class OwnerChannel:
             return self.target
         return self.expected.name
 
-    async def _call(self, make: Callable[[], Awaitable[T]]) -> T:
+    async def _call(
+        self, method: str, make: Callable[[], Awaitable[T]], limit: int | None = None
+    ) -> T:
+        """Await ``make()``, a call of ``method`` (its reply limited to ``limit`` bytes; None:
+        its limit in the channel's service config), its failure as a ``DPMarketError``."""
         try:
             return await make()
         except grpc.RpcError as exc:
+            if over_limit(exc):
+                known = limit or min(self._by_method.get(method, self._ceiling), self._ceiling)
+                raise reply_refused(f"owner {self.name}", method, known) from None
             raise error_from_rpc(exc, f"owner {self.name}") from None
+
+    def _sized_channel(self, need: int) -> tuple[grpc.aio.Channel, int]:
+        """This owner's channel for a reply of at most ``need`` bytes, and its limit."""
+        limit = bucket(need, self._ceiling)
+        channel = self._sized.get(limit)
+        if channel is None:
+            options = limit_options(OWNER_CHANNEL_OPTIONS, self._limits, limit)
+            channel = aio_channel(self.target, self._security, self.expected, options=options)
+            self._sized[limit] = channel
+        return channel, limit
+
+    async def _sized_call(
+        self, method: str, need: int, make: Callable[[grpc.aio.Channel], Awaitable[T]]
+    ) -> T:
+        """Await ``make(channel)``, a call of ``method`` whose largest legitimate reply is
+        ``need`` bytes, on the channel for it (class Notes); above 1 MiB within one of the
+        owner's :data:`LARGE_REPLIES_AT_ONCE` turns."""
+        channel, limit = self._sized_channel(need)
+        if limit <= SMALLEST_BUCKET_BYTES:
+            return await self._call(method, lambda: make(channel), limit)
+        async with self._large_turns:
+            return await self._call(method, lambda: make(channel), limit)
 
     def _held_receipt(self) -> dict[str, Any]:
         """The owner's last receipt this curator keeps and its certificate, as the fields of a
@@ -326,7 +470,10 @@ class OwnerChannel:
         return max(OPEN_DEADLINE_SECONDS, scaled)
 
     async def close(self) -> None:
-        """Close the channel."""
+        """Close the channel (and those for replies sized by their requests)."""
+        sized, self._sized = list(self._sized.values()), {}
+        for channel in sized:
+            await channel.close(None)
         await self._channel.close(None)
 
     async def connect(self, timeout: float = CONNECT_TIMEOUT_SECONDS) -> None:
@@ -410,19 +557,34 @@ class OwnerServiceClient(OwnerChannel):
         """Each open session's RunRounds stream, by session id (opened at its first step)."""
         return {}
 
+    @functools.cached_property
+    def _session_features(self) -> dict[str, int]:
+        """Each open session's features n, by session id (its h1's frequencies are d x n)."""
+        return {}
+
+    def _points_need(self, session_id: str, count: int) -> int:
+        """The largest legitimate reply of ``count`` points of the session (its n features;
+        the owner's declared ones for a session not opened here; none known: the ceiling)."""
+        features = self._session_features.get(session_id, self.features)
+        return points_reply_bytes(count, features) if features else self._ceiling
+
     async def info(self) -> OwnerInfo:
         """GetOwnerInfo."""
         response = await self._call(
-            lambda: self._stub.GetOwnerInfo(owner_pb2.GetOwnerInfoRequest(), timeout=self.deadline)
+            "GetOwnerInfo",
+            lambda: self._stub.GetOwnerInfo(owner_pb2.GetOwnerInfoRequest(), timeout=self.deadline),
         )
         info = convert.info_from_proto(response, self.name, self.expected)
         self.rows = info.num_points
+        self.features = info.num_features
         return info
 
     async def progress(self, session_id: str) -> tuple[str, int, int, int]:
         """GetProgress: ``(stage, done, total, ticks)`` of the session's running step."""
         request = owner_pb2.GetProgressRequest(session_id=session_id)
-        response = await self._call(lambda: self._stub.GetProgress(request, timeout=self.deadline))
+        response = await self._call(
+            "GetProgress", lambda: self._stub.GetProgress(request, timeout=self.deadline)
+        )
         return response.stage, int(response.done), int(response.total), int(response.ticks)
 
     async def schema(self) -> Schema | None:
@@ -454,8 +616,9 @@ class OwnerServiceClient(OwnerChannel):
             **self._held_receipt(),
         )
         response = await self._call(
-            lambda: self._stub.OpenSession(request, timeout=self.pass_deadline())
+            "OpenSession", lambda: self._stub.OpenSession(request, timeout=self.pass_deadline())
         )
+        self._session_features[session_id] = int(rff.omega.shape[1])
         return int(response.num_points), int(response.max_points)
 
     async def set_validation_embedding(
@@ -474,7 +637,10 @@ class OwnerServiceClient(OwnerChannel):
         )
         if prior_embedding is not None:
             request.prior_embedding.CopyFrom(array_to_proto(prior_embedding))
-        await self._call(lambda: self._stub.SetValidationEmbedding(request, timeout=self.deadline))
+        await self._call(
+            "SetValidationEmbedding",
+            lambda: self._stub.SetValidationEmbedding(request, timeout=self.deadline),
+        )
 
     async def bid(
         self, session_id: str, round_: int, summary_embedding: NDArray[np.float64], q: int
@@ -503,7 +669,10 @@ class OwnerServiceClient(OwnerChannel):
         """The session's RunRounds stream: the open one, or a new one."""
         stream = self._rounds.get(session_id)
         if stream is None or stream.broken:
-            stream = self._rounds[session_id] = RoundsStream(self._stub, f"owner {self.name}")
+            channel, limit = self._sized_channel(self._points_need(session_id, 1))
+            stub = owner_pb2_grpc.OwnerServiceStub(channel)
+            stream = RoundsStream(stub, f"owner {self.name}", limit)
+            self._rounds[session_id] = stream
         return stream
 
     async def sample_uniform(
@@ -511,8 +680,12 @@ class OwnerServiceClient(OwnerChannel):
     ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
         """SampleUniform."""
         request = owner_pb2.SampleUniformRequest(session_id=session_id, count=count)
-        response = await self._call(
-            lambda: self._stub.SampleUniform(request, timeout=self.pass_deadline())
+        response = await self._sized_call(
+            "SampleUniform",
+            self._points_need(session_id, count),
+            lambda channel: owner_pb2_grpc.OwnerServiceStub(channel).SampleUniform(
+                request, timeout=self.pass_deadline()
+            ),
         )
         return convert.points_from_proto(response)
 
@@ -520,7 +693,7 @@ class OwnerServiceClient(OwnerChannel):
         """CountRelevant: the owner's noisy relevance count."""
         request = owner_pb2.CountRelevantRequest(session_id=session_id, threshold=threshold)
         response = await self._call(
-            lambda: self._stub.CountRelevant(request, timeout=self.pass_deadline())
+            "CountRelevant", lambda: self._stub.CountRelevant(request, timeout=self.pass_deadline())
         )
         return float(response.noisy_count)
 
@@ -532,18 +705,25 @@ class OwnerServiceClient(OwnerChannel):
         request = owner_pb2.ProposeCandidatesRequest(
             session_id=session_id, count=count, uniform_count=uniform_count
         )
-        response = await self._call(
-            lambda: self._stub.ProposeCandidates(request, timeout=self.pass_deadline())
+        response = await self._sized_call(
+            "ProposeCandidates",
+            self._points_need(session_id, count),
+            lambda channel: owner_pb2_grpc.OwnerServiceStub(channel).ProposeCandidates(
+                request, timeout=self.pass_deadline()
+            ),
         )
         return convert.points_from_proto(response)
 
     async def close_session(self, session_id: str) -> SessionSpend:
         """CloseSession: what the owner's ledger recorded for the session."""
+        self._session_features.pop(session_id, None)
         stream = self._rounds.pop(session_id, None)
         if stream is not None:
             await stream.close()
         request = owner_pb2.CloseSessionRequest(session_id=session_id)
-        response = await self._call(lambda: self._stub.CloseSession(request, timeout=self.deadline))
+        response = await self._call(
+            "CloseSession", lambda: self._stub.CloseSession(request, timeout=self.deadline)
+        )
         self._keep_receipt(response)
         return convert.spend_from_proto(response.spent)
 
@@ -554,7 +734,7 @@ class OwnerServiceClient(OwnerChannel):
             statement=market_pb2.SignedStatement(statement=data, signature=signature)
         )
         response = await self._call(
-            lambda: self._stub.RecordStatement(request, timeout=self.deadline)
+            "RecordStatement", lambda: self._stub.RecordStatement(request, timeout=self.deadline)
         )
         return str(response.statement_id), bool(response.recorded_now)
 
@@ -603,7 +783,7 @@ class SecureAggregationClient(OwnerChannel):
             round=msg.round_to_proto(job_id, params)
         )
         response = await self._call(
-            lambda: self._secagg.AdvertiseKeys(request, timeout=self.deadline)
+            "AdvertiseKeys", lambda: self._secagg.AdvertiseKeys(request, timeout=self.deadline)
         )
         return msg.advertisement_from_proto(response.advertisement)
 
@@ -623,7 +803,7 @@ class SecureAggregationClient(OwnerChannel):
             ],
         )
         response = await self._call(
-            lambda: self._secagg.RevealNonce(request, timeout=self.deadline)
+            "RevealNonce", lambda: self._secagg.RevealNonce(request, timeout=self.deadline)
         )
         return bytes(response.nonce)
 
@@ -644,7 +824,13 @@ class SecureAggregationClient(OwnerChannel):
             ],
             nonces=msg.nonces_to_proto(nonces or {}),
         )
-        response = await self._call(lambda: self._secagg.ShareKeys(request, timeout=self.deadline))
+        response = await self._sized_call(
+            "ShareKeys",
+            sites_reply_bytes(len(advertisements)),
+            lambda channel: secure_aggregation_pb2_grpc.SecureAggregationServiceStub(
+                channel
+            ).ShareKeys(request, timeout=self.deadline),
+        )
         return {c.recipient: bytes(c.ciphertext) for c in response.ciphertexts}
 
     def _me(self) -> str:
@@ -661,8 +847,12 @@ class SecureAggregationClient(OwnerChannel):
                 (sender, me, ct) for sender, ct in sorted(ciphertexts.items())
             ),
         )
-        response = await self._call(
-            lambda: self._secagg.MaskedInput(request, timeout=self.deadline)
+        response = await self._sized_call(
+            "MaskedInput",
+            values_reply_bytes(params.vector_length, len(ciphertexts) + 1),
+            lambda channel: secure_aggregation_pb2_grpc.SecureAggregationServiceStub(
+                channel
+            ).MaskedInput(request, timeout=self.deadline),
         )
         return MaskedInput(
             msg.masked_from_proto(response.masked, params.vector_length),
@@ -676,8 +866,12 @@ class SecureAggregationClient(OwnerChannel):
         request = secure_aggregation_pb2.ConsistencyCheckRequest(
             round=msg.round_to_proto(job_id, params), survivors=list(survivors)
         )
-        response = await self._call(
-            lambda: self._secagg.ConsistencyCheck(request, timeout=self.deadline)
+        response = await self._sized_call(
+            "ConsistencyCheck",
+            sites_reply_bytes(len(survivors)),
+            lambda channel: secure_aggregation_pb2_grpc.SecureAggregationServiceStub(
+                channel
+            ).ConsistencyCheck(request, timeout=self.deadline),
         )
         if params.sparse:
             return SurvivorAttestation(
@@ -710,7 +904,13 @@ class SecureAggregationClient(OwnerChannel):
             )
         else:
             request.signatures.extend(msg.signatures_to_proto(signatures))
-        response = await self._call(lambda: self._secagg.Unmask(request, timeout=self.deadline))
+        response = await self._sized_call(
+            "Unmask",
+            sites_reply_bytes(len(survivors) + len(dropped)),
+            lambda channel: secure_aggregation_pb2_grpc.SecureAggregationServiceStub(
+                channel
+            ).Unmask(request, timeout=self.deadline),
+        )
         return msg.unmask_from_proto(response)
 
 
@@ -740,7 +940,7 @@ class CapeSiteClient(SecureAggregationClient):
         )
         msg.job_to_proto(request, spec)
         response = await self._call(
-            lambda: self._cape.OpenCapeJob(request, timeout=self.pass_deadline())
+            "OpenCapeJob", lambda: self._cape.OpenCapeJob(request, timeout=self.pass_deadline())
         )
         self.rows = max(self.rows, int(response.num_rows))
         return OpenedJob(int(response.num_rows), int(response.min_colluders))
@@ -753,7 +953,7 @@ class CapeSiteClient(SecureAggregationClient):
             job_id=job_id, sites=list(sites), colluders=colluders, first_iteration=first_iteration
         )
         response = await self._call(
-            lambda: self._cape.AttestCapePlan(request, timeout=self.deadline)
+            "AttestCapePlan", lambda: self._cape.AttestCapePlan(request, timeout=self.deadline)
         )
         return msg.attestation_from_proto(response.attestation)
 
@@ -776,7 +976,9 @@ class CapeSiteClient(SecureAggregationClient):
                 for _, (attestation, certificate) in sorted(attestations.items())
             ],
         )
-        response = await self._call(lambda: self._cape.PlanCapeJob(request, timeout=self.deadline))
+        response = await self._call(
+            "PlanCapeJob", lambda: self._cape.PlanCapeJob(request, timeout=self.deadline)
+        )
         return int(response.statistic_length), float(response.max_noise_scale)
 
     async def release(
@@ -786,8 +988,12 @@ class CapeSiteClient(SecureAggregationClient):
         request = cape_pb2.ReleaseCapeRequest(
             job_id=job_id, round_id=round_id, noise_total=msg.vector_to_proto(total)
         )
-        response = await self._call(
-            lambda: self._cape.ReleaseCape(request, timeout=self.pass_deadline())
+        response = await self._sized_call(
+            "ReleaseCape",
+            values_reply_bytes(total.shape[0]),
+            lambda channel: cape_pb2_grpc.CapeSiteServiceStub(channel).ReleaseCape(
+                request, timeout=self.pass_deadline()
+            ),
         )
         return msg.vector_from_proto(response.release, "release", total.shape[0])
 
@@ -807,15 +1013,21 @@ class CapeSiteClient(SecureAggregationClient):
             parameters=msg.vector_to_proto(parameters),
             noise_total=msg.vector_to_proto(total),
         )
-        response = await self._call(
-            lambda: self._cape.ReleaseCapeGradient(request, timeout=self.pass_deadline())
+        response = await self._sized_call(
+            "ReleaseCapeGradient",
+            values_reply_bytes(parameters.shape[0]),
+            lambda channel: cape_pb2_grpc.CapeSiteServiceStub(channel).ReleaseCapeGradient(
+                request, timeout=self.pass_deadline()
+            ),
         )
         return msg.vector_from_proto(response.release, "release", parameters.shape[0])
 
     async def close_job(self, job_id: str) -> SessionSpend:
         """CloseCapeJob."""
         request = cape_pb2.CloseCapeJobRequest(job_id=job_id)
-        response = await self._call(lambda: self._cape.CloseCapeJob(request, timeout=self.deadline))
+        response = await self._call(
+            "CloseCapeJob", lambda: self._cape.CloseCapeJob(request, timeout=self.deadline)
+        )
         self._keep_receipt(response)
         return convert.spend_from_proto(response.spent)
 

@@ -21,7 +21,6 @@ from dpmarket.common.errors import (
     DPMarketError,
     FailedPreconditionError,
     InvalidArgumentError,
-    ResourceExhaustedError,
 )
 from dpmarket.curator.disclosure import public_error
 from dpmarket.curator.owners import OWNER_RESPONSE_BYTES, GrpcOwnerEndpoint, check_owners
@@ -29,6 +28,7 @@ from dpmarket.deploy.pki import init_ca, issue_all
 from dpmarket.owner.protocol import Owner
 from dpmarket.owner.service import OwnerServicer, owner_authorizer
 from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.replies import ReplyTooLargeError
 from dpmarket.runtime.serving import MAX_MESSAGE_BYTES, start_server
 from dpmarket.runtime.tables import PointSet
 from dpmarket.runtime.transport import TransportSecurity
@@ -237,18 +237,19 @@ def _consumer_text(error: BaseException) -> str:
 
 
 def test_an_oversized_owner_answer_is_refused_and_not_relayed(pki: Path) -> None:
-    """An owner answering GetOwnerInfo with a 2 MiB owner id, to a curator receiving at most
-    1 MiB from owners: RESOURCE_EXHAUSTED at the curator, naming the owner by its configured
-    name; nothing of the reply reaches the consumer. Control: with the former limit of every
+    """An owner answering GetOwnerInfo with a 2 MiB owner id, above the method's limit (a
+    schema of 1,000 columns: 1.04 MiB): refused unread at the curator, naming the owner by its
+    configured name; nothing of the reply reaches the consumer. Control: with GetOwnerInfo's
+    limit raised to the channel's (a schema of 2^16 columns) and the former limit of every
     client channel (256 MiB) the curator receives it whole, and only the id's check (a name)
     refuses it, again without its text."""
     answer = owner_pb2.GetOwnerInfoResponse(owner_id=_REPLY_MARK * (1 << 20), num_points=5)
-    refused = _ask_info(pki, answer, response_bytes=1 << 20)
-    assert isinstance(refused, ResourceExhaustedError)
+    refused = _ask_info(pki, answer)
+    assert isinstance(refused, ReplyTooLargeError)
     assert str(refused).startswith("owner owner-1: ")
     assert _REPLY_MARK * 4 not in str(refused) + _consumer_text(refused)
 
-    accepted = _ask_info(pki, answer, response_bytes=MAX_MESSAGE_BYTES)
+    accepted = _ask_info(pki, answer, response_bytes=MAX_MESSAGE_BYTES, schema_columns=1 << 16)
     assert isinstance(accepted, FailedPreconditionError)  # received whole, refused by its id
     assert "owner owner-1 answered GetOwnerInfo with an owner id of 2097152 characters" in str(
         accepted
