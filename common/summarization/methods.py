@@ -465,16 +465,12 @@ class AllocationFields(GaussianFields):
         check=_half_open_share,
     )
     allocation_share: float = param(
-        0.2,
+        0.0,
         "Sketch allocation: share of D_v's Gaussian budget (of the squared privacy-loss scale) "
         "spent on the allocation, the validation embedding getting the rest; 0: derived from m, "
-        "K, epsilon and delta (derived_allocation_share). The embedding gets most by default: "
-        "on the design half at epsilon 1 the decision without its noise gained nothing, the "
-        "embedding without its noise took the median from 6.2 to 1.7 x exact greedy "
-        "(chosen among 0.05, 0.1, 0.2, 0.4 and derived).",
+        "K, epsilon and delta.",
         unit="fraction",
-        source="sketch_allocation.split_gaussian_sigmas; docs/results.md, 'Where the cost at "
-        "epsilon 1 comes from'",
+        source="sketch_allocation.split_gaussian_sigmas, derived_allocation_share",
         check=_allocation_share,
     )
     embedding_prior: EmbeddingPrior = param(
