@@ -385,9 +385,9 @@ def scenario_command(
     is_flag=True,
     help="With --suite: where the default's cost at epsilon 1 comes from, on the design half "
     "(experiments/suite_decomposition.py): each release about D_v replaced by its exact value "
-    "in turn (the embedding, the sketch decision, an oracle allocation as exact greedy's "
-    "owners), and embedding_prior none, on both allocation paths; writes "
-    "<out>/decomposition.json. Refused with --half held-out.",
+    "in turn (the embedding, the sketch decision, also free with the embedding at 0.99 of the "
+    "budget, an oracle allocation as exact greedy's owners), and embedding_prior none, on both "
+    "allocation paths; writes <out>/decomposition.json. Refused with --half held-out.",
 )
 @click.option(
     "--attribution",

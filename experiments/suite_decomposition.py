@@ -18,6 +18,9 @@ the method itself, in process, with one of them replaced:
 ``exact-decision``
     Sketch path: the decision without its Gaussian noise (the owners' sketches keep theirs);
     gtilde as released.
+``exact-decision-full-embedding``
+    Sketch path: the decision free and exact, gtilde with 0.99 of D_v's budget (what the split
+    between the two releases costs).
 ``oracle-allocation``
     The targeted budget split among owners as exact greedy's summary is (the hedge of p uniform
     points unchanged); gtilde as released and shrunk as by default.
@@ -63,6 +66,11 @@ from dpmarket.experiments.suite_split import require_design
 __all__ = ["ORACLES", "Oracle", "decomposition_rows", "installed", "run_decomposition"]
 
 
+#: The decision's share of D_v's budget when the decision is free (an oracle): the embedding gets
+#: the rest.
+FREE_DECISION_SHARE = 0.01
+
+
 @dataclass(frozen=True)
 class Oracle:
     """Which releases about D_v a session replaces by their exact values.
@@ -99,6 +107,11 @@ ORACLES: tuple[Oracle, ...] = (
     Oracle("prior-none", options={"embedding_prior": "none"}),
     Oracle("exact-embedding", exact_embedding=True),
     Oracle("exact-decision", exact_decision=True),
+    Oracle(
+        "exact-decision-full-embedding",
+        exact_decision=True,
+        options={"allocation_share": FREE_DECISION_SHARE},
+    ),
     Oracle("oracle-allocation", oracle_allocation=True),
     Oracle(
         "oracle-allocation-prior-none",
