@@ -386,8 +386,9 @@ def scenario_command(
     help="With --suite: where the default's cost at epsilon 1 comes from, on the design half "
     "(experiments/suite_decomposition.py): each release about D_v replaced by its exact value "
     "in turn (the embedding, the sketch decision, also free with the embedding at 0.99 of the "
-    "budget, an oracle allocation as exact greedy's owners), and embedding_prior none, on both "
-    "allocation paths; writes <out>/decomposition.json. Refused with --half held-out.",
+    "budget, an oracle allocation as exact greedy's owners), embedding_prior none and D_v's "
+    "epsilon raised to 3 and 10, on both allocation paths; writes <out>/decomposition.json. "
+    "Refused with --half held-out.",
 )
 @click.option(
     "--attribution",

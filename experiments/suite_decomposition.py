@@ -28,6 +28,9 @@ the method itself, in process, with one of them replaced:
     The same, owners following gtilde as released.
 ``exact-both``
     ``exact-embedding`` and ``oracle-allocation`` together.
+``validation-epsilon-3``, ``validation-epsilon-10``
+    The method itself with D_v's budget raised to 3 or 10 (the owners' stays 1): how much more
+    privacy budget the validation party would need for the releases as they are.
 
 Every replaced release is still drawn and charged exactly as the method draws and charges it
 (the session's noise stream is the same as the default's), and then discarded, so that the other
@@ -45,7 +48,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +90,8 @@ class Oracle:
         owner, given to :func:`installed`).
     options : mapping of str to Any
         Configuration fields changed (a setting, e.g. ``embedding_prior``).
+    validation_epsilon : float, optional
+        D_v's epsilon instead of the path's (the owners' unchanged).
     """
 
     name: str
@@ -94,6 +99,7 @@ class Oracle:
     exact_decision: bool = False
     oracle_allocation: bool = False
     options: Mapping[str, Any] | None = None
+    validation_epsilon: float | None = None
 
     @property
     def replaces(self) -> bool:
@@ -119,6 +125,8 @@ ORACLES: tuple[Oracle, ...] = (
         options={"embedding_prior": "none"},
     ),
     Oracle("exact-both", exact_embedding=True, oracle_allocation=True),
+    Oracle("validation-epsilon-3", validation_epsilon=3.0),
+    Oracle("validation-epsilon-10", validation_epsilon=10.0),
 )
 
 
@@ -205,15 +213,19 @@ def _run(paths: PathsRunner, oracle: Oracle, path: str, name: str, seed: int) ->
     """One session of ``oracle`` on ``path`` at epsilon 1."""
     setting = SuiteSetting(dict(oracle.options or {}))
     ps = PathSetting("sketch" if path == "sketch" else "counts", 1.0, setting)
-    if not oracle.replaces:
+    if not oracle.replaces and oracle.validation_epsilon is None:
         return paths.run(ps, name, seed)
     runner = paths.runner
     scenario = runner.scenario(name, setting.sketch_scale)
+    config = ps.config(scenario)
+    if oracle.validation_epsilon is not None:
+        assert isinstance(config, AllocationFields)  # the candidates method's
+        config = replace(config, epsilon_validation_total=oracle.validation_epsilon)
     with installed(oracle, _exact_weights(runner, name)):
         return runner.session(
             ("decomposition", "decomp"),
             scenario,
-            ps.config(scenario),
+            config,
             seed,
             lambda: (
                 paths.sketches(name, setting.sketch_scale, 1.0, seed) if path == "sketch" else None
