@@ -381,6 +381,16 @@ def scenario_command(
     help="With --suite: skip the hashes mode's (less-trusted curator) comparison.",
 )
 @click.option(
+    "--decompose",
+    is_flag=True,
+    help="With --suite: where the default's cost at epsilon 1 comes from, on the design half "
+    "(experiments/suite_decomposition.py): each release about D_v replaced by its exact value "
+    "in turn (the embedding, the sketch decision, also free with the embedding at 0.99 of the "
+    "budget, an oracle allocation as exact greedy's owners), embedding_prior none and D_v's "
+    "epsilon raised to 3 and 10, on both allocation paths; writes <out>/decomposition.json. "
+    "Refused with --half held-out.",
+)
+@click.option(
     "--attribution",
     is_flag=True,
     help="Measure the market's value attribution on the suite's scenarios with at most 16 "
@@ -403,6 +413,7 @@ def evaluate(
     loso: bool,
     suite_names: tuple[str, ...],
     no_hashes: bool,
+    decompose: bool,
     attribution: bool,
 ) -> None:
     """Compare every method's summary quality against epsilon over scenarios, p and seeds (or,
@@ -423,12 +434,14 @@ def evaluate(
         except (DPMarketError, ValueError) as exc:
             raise click.ClickException(str(exc)) from exc
         return
-    if suite or loso or suite_names or half != "design":
+    if suite or loso or decompose or suite_names or half != "design":
         from dpmarket.experiments.suite import SUITE_NAMES
         from dpmarket.experiments.suite_paths import run_half
 
         if not suite:
-            raise click.UsageError("--half, --loso, --suite-scenario and --no-hashes need --suite")
+            raise click.UsageError(
+                "--half, --loso, --decompose, --suite-scenario and --no-hashes need --suite"
+            )
         if loso and half != "design":
             raise click.UsageError(
                 "--loso chooses constants, and constants are chosen on the design half only: "
@@ -441,6 +454,20 @@ def evaluate(
                 param_hint="--suite-scenario",
             )
         out = Path("out/suite" if out_dir == "out/evaluate" else out_dir)
+        if decompose:
+            from dpmarket.experiments.suite_decomposition import run_decomposition
+
+            if half != "design":
+                raise click.UsageError(
+                    "--decompose runs on the design half only: drop --half held-out"
+                )
+            try:
+                run_decomposition(
+                    out, seeds=seeds or 3, names=list(suite_names) or None, console=Console()
+                )
+            except (DPMarketError, ValueError) as exc:
+                raise click.ClickException(str(exc)) from exc
+            return
         try:
             run_half(
                 out,

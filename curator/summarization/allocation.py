@@ -288,9 +288,8 @@ class Allocator:
         pi = responsibilities(relevance, vote=cfg.relevance_score in VOTING_SCORES)
         # Charge both releases about D_v before the first leaves the curator.
         self._charge_sketch_releases((sigma_g, sens_g), (sigma_a, sens_a))
-        g_val = embedding + state.noise.gaussian(sigma_g, cfg.rff_dimension)
-        _, noisy = noisy_relevance(pi, sigma_a, state.noise)
-        decision, decision_alpha = shrink_decision(noisy, sigma_a)
+        g_val = self.embedding_release(embedding, sigma_g)
+        noisy, decision, decision_alpha = self.decision_release(pi, sigma_a)
         owner_sigma, prior = self.owner_view(sigma_g)
         await state.gather(
             owners,
@@ -316,6 +315,26 @@ class Allocator:
             shares={state.owner_name(i): r.points for i, r in requests.items()},
         )
         return requests, g_val, info
+
+    def embedding_release(
+        self, embedding: NDArray[np.float64], sigma: float
+    ) -> NDArray[np.float64]:
+        """The sketch allocation's gtilde: ``embedding + N(0, sigma^2 I_d)`` from the session's
+        noise source (charged by the caller before it leaves the curator)."""
+        return embedding + self.state.noise.gaussian(sigma, self.config.rff_dimension)
+
+    def decision_release(
+        self, pi: NDArray[np.float64], sigma: float
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64], float]:
+        """The sketch allocation's decision from the responsibilities ``pi`` (shape (m, K)):
+        the release ``r~ = mean pi + N(0, sigma^2 I_K)``
+        (:func:`~dpmarket.common.summarization.sketch_allocation.noisy_relevance`), and its
+        post-processing towards the even split
+        (:func:`~dpmarket.common.summarization.sketch_allocation.shrink_decision`) with the
+        shrinkage factor."""
+        _, noisy = noisy_relevance(pi, sigma, self.state.noise)
+        decision, alpha = shrink_decision(noisy, sigma)
+        return noisy, decision, alpha
 
     def _charge_sketch_releases(
         self, embedding: tuple[float, float], allocation: tuple[float, float]
