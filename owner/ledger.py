@@ -1888,13 +1888,16 @@ class OwnerLedger:
                 "loss on record: dpmarket owner ledger resolve "
                 "--accept-replaced-ledger"
             )
+        # Bounded at the receipt's charge, as restore's entry is: a receipt of a later charge
+        # of that ledger (it served again, e.g. two disks swapped back and forth) is a new
+        # rollback, not covered by this acceptance.
         request = _Request(
-            session=supersession_session(state.ledger_id),
+            session=supersession_through_session(state.ledger_id, int(state.sequence)),
             consumer="operator",
             curator=curator,
             mechanism=(
-                f"ledger {state.ledger_id} replaced by this one (resolve "
-                "--accept-replaced-ledger): what it charged is not counted"
+                f"ledger {state.ledger_id} up to charge {state.sequence} replaced by this one "
+                "(resolve --accept-replaced-ledger): what it charged up to there is not counted"
             ),
             epsilon=0.0,
             delta=0.0,

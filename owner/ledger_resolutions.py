@@ -16,13 +16,16 @@ the receipt is resolved (:func:`receipt_resolved`):
   lifetime totals hold beyond the charges the ledger shared with it when the entry was written
   (:func:`owed`, recomputed: an entry appended with less does not count);
 * a receipt of **another ledger** of this owner is resolved by a supersession entry naming that
-  ledger: ``resolve --accept-replaced-ledger`` writes one (:func:`supersession_session`; nothing
+  ledger and a charge of it at or beyond the receipt's (:func:`supersession_through_session`):
+  ``resolve --accept-replaced-ledger`` writes one bounded at the receipt's charge (nothing
   charged: that ledger's totals are sealed under its own key), which the ledger's record then
   shows as the operator's acceptance of the loss; ``restore --replace-other-ledger`` writes one
-  that charges the replaced ledger's lifetime totals as found (it must verify) and names its
-  last charge (:func:`supersession_through_session`): it resolves that ledger's receipts up to
-  that charge only, so a replaced file older than, or emptied behind, a receipt resolves
-  nothing;
+  that charges the replaced ledger's lifetime totals as found (it must verify, with no rollback
+  open) and names its last charge. Either resolves that ledger's receipts up to that charge
+  only: a receipt of a later charge (that ledger served again: two disks swapped back and forth,
+  or the replaced file was older than, or emptied behind, a receipt) is a new rollback. An
+  unbounded entry of an earlier release (:func:`supersession_session`) covers the receipts of
+  that ledger found when it was written;
 * a receipt **no key of the ledger verifies** and whose totals do not open under the ledger's
   key (forged) is resolved by a dismissal entry naming its bytes (:func:`dismissal_session`,
   ``resolve --dismiss-unverified-receipts``). One whose totals open is the ledger's own and is
@@ -99,18 +102,41 @@ def supersession_through_session(ledger_id: str, sequence: int) -> str:
 
 
 def _superseded_through(conn: sqlite3.Connection, ledger_id: str) -> int:
-    """The furthest charge of ledger ``ledger_id`` a chained ``restore --replace-other-ledger``
-    entry counted (-1: none)."""
-    prefix = f"{SUPERSEDED_PREFIX}{ledger_id}-through-"
+    """The furthest charge of ledger ``ledger_id`` a chained supersession entry covers (-1:
+    none): the charge its session names (``restore --replace-other-ledger``, ``resolve
+    --accept-replaced-ledger``), or, for an entry without one (``ledger-superseded-<id>``,
+    written by ``resolve --accept-replaced-ledger`` of an earlier release, which covered every
+    later receipt of that ledger), the furthest charge of a receipt of that ledger the ledger
+    had found when the entry was written (:func:`_legacy_bound`)."""
+    prefix = f"{SUPERSEDED_PREFIX}{ledger_id}"
     found = -1
-    for (session,) in conn.execute(
-        "SELECT c.session FROM charges c JOIN charge_chain k ON k.charge = c.id "
+    for session, at in conn.execute(
+        "SELECT c.session, c.at FROM charges c JOIN charge_chain k ON k.charge = c.id "
         "WHERE substr(c.session, 1, ?) = ?",
         (len(prefix), prefix),
     ):
         tail = str(session)[len(prefix) :]
-        if tail.isdigit():
-            found = max(found, int(tail))
+        if tail.startswith("-through-") and tail[len("-through-") :].isdigit():
+            found = max(found, int(tail[len("-through-") :]))
+        elif not tail:
+            found = max(found, _legacy_bound(conn, ledger_id, float(at)))
+    return found
+
+
+def _legacy_bound(conn: sqlite3.Connection, ledger_id: str, at: float) -> int:
+    """The furthest charge of the receipts of ledger ``ledger_id`` found (``ledger_rollbacks``,
+    whose rows cannot be deleted or their receipts changed) at or before Unix time ``at``: what
+    an unbounded acceptance written then was about (-1: none)."""
+    found = -1
+    for (blob,) in conn.execute(
+        "SELECT receipt FROM ledger_rollbacks WHERE detected_at <= ?", (at,)
+    ):
+        try:
+            state = parse_state(bytes(blob))
+        except DecodeError:
+            continue
+        if state.ledger_id == ledger_id:
+            found = max(found, int(state.sequence))
     return found
 
 
@@ -293,11 +319,7 @@ def receipt_resolved(
             verified = False
     dismissed = not verified and bool(_entries(conn, [dismissal_session(receipt)]))
     if not mine:
-        return (
-            dismissed
-            or bool(_entries(conn, [supersession_session(state.ledger_id)]))
-            or _superseded_through(conn, state.ledger_id) >= int(state.sequence)
-        )
+        return dismissed or _superseded_through(conn, state.ledger_id) >= int(state.sequence)
     try:
         unseal_totals(
             key,
