@@ -464,7 +464,9 @@ def ledger_restore(data_dir: Path, backup_path: Path, replace_other_ledger: bool
             f"replaced ledger {before.identity.ledger_id} ({before.charges} charges, lifetime "
             f"epsilon {float(before.totals[0]):.6g}, {before.totals[2]} points): recorded in "
             "the restored ledger as replaced on your request, as one entry charging what it "
-            "spent (its budget stays spent), and its receipts no longer stop the owner",
+            f"spent (its budget stays spent), and its receipts up to its charge {before.sequence} "
+            "no longer stop the owner (a receipt of a later charge of it still does: resolve "
+            "then charges what it shows beyond what this entry counted)",
             markup=False,
             highlight=False,
         )
@@ -638,10 +640,19 @@ def ledger_resolve(
             if r.epsilon or r.delta or r.points
             else f"nothing was missing (recorded as charge {r.charge}, of nothing)"
         )
-        if r.replaced_ledger is not None:
+        if r.replaced_ledger is not None and r.counted_replaced:
             charged = (
-                f"a receipt of ledger {r.replaced_ledger}, recorded as replaced by this one: "
-                "what it charged is not counted"
+                f"a receipt of ledger {r.replaced_ledger}, which this ledger replaced (restore "
+                f"--replace-other-ledger), recorded as replaced up to charge "
+                f"{r.receipt_sequence}: what it shows beyond the charges of it counted here was "
+                f"{charged}"
+            )
+        elif r.replaced_ledger is not None:
+            charged = (
+                f"a receipt of ledger {r.replaced_ledger}, recorded as replaced by this one up "
+                f"to charge {r.receipt_sequence}: what it charged up to there is not counted "
+                "(its totals are sealed under its own key); a receipt of a later charge of it "
+                "stops the owner again"
             )
         if r.dismissed:
             charged = "an unverified receipt (forged), dismissed on record: nothing charged"

@@ -92,6 +92,7 @@ from dpmarket.owner.ledger_resolutions import (
     DISMISSED_PREFIX,
     ROLLBACK_PREFIX,
     SUPERSEDED_PREFIX,
+    beyond_replaced,
     dismissal_session,
     open_rollbacks,
     owed,
@@ -292,6 +293,24 @@ MIGRATIONS: tuple[Migration, ...] = (
         SELECT RAISE(ABORT, 'a ledger keeps every rollback it found');
     END;
     """,
+    # 7 -> 8: the sealing key of each ledger this one replaced (restore --replace-other-ledger
+    # copies it from the file it replaces): a receipt of a later charge of that ledger (the
+    # replaced file was an older copy) then opens here, and resolve --accept-replaced-ledger
+    # charges what it shows beyond what the supersession entries counted
+    # (dpmarket.owner.ledger_resolutions.beyond_replaced). Append-only.
+    """
+    CREATE TABLE replaced_ledgers (
+        ledger_id TEXT PRIMARY KEY,
+        seal_key BLOB NOT NULL CHECK (length(seal_key) = 32),
+        recorded_at REAL NOT NULL
+    );
+    CREATE TRIGGER replaced_ledgers_no_update BEFORE UPDATE ON replaced_ledgers BEGIN
+        SELECT RAISE(ABORT, 'a ledger keeps the keys of the ledgers it replaced');
+    END;
+    CREATE TRIGGER replaced_ledgers_no_delete BEFORE DELETE ON replaced_ledgers BEGIN
+        SELECT RAISE(ABORT, 'a ledger keeps the keys of the ledgers it replaced');
+    END;
+    """,
 )
 
 #: The triggers that keep the ledger's records append-only: a ledger without one of them was
@@ -312,6 +331,8 @@ GUARD_TRIGGERS = (
     "earnings_no_delete",
     "ledger_rollbacks_no_delete",
     "ledger_rollbacks_fixed",
+    "replaced_ledgers_no_update",
+    "replaced_ledgers_no_delete",
 )
 
 #: The first schema with the ledger's identity and hash chain (migration 3 -> 4). A ledger
@@ -355,6 +376,7 @@ TABLES = (
     "ledger_rollbacks",
     "session_market",
     "earnings",
+    "replaced_ledgers",
 )
 
 
@@ -470,6 +492,7 @@ def record_superseded(
     spent: tuple[Fraction, Fraction, int] = (Fraction(0), Fraction(0), 0),
     *,
     through: int | None = None,
+    seal_key: bytes | None = None,
 ) -> int:
     """Record, as a chained entry of the ledger (inside the caller's transaction), that it
     replaced ledger ``ledger_id`` on its operator's request ``how`` at Unix time ``at``,
@@ -478,8 +501,10 @@ def record_superseded(
     receipts of that ledger are accepted from then on
     (:func:`~dpmarket.owner.ledger_resolutions.receipt_resolved`); with ``through``, the replaced
     ledger's last charge counted in ``spent``, only its receipts up to that charge
-    (:func:`~dpmarket.owner.ledger_resolutions.supersession_through_session`). Returns the
-    entry's number.
+    (:func:`~dpmarket.owner.ledger_resolutions.supersession_through_session`). With
+    ``seal_key``, that ledger's sealing key is kept (``replaced_ledgers``): a receipt of a later
+    charge of it is then charged what it shows beyond the entry
+    (:func:`~dpmarket.owner.ledger_resolutions.beyond_replaced`). Returns the entry's number.
 
     Notes
     -----
@@ -500,6 +525,12 @@ def record_superseded(
         delta=min(_round_up(delta), math.nextafter(1.0, 0)),
         points=int(points),
     )
+    if seal_key is not None:
+        conn.execute(
+            "INSERT OR IGNORE INTO replaced_ledgers (ledger_id, seal_key, recorded_at) "
+            "VALUES (?, ?, ?)",
+            (ledger_id, seal_key, at),
+        )
     return _append_entry(conn, request, at)[0]
 
 
@@ -525,7 +556,12 @@ class Resolution:
         acceptance or a dismissal, of zero).
     replaced_ledger : str or None
         For a receipt of another ledger of this owner: that ledger's id, now recorded as
-        replaced by this one (nothing is charged: its totals are sealed under its own key).
+        replaced by this one up to the receipt's charge.
+    counted_replaced : bool
+        For such a receipt: whether this ledger holds that ledger's sealing key (it replaced it
+        by ``restore --replace-other-ledger``), so that what the receipt shows beyond the
+        charges of it counted here was charged; otherwise nothing is charged (its totals are
+        sealed under its own key) and the loss is accepted.
     dismissed : bool
         An unverified receipt (no key of the ledger signed it, its totals do not open)
         dismissed on the operator's request: nothing is charged.
@@ -540,6 +576,7 @@ class Resolution:
     points: int
     charge: int | None
     replaced_ledger: str | None = None
+    counted_replaced: bool = False
     dismissed: bool = False
 
 
@@ -1890,26 +1927,42 @@ class OwnerLedger:
             )
         # Bounded at the receipt's charge, as restore's entry is: a receipt of a later charge
         # of that ledger (it served again, e.g. two disks swapped back and forth) is a new
-        # rollback, not covered by this acceptance.
+        # rollback, not covered by this acceptance. When restore kept that ledger's sealing key,
+        # what the receipt shows beyond the charges of it counted here is charged.
+        due = beyond_replaced(self._conn, state)
         request = _Request(
             session=supersession_through_session(state.ledger_id, int(state.sequence)),
             consumer="operator",
             curator=curator,
             mechanism=(
                 f"ledger {state.ledger_id} up to charge {state.sequence} replaced by this one "
-                "(resolve --accept-replaced-ledger): what it charged up to there is not counted"
+                "(resolve --accept-replaced-ledger): "
+                + (
+                    "what it charged up to there is not counted"
+                    if due is None
+                    else "what its receipt shows beyond the charges of it counted here"
+                )
             ),
-            epsilon=0.0,
-            delta=0.0,
-            points=0,
+            epsilon=0.0 if due is None else due.epsilon,
+            delta=0.0 if due is None else due.delta,
+            points=0 if due is None else due.points,
         )
-        return self._resolved_uncharged(
-            number,
-            state,
-            ledger_sequence,
-            now,
-            self._insert(request, now),
+        entry = self._insert(request, now)
+        self._conn.execute(
+            "UPDATE ledger_rollbacks SET resolved_at = ?, charge = ? WHERE id = ?",
+            (now, entry, number),
+        )
+        return Resolution(
+            rollback=int(number),
+            curator=curator,
+            receipt_sequence=int(state.sequence),
+            ledger_sequence=int(ledger_sequence),
+            epsilon=request.epsilon,
+            delta=request.delta,
+            points=request.points,
+            charge=entry,
             replaced_ledger=state.ledger_id,
+            counted_replaced=due is not None,
         )
 
     def _resolved_uncharged(

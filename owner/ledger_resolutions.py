@@ -21,9 +21,13 @@ the receipt is resolved (:func:`receipt_resolved`):
   charged: that ledger's totals are sealed under its own key), which the ledger's record then
   shows as the operator's acceptance of the loss; ``restore --replace-other-ledger`` writes one
   that charges the replaced ledger's lifetime totals as found (it must verify, with no rollback
-  open) and names its last charge. Either resolves that ledger's receipts up to that charge
-  only: a receipt of a later charge (that ledger served again: two disks swapped back and forth,
-  or the replaced file was older than, or emptied behind, a receipt) is a new rollback. An
+  open) and names its last charge, and keeps that ledger's sealing key. Either resolves that
+  ledger's receipts up to that charge only, and, with the key, a receipt whose totals the
+  supersession entries of that ledger charged already (:func:`beyond_replaced`: the replaced
+  ledger had resolved a rollback of its own, so its charges are numbered otherwise than the
+  receipt's chain). A receipt of a later charge (that ledger served again: two disks swapped
+  back and forth, or the replaced file was older than, or emptied behind, a receipt) is a new
+  rollback, which an acceptance charges with the key (:func:`beyond_replaced`). An
   unbounded entry of an earlier release (:func:`supersession_session`) covers the receipts of
   that ledger found when it was written;
 * a receipt **no key of the ledger verifies** and whose totals do not open under the ledger's
@@ -74,6 +78,7 @@ __all__ = [
     "ROLLBACK_PREFIX",
     "SUPERSEDED_PREFIX",
     "Owed",
+    "beyond_replaced",
     "dismissal_session",
     "open_rollbacks",
     "owed",
@@ -250,6 +255,63 @@ def owed(
     )
 
 
+def beyond_replaced(conn: sqlite3.Connection, state: privacy_pb2.LedgerState) -> Owed | None:
+    """What the receipt ``state`` of a ledger this one replaced shows spent beyond the chained
+    supersession entries of that ledger here (what ``restore --replace-other-ledger`` and earlier
+    acceptances charged of it), when this ledger keeps that ledger's sealing key
+    (``replaced_ledgers``, written by the restore).
+
+    Parameters
+    ----------
+    conn : sqlite3.Connection
+        The ledger, inside a transaction or snapshot.
+    state : LedgerState
+        The receipt's state (a ledger id other than this ledger's).
+
+    Returns
+    -------
+    Owed or None
+        None when this ledger does not keep that ledger's key (an acceptance alone: what it
+        spent cannot be known here), or the receipt's totals do not open under it.
+
+    Notes
+    -----
+    The replaced ledger's totals at the receipt's charge minus the sum of the entries, exactly
+    (basic composition), rounded up as :func:`owed`: a receipt of the replaced ledger's later
+    charges (the file replaced was an older copy of it) is charged what those charges spent.
+    """
+    row = conn.execute(
+        "SELECT seal_key FROM replaced_ledgers WHERE ledger_id = ?", (str(state.ledger_id),)
+    ).fetchone()
+    if row is None:
+        return None
+    try:
+        lost = unseal_totals(
+            bytes(row[0]),
+            state.sealed_totals,
+            ledger_id=state.ledger_id,
+            sequence=state.sequence,
+            head=bytes(state.head),
+        )
+    except ReceiptError:
+        return None
+    prefix = f"{SUPERSEDED_PREFIX}{state.ledger_id}"
+    epsilon, delta, points = Fraction(0), Fraction(0), 0
+    for eps, dlt, count, total in conn.execute(
+        "SELECT c.epsilon, c.delta, COUNT(*), SUM(c.points) FROM charges c JOIN charge_chain k "
+        "ON k.charge = c.id WHERE substr(c.session, 1, ?) = ? GROUP BY c.epsilon, c.delta",
+        (len(prefix), prefix),
+    ):
+        epsilon += Fraction(float(eps)) * int(count)
+        delta += Fraction(float(dlt)) * int(count)
+        points += int(total)
+    return Owed(
+        epsilon=_round_up(max(lost.epsilon - epsilon, Fraction(0))),
+        delta=min(_round_up(max(lost.delta - delta, Fraction(0))), math.nextafter(1.0, 0)),
+        points=max(lost.points - points, 0),
+    )
+
+
 def _entries(conn: sqlite3.Connection, sessions: list[str]) -> list[tuple[int, float, float, int]]:
     """``(id, epsilon, delta, points)`` of the chained charges of ``sessions``."""
     marks = ", ".join("?" * len(sessions))
@@ -319,7 +381,10 @@ def receipt_resolved(
             verified = False
     dismissed = not verified and bool(_entries(conn, [dismissal_session(receipt)]))
     if not mine:
-        return dismissed or _superseded_through(conn, state.ledger_id) >= int(state.sequence)
+        if dismissed or _superseded_through(conn, state.ledger_id) >= int(state.sequence):
+            return True
+        beyond = beyond_replaced(conn, state)  # its totals counted here already
+        return beyond is not None and beyond.covered_by(0.0, 0.0, 0)
     try:
         unseal_totals(
             key,

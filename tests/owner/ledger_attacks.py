@@ -121,6 +121,7 @@ def downgrade(data_dir: Path, keep: int = 1) -> None:
             "ledger_identity",
             "session_market",
             "earnings",
+            "replaced_ledgers",
         ):
             c.execute(f"DROP TABLE IF EXISTS {table}")
         c.execute(

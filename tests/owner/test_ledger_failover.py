@@ -8,13 +8,16 @@ same steps on a ledger the defence does not concern).
 
 from __future__ import annotations
 
+import shutil
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 
 from dpmarket.deploy.pki import init_ca, issue_all
-from dpmarket.owner.ledger import LedgerRollbackError, OwnerLedger
-from dpmarket.owner.ledger_admin import init_ledger
+from dpmarket.owner.ledger import MIGRATIONS, LedgerRollbackError, OwnerLedger, ledger_path
+from dpmarket.owner.ledger_admin import backup_ledger, init_ledger, restore_ledger, verify_file
 from dpmarket.owner.ledger_chain import LedgerOwner
 from dpmarket.runtime.identity import Identity, identity_files
 from dpmarket.runtime.transport import TransportSecurity
@@ -117,3 +120,131 @@ def test_an_acceptance_of_a_replaced_ledger_covers_its_receipts_up_to_that_one_o
         legacy.check_receipt(x_first, curator=CURATOR)  # type: ignore[arg-type]
         with pytest.raises(LedgerRollbackError):
             legacy.check_receipt(x_later, curator=CURATOR)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ 2. replacing a stale ledger
+def _stale(pki: Path, tmp_path: Path) -> tuple[Path, object, str]:
+    """Alice's ledger X charged 1 epsilon, backed up, charged 2 more (a receipt of that signed),
+    then the backup put back: X is stale, its receipt not presented yet. Returns X's directory,
+    the receipt and X's id."""
+    x_dir = tmp_path / "x"
+    init_ledger(x_dir, "alice", security(pki))
+    with OwnerLedger(x_dir, None, owner=owner(pki)) as x:
+        charge(x, "x1")
+        backup_ledger(x_dir, tmp_path / "x-old.sqlite3")
+        charge(x, "x2")
+        charge(x, "x3")
+        late = x.receipt()
+        x_id = x.identity.ledger_id
+    restore_ledger(x_dir, tmp_path / "x-old.sqlite3")
+    return x_dir, late, x_id
+
+
+def _new_ledger(pki: Path, tmp_path: Path) -> Path:
+    """A new ledger Y of alice, as a file to restore from."""
+    y_dir = tmp_path / "y"
+    init_ledger(y_dir, "alice", security(pki))
+    return ledger_path(y_dir)
+
+
+def test_a_ledger_with_a_rollback_open_is_not_replaced_until_it_is_resolved(
+    pki: Path, tmp_path: Path
+) -> None:
+    """The stale ledger X, found behind the curator's receipt (a rollback open), is not replaced
+    by ``restore --replace-other-ledger``: its totals as found would not count the 2 epsilon it
+    lost. Control: once resolved (the loss charged back into X), the restore proceeds and its
+    entry charges X's whole spending, 3 epsilon."""
+    x_dir, late, x_id = _stale(pki, tmp_path)
+    y_file = _new_ledger(pki, tmp_path)
+    with OwnerLedger(x_dir, None, owner=owner(pki)) as x, pytest.raises(LedgerRollbackError):
+        x.check_receipt(late, curator=CURATOR)  # type: ignore[arg-type]
+    assert verify_file(ledger_path(x_dir)).open_rollbacks == 1
+    with pytest.raises(ValueError, match=r"rollback.s. open.*dpmarket owner ledger resolve"):
+        restore_ledger(x_dir, y_file, replace_other=True)
+    assert verify_file(ledger_path(x_dir)).identity.ledger_id == x_id  # type: ignore[union-attr]
+    with OwnerLedger(x_dir, None, owner=owner(pki)) as x:
+        x.resolve_rollbacks()
+    restore_ledger(x_dir, y_file, replace_other=True)
+    with OwnerLedger(x_dir, None, owner=owner(pki)) as y:
+        assert y.identity.ledger_id != x_id
+        assert y.window_totals().epsilon == pytest.approx(3.0)
+        y.check_receipt(late, curator=CURATOR)  # type: ignore[arg-type]
+
+
+def test_accepting_a_receipt_beyond_a_replaced_stale_ledger_charges_what_it_shows(
+    pki: Path, tmp_path: Path
+) -> None:
+    """The stale ledger X (1 of its 3 epsilon), not yet found behind the receipt, replaced by a
+    new ledger Y: the receipt of X's third charge stops Y, and ``resolve
+    --accept-replaced-ledger`` charges the 2 epsilon it shows beyond what the restore counted
+    (Y keeps X's sealing key). Control: an acceptance in a ledger that does not hold X's key (a
+    new ledger, no restore) charges nothing, as before."""
+    x_dir, late, _ = _stale(pki, tmp_path)
+    control = tmp_path / "control"
+    shutil.copytree(x_dir, control)
+    restore_ledger(x_dir, _new_ledger(pki, tmp_path), replace_other=True)
+    with OwnerLedger(x_dir, None, owner=owner(pki)) as y:
+        assert y.window_totals().epsilon == pytest.approx(1.0)  # X as found
+        with pytest.raises(LedgerRollbackError):
+            y.check_receipt(late, curator=CURATOR)  # type: ignore[arg-type]
+        (resolution,) = y.resolve_rollbacks(accept_replaced_ledger=True)
+        assert resolution.counted_replaced
+        assert (resolution.epsilon, resolution.points) == (pytest.approx(2.0), 2)
+        assert y.window_totals().epsilon == pytest.approx(3.0)  # all X spent stays spent
+        y.check_receipt(late, curator=CURATOR)  # type: ignore[arg-type]
+    bare = tmp_path / "bare"
+    init_ledger(bare, "alice", security(pki))
+    with OwnerLedger(bare, None, owner=owner(pki)) as z:
+        with pytest.raises(LedgerRollbackError):
+            z.check_receipt(late, curator=CURATOR)  # type: ignore[arg-type]
+        (resolution,) = z.resolve_rollbacks(accept_replaced_ledger=True)
+        assert not resolution.counted_replaced and resolution.epsilon == 0
+
+
+def test_a_ledger_of_the_previous_schema_opens_and_keeps_its_supersessions(
+    pki: Path, tmp_path: Path
+) -> None:
+    """A ledger of schema 7 (no ``replaced_ledgers``) that replaced a stale X by restore: the
+    owner migrates it on open (schema 8), it verifies, its restore entry still resolves X's
+    receipts up to X's charge found, and accepting a later one charges nothing (X's key was
+    not kept then): the loss on record, as that release did."""
+    x_dir, late, x_id = _stale(pki, tmp_path)
+    with OwnerLedger(x_dir, None, owner=owner(pki)) as x:
+        within = x.receipt()
+    restore_ledger(x_dir, _new_ledger(pki, tmp_path), replace_other=True)
+    with closing(sqlite3.connect(ledger_path(x_dir))) as conn, conn:
+        conn.execute("DROP TRIGGER replaced_ledgers_no_update")
+        conn.execute("DROP TRIGGER replaced_ledgers_no_delete")
+        conn.execute("DROP TABLE replaced_ledgers")
+        conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) - 1}")
+    with OwnerLedger(x_dir, None, owner=owner(pki)) as y:
+        y.check_receipt(within, curator=CURATOR)  # type: ignore[arg-type]
+        with pytest.raises(LedgerRollbackError):
+            y.check_receipt(late, curator=CURATOR)  # type: ignore[arg-type]
+        (resolution,) = y.resolve_rollbacks(accept_replaced_ledger=True)
+        assert resolution.replaced_ledger == x_id and resolution.epsilon == 0
+    with closing(sqlite3.connect(ledger_path(x_dir))) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+    found = verify_file(ledger_path(x_dir))
+    assert not found.problems and found.open_rollbacks == 0
+
+
+# ------------------------------------------------------------------ 5. another owner's ledger
+def test_a_ledger_of_another_owner_is_never_restored_over_this_owners(
+    pki: Path, tmp_path: Path
+) -> None:
+    """``restore --replace-other-ledger --from`` Bob's ledger into Alice's directory is refused,
+    nothing changed: restoring Alice's own back would otherwise charge Bob's lifetime spending
+    into her ledger. Control: a ledger of Alice's own is restored over it."""
+    a_dir, b_dir = tmp_path / "alice", tmp_path / "bob"
+    init_ledger(a_dir, "alice", security(pki))
+    init_ledger(b_dir, "bob", security(pki, BOB))
+    with OwnerLedger(b_dir, None, owner=owner(pki, BOB)) as bob:
+        charge(bob, "b1", epsilon=1.5)
+    before = verify_file(ledger_path(a_dir))
+    with pytest.raises(ValueError, match=r"ledger of owner bob.*never restored over another"):
+        restore_ledger(a_dir, ledger_path(b_dir), replace_other=True)
+    after = verify_file(ledger_path(a_dir))
+    assert after.identity == before.identity and after.totals == before.totals
+    assert sorted(p.name for p in a_dir.iterdir() if "replaced" in p.name) == []
+    restore_ledger(a_dir, _new_ledger(pki, tmp_path), replace_other=True)  # control
