@@ -593,7 +593,10 @@ def ledger_rebind(data_dir: Path, **tls: Any) -> None:
     "--accept-replaced-ledger",
     is_flag=True,
     help="Also resolve receipts of another ledger of this owner (one this ledger replaced): "
-    "record it as replaced; what it charged is lost to the budget, on record.",
+    "record it as replaced up to the receipt's charge; what it charged up to there is lost to "
+    "the budget, on record, unless this ledger replaced it by restore --replace-other-ledger "
+    "(then what the receipt shows beyond what the restore counted is charged). A receipt of a "
+    "later charge of it stops the owner again.",
 )
 @click.option(
     "--dismiss-unverified-receipts",
@@ -601,8 +604,8 @@ def ledger_rebind(data_dir: Path, **tls: Any) -> None:
     help="Also resolve receipts naming this owner that no key of the ledger verifies and whose "
     "totals do not open under the ledger's key (forged by a curator): nothing is charged, on "
     "record. Restore the latest backup that verifies instead if the ledger's keys were edited. "
-    "Never a receipt whose certificate (kept by the curator) the owner's CA issued to this owner "
-    "and whose key signed it: that one is genuine.",
+    "Never a receipt whose certificate (kept by the curator) the owner's CA issued to this owner, "
+    "whose key signed it and whose totals this ledger sealed: that one is genuine.",
 )
 def ledger_resolve(
     data_dir: Path, accept_replaced_ledger: bool, dismiss_unverified_receipts: bool
@@ -618,9 +621,8 @@ def ledger_resolve(
     naming this owner that no key of its ledger verifies is charged back the same way when its
     totals open under the ledger's own key (the ledger's keys were edited); otherwise it is
     forged: pass --dismiss-unverified-receipts. A receipt that came with a certificate the
-    owner's CA issued to this owner, whose key signed it, is genuine and never dismissed: if
-    its totals do not open, the ledger was tampered with (its sealing key replaced); this
-    refuses it, writing nothing: restore a ledger that opens the receipt.
+    owner's CA issued to this owner, whose key signed it and whose totals this ledger sealed, is
+    genuine and never dismissed; one this ledger never sealed is unverified, whatever signed it.
     """
     try:
         with OwnerLedger(data_dir, None) as book:

@@ -110,6 +110,7 @@ from dpmarket.owner.receipts import (
     receipt_certificate_key,
     seal_totals,
     sign_receipt,
+    unseal_totals,
 )
 from dpmarket.runtime.database import (
     DatabaseMissingError,
@@ -1521,18 +1522,66 @@ class OwnerLedger:
     ) -> dict[str, bytes]:
         """``{fingerprint: DER}`` of ``certificate`` when it is a CA-issued certificate of this
         owner whose key signed ``receipt`` (expired or replaced accepted:
-        :func:`~dpmarket.owner.receipts.receipt_certificate_key`), else empty (logged)."""
+        :func:`~dpmarket.owner.receipts.receipt_certificate_key`) *and* the receipt's totals
+        open under a sealing key this ledger holds (its own, or a ledger's it replaced:
+        ``replaced_ledgers``), else empty (logged).
+
+        The owner knows its own sealing keys: a receipt sealed under a key this ledger never
+        held was not sealed by it, whatever certificate signed it (a certificate named like
+        this owner, issued by whoever holds the CA's key, signs anything). Such a key is never
+        added to ``ledger_keys``; the receipt stays unverified, which its operator may dismiss
+        on record.
+        """
         if not certificate or self._ca_pem is None or self._identity.owner is None:
             return {}
         try:
             fingerprint, der = receipt_certificate_key(
                 certificate, self._ca_pem, self._identity.owner
             )
-            open_receipt(receipt, {fingerprint: der})
+            state, _ = open_receipt(receipt, {fingerprint: der})
         except ReceiptError as exc:
             logger.warning("%s presented a receipt with a certificate: %s", curator, exc)
             return {}
+        if not self._sealed_here(state):
+            logger.warning(
+                "%s presented a receipt (ledger %s, up to charge %d) signed by a certificate "
+                "the CA issued to this owner (key %s), whose totals open under no sealing key "
+                "ledger %s holds: this owner did not seal it, so the key is not listed and the "
+                "receipt is unverified",
+                curator,
+                state.ledger_id,
+                state.sequence,
+                fingerprint[:16],
+                self._identity.ledger_id,
+            )
+            return {}
         return {fingerprint: der}
+
+    def _sealed_here(self, state: privacy_pb2.LedgerState) -> bool:
+        """Whether the totals of the receipt ``state`` open under this ledger's sealing key (a
+        receipt of this ledger) or under the kept key of the ledger it names (one this ledger
+        replaced by restore)."""
+        if state.ledger_id == self._identity.ledger_id:
+            key: bytes | None = self._seal_key()
+        else:
+            row = self._conn.execute(
+                "SELECT seal_key FROM replaced_ledgers WHERE ledger_id = ?",
+                (str(state.ledger_id),),
+            ).fetchone()
+            key = None if row is None else bytes(row[0])
+        if key is None:
+            return False
+        try:
+            unseal_totals(
+                key,
+                state.sealed_totals,
+                ledger_id=state.ledger_id,
+                sequence=state.sequence,
+                head=bytes(state.head),
+            )
+        except ReceiptError:
+            return False
+        return True
 
     def check_receipt(
         self,
@@ -1584,9 +1633,11 @@ class OwnerLedger:
             The owner certificate (PEM) the curator keeps with the receipt (:attr:`certificate`
             when the owner returned it). When no key of the ledger verifies the receipt but this
             certificate is issued by the owner's CA to this owner (expired or replaced since
-            accepted) and its key does, the receipt is *genuine*: the key is added to
-            ``ledger_keys`` (append-only), so the receipt counts as verified from then on and is
-            never dismissed as forged (:mod:`dpmarket.owner.ledger_resolutions`).
+            accepted), its key does, and the receipt's totals open under a sealing key this
+            ledger holds, the receipt is *genuine*: the key is added to ``ledger_keys``
+            (append-only), so the receipt counts as verified from then on and is never
+            dismissed as forged (:mod:`dpmarket.owner.ledger_resolutions`). A receipt this
+            ledger never sealed stays unverified whatever certificate signed it.
 
         Raises
         ------
@@ -1762,8 +1813,10 @@ class OwnerLedger:
         )
         logger.error(
             "%s presented a receipt signed by key %s of a certificate the CA issued to this "
-            "owner, which ledger %s (%s) did not list: the ledger's keys were edited. The key is "
-            "listed again; the receipt is genuine and cannot be dismissed",
+            "owner, which ledger %s (%s) did not list, and sealed by this ledger (its totals "
+            "open under its sealing key): the ledger was restored from a copy older than that "
+            "certificate, or its keys were edited. The key is listed again; the receipt is "
+            "genuine and cannot be dismissed",
             curator,
             fingerprint[:16],
             self._identity.ledger_id,
@@ -2072,10 +2125,16 @@ class OwnerLedger:
             raise ValueError(
                 f"rollback {number}: {curator} presented a receipt this owner signed (a key of "
                 f"this ledger or of a certificate the CA issued to this owner verifies it) for "
-                f"this ledger {state.ledger_id}, up to charge {state.sequence}, and {exc}: the "
-                "ledger's sealing key was replaced, so what it lost cannot be known. It is not "
-                "resolved and cannot be dismissed; nothing was written. Restore a ledger that "
-                "opens this receipt (its latest backup: dpmarket owner ledger restore)"
+                f"this ledger {state.ledger_id}, up to charge {state.sequence}, and {exc}: "
+                "either the ledger's sealing key was replaced, so what it lost cannot be known, "
+                "or the key that signed it was listed from a receipt this ledger never sealed "
+                "(a release before schema 8 listed the key of a certificate the CA issued to "
+                "this owner from a forged receipt). It is not resolved and cannot be dismissed; "
+                "nothing was written. Restore a ledger that opens this receipt (its latest "
+                "backup: dpmarket owner ledger restore), or the latest backup from before that "
+                "key was listed (dpmarket owner ledger shows the ledger's keys): the receipt is "
+                "then unverified, and dpmarket owner ledger resolve "
+                "--dismiss-unverified-receipts dismisses it on record if it is forged"
             ) from None
         charge_id = self._insert(
             _Request(

@@ -36,16 +36,18 @@ the receipt is resolved (:func:`receipt_resolved`):
   resolved only by a charge-back, never by a dismissal.
 * a **genuine** receipt is never dismissed: one that came with a certificate the owner's CA
   issued to this owner (expired or replaced since accepted) whose key signed it
-  (:func:`dpmarket.owner.receipts.receipt_certificate_key`). The curator keeps that certificate
-  with the receipt and presents both; when the ledger's keys do not verify the receipt, the
-  owner lists the certificate's key in ``ledger_keys`` again
-  (:meth:`~dpmarket.owner.ledger.OwnerLedger.check_receipt`), so the receipt is verified here
-  and a dismissal entry does not count for it. If it names this ledger and its totals do not
-  open under the ledger's sealing key, the ledger was tampered with (its sealing key replaced):
-  what it lost cannot be known, and ``resolve`` refuses it, writing nothing, until a ledger
-  that opens it is restored. A receipt without a certificate, or with one the CA did not issue
-  to this owner, keeps the rule above: a curator can still forge one to make the owner wait for
-  its operator.
+  (:func:`dpmarket.owner.receipts.receipt_certificate_key`) and whose totals open under a
+  sealing key this ledger holds (its own, or a replaced ledger's it kept). The curator keeps
+  that certificate with the receipt and presents both; when the ledger's keys do not verify the
+  receipt, the owner lists the certificate's key in ``ledger_keys`` again
+  (:meth:`~dpmarket.owner.ledger.OwnerLedger.check_receipt`), so the receipt is verified here,
+  charged back, and a dismissal entry does not count for it. A receipt sealed under a key the
+  ledger never held is not the owner's, whatever certificate signed it (whoever holds the CA's
+  key issues one named like the owner): its key is never listed, and it keeps the rule above
+  (a dismissal resolves it). A verified receipt of this ledger whose totals do not open (its
+  sealing key replaced, or signed by a listed key that leaked) is refused by ``resolve``,
+  writing nothing, until a ledger that opens it, or one from before that key was listed, is
+  restored.
 
 ``ledger_rollbacks.resolved_at`` is kept as a note for the operator; no decision reads it.
 Deleting a detection row only lets the owner serve until a curator presents the receipt again,

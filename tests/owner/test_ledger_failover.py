@@ -8,6 +8,7 @@ same steps on a ledger the defence does not concern).
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
 from contextlib import closing
@@ -15,14 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from dpmarket.deploy.pki import init_ca, issue_all
+from dpmarket.deploy.pki import init_ca, issue, issue_all
 from dpmarket.owner.ledger import MIGRATIONS, LedgerRollbackError, OwnerLedger, ledger_path
 from dpmarket.owner.ledger_admin import backup_ledger, init_ledger, restore_ledger, verify_file
 from dpmarket.owner.ledger_chain import LedgerOwner
+from dpmarket.owner.receipts import Signer, sign_receipt
 from dpmarket.runtime.identity import Identity, identity_files
 from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import privacy_pb2
-from tests.owner.ledger_attacks import append_entry
+from tests.owner.ledger_attacks import append_entry, before_schema_8
 
 ALICE, BOB = Identity("owner", "alice"), Identity("owner", "bob")
 CURATOR = "curator:curator"
@@ -213,9 +215,7 @@ def test_a_ledger_of_the_previous_schema_opens_and_keeps_its_supersessions(
         within = x.receipt()
     restore_ledger(x_dir, _new_ledger(pki, tmp_path), replace_other=True)
     with closing(sqlite3.connect(ledger_path(x_dir))) as conn, conn:
-        conn.execute("DROP TRIGGER replaced_ledgers_no_update")
-        conn.execute("DROP TRIGGER replaced_ledgers_no_delete")
-        conn.execute("DROP TABLE replaced_ledgers")
+        before_schema_8(conn)
         conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) - 1}")
     with OwnerLedger(x_dir, None, owner=owner(pki)) as y:
         y.check_receipt(within, curator=CURATOR)  # type: ignore[arg-type]
@@ -248,3 +248,56 @@ def test_a_ledger_of_another_owner_is_never_restored_over_this_owners(
     assert after.identity == before.identity and after.totals == before.totals
     assert sorted(p.name for p in a_dir.iterdir() if "replaced" in p.name) == []
     restore_ledger(a_dir, _new_ledger(pki, tmp_path), replace_other=True)  # control
+
+
+# ------------------------------------------------------------------ 4. a forged "genuine" receipt
+def test_a_receipt_this_ledger_never_sealed_is_dismissable_whatever_certificate_signed_it(
+    tmp_path: Path,
+) -> None:
+    """A curator holding the CA's key forges a receipt of Alice's ledger (its real id, a charge
+    far ahead, garbage totals) signed by a certificate the CA issued named ``alice``: the owner
+    refuses it (a rollback to look at) but never lists that key, and the operator dismisses it
+    on record; Alice's budget is untouched. Control: a genuine receipt, sealed by this ledger
+    and signed by Alice's renewed certificate, which the ledger (restored from a copy older
+    than the renewal) does not list: its key is listed again and what it shows lost is charged
+    back, never dismissed."""
+    root = tmp_path / "pki"
+    init_ca(root)
+    issue_all(root, [ALICE])
+    before_renewal = owner(root)
+    data_dir, backup = tmp_path / "alice", tmp_path / "backup.sqlite3"
+    init_ledger(data_dir, "alice", security(root))
+    with OwnerLedger(data_dir, None, owner=before_renewal) as ledger:
+        charge(ledger, "a1")
+        backup_ledger(data_dir, backup)
+        keys_before = set(ledger.identity.keys)
+    issue(root, "owner", "alice", force=True)  # Alice's certificate renewed
+    renewed = security(root)
+    with OwnerLedger(data_dir, None, owner=owner(root)) as ledger:
+        charge(ledger, "a2")
+        genuine = ledger.receipt()
+        state = privacy_pb2.LedgerState.FromString(genuine.state)  # type: ignore[union-attr]
+    issue(root, "owner", "alice", force=True)  # the forger's CA-issued "alice"
+    forger = security(root)
+    state.sequence, state.head, state.sealed_totals = 90, os.urandom(32), os.urandom(60)
+    forged = sign_receipt(Signer.from_pem(forger.key_pem or b""), state)
+    restore_ledger(data_dir, backup)
+    with OwnerLedger(data_dir, None, owner=before_renewal) as ledger:
+        with pytest.raises(LedgerRollbackError):
+            ledger.check_receipt(forged, curator=CURATOR, certificate=forger.cert_pem)
+        assert set(ledger.identity.keys) == keys_before
+        with pytest.raises(ValueError, match="--dismiss-unverified-receipts") as refused:
+            ledger.resolve_rollbacks()
+        assert "sealing key was replaced" not in str(refused.value)
+        (dismissal,) = ledger.resolve_rollbacks(dismiss_unverified=True)
+        assert dismissal.dismissed and ledger.window_totals().epsilon == pytest.approx(1.0)
+        ledger.check_receipt(forged, curator=CURATOR, certificate=forger.cert_pem)
+        # Control: the genuine receipt of the renewed certificate.
+        with pytest.raises(LedgerRollbackError):
+            ledger.check_receipt(genuine, curator=CURATOR, certificate=renewed.cert_pem)
+    with OwnerLedger(data_dir, None, owner=before_renewal) as ledger:
+        assert set(ledger.identity.keys) > keys_before  # the renewed key, listed again
+        (charged,) = ledger.resolve_rollbacks(dismiss_unverified=True)
+        assert not charged.dismissed and charged.epsilon == pytest.approx(1.0)
+        ledger.check_receipt(genuine, curator=CURATOR, certificate=renewed.cert_pem)
+        assert ledger.window_totals().epsilon == pytest.approx(2.0)
