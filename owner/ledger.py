@@ -59,6 +59,7 @@ import tomllib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from fractions import Fraction
 from numbers import Integral, Real
 from pathlib import Path
@@ -882,6 +883,7 @@ class OwnerLedger:
     ) -> None:
         self._path = ledger_path(data_dir)
         self._clock = clock
+        self._clock_behind = False
         self._lock = threading.Lock()
         self._pending: list[tuple[tuple[Any, ...], bytes]] = []
         self._rollback_cache: tuple[tuple[int, int, Any], list[int]] | None = None
@@ -1352,6 +1354,38 @@ class OwnerLedger:
                 self._path.parent,
             )
 
+    def _now(self) -> float:
+        """The time a charge, a resolution, a window or a receipt is stamped with (inside a
+        transaction or snapshot): the clock, but never earlier than the ledger's latest charge.
+
+        A clock set back (by hand, or a host restored with a stale clock) would date a charge
+        before those already made, so that, once the clock is right again, a rolling window no
+        longer counts it: with a one-day window, a clock two days behind admitted a charge the
+        window had no room for, and after the clock was fixed it had fallen out. Stamped no
+        earlier than the latest charge, the charge counts in every window that the latest one
+        does, and the window is summed at that time (what it holds then is at least what it
+        holds at the real time). The owner does not refuse to serve on a clock behind (an NTP
+        step back of a second would stop it); it logs a warning, once while the clock is
+        behind, saying by how much and to fix it.
+        """
+        clock = float(self._clock())
+        (latest,) = self._conn.execute("SELECT MAX(at) FROM charges").fetchone()
+        if latest is None or clock >= float(latest):
+            self._clock_behind = False
+            return clock
+        if not self._clock_behind:
+            logger.warning(
+                "ledger %s: the clock (%s) is %.0f s behind the ledger's latest charge (%s): "
+                "charges are stamped at that charge's time, so that a rolling window still "
+                "counts them, until the clock passes it. Fix this host's clock (NTP)",
+                self._path,
+                datetime.fromtimestamp(clock, UTC).isoformat(timespec="seconds"),
+                float(latest) - clock,
+                datetime.fromtimestamp(float(latest), UTC).isoformat(timespec="seconds"),
+            )
+            self._clock_behind = True
+        return float(latest)
+
     def _insert(self, request: _Request, now: float) -> int:
         """Insert and chain one charge (inside the caller's write transaction); its id."""
         row_id, values, digest = _append_entry(self._conn, request, now)
@@ -1377,7 +1411,7 @@ class OwnerLedger:
         """
         request = self._request(session, consumer, curator, mechanism, epsilon, delta, points)
         with self._lock, _unavailable_when_busy(self._path), snapshot(self._conn):
-            self._refuse(request, float(self._clock()))
+            self._refuse(request, self._now())
 
     def charge(
         self,
@@ -1450,7 +1484,7 @@ class OwnerLedger:
         """
         request = self._request(session, consumer, curator, mechanism, epsilon, delta, points)
         with self._lock, _unavailable_when_busy(self._path), self._writing():
-            now = float(self._clock())
+            now = self._now()
             self._refuse(request, now)
             row_id = self._insert(request, now)
             if record is not None:
@@ -1495,12 +1529,13 @@ class OwnerLedger:
             sequence, digest = head(self._conn)
             spent = self._lifetime_spent()
             key = self._seal_key()
+            signed_at = self._now()  # never before a charge it covers
         state = privacy_pb2.LedgerState(
             ledger_id=self._identity.ledger_id,
             owner=self._identity.owner,
             sequence=sequence,
             head=digest,
-            signed_at=float(self._clock()),
+            signed_at=signed_at,
         )
         state.sealed_totals = seal_totals(
             key,
@@ -1921,7 +1956,7 @@ class OwnerLedger:
         out: list[Resolution] = []
         with self._lock, _unavailable_when_busy(self._path), self._writing():
             self._guard.sync(self._conn)
-            now = float(self._clock())
+            now = self._now()
             key, keys = self._seal_key(), self._keys()
             found = set(open_rollbacks(self._conn))
             rows = self._conn.execute(
@@ -2200,7 +2235,7 @@ class OwnerLedger:
     def window_totals(self) -> Totals:
         """What the charges of the current window have spent (every charge for a lifetime)."""
         with self._lock, snapshot(self._conn):
-            return self._window_spent(float(self._clock())).totals()
+            return self._window_spent(self._now()).totals()
 
     def session_totals(self, session: str) -> Totals:
         """What ``session`` has spent over its whole life (zero for an unknown session)."""

@@ -8,6 +8,8 @@ same steps on a ledger the defence does not concern).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shutil
 import sqlite3
@@ -17,9 +19,16 @@ from pathlib import Path
 import pytest
 
 from dpmarket.deploy.pki import init_ca, issue, issue_all
-from dpmarket.owner.ledger import MIGRATIONS, LedgerRollbackError, OwnerLedger, ledger_path
+from dpmarket.owner.ledger import (
+    MIGRATIONS,
+    LedgerRollbackError,
+    OwnerBudgetError,
+    OwnerLedger,
+    ledger_path,
+)
 from dpmarket.owner.ledger_admin import backup_ledger, init_ledger, restore_ledger, verify_file
 from dpmarket.owner.ledger_chain import LedgerOwner
+from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.receipts import Signer, sign_receipt
 from dpmarket.runtime.identity import Identity, identity_files
 from dpmarket.runtime.transport import TransportSecurity
@@ -301,3 +310,38 @@ def test_a_receipt_this_ledger_never_sealed_is_dismissable_whatever_certificate_
         assert not charged.dismissed and charged.epsilon == pytest.approx(1.0)
         ledger.check_receipt(genuine, curator=CURATOR, certificate=renewed.cert_pem)
         assert ledger.window_totals().epsilon == pytest.approx(2.0)
+
+
+# ------------------------------------------------------------------ 3. a clock set back
+def test_a_clock_set_back_does_not_move_a_charge_out_of_a_rolling_window(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Window of one day, 4 epsilon; 3 spent, then the owner's clock set two days back: the
+    charge of the last 1 epsilon is stamped at the latest charge's time (not two days
+    earlier), with a warning that the clock is behind; once the clock is fixed the window
+    still counts it and refuses 1 more. Control: stamped with the clock as it was (the red
+    team's run), the charge falls out of the window once the clock is fixed, and 1 more
+    passes: 5 epsilon within one real day against 4."""
+    now = [1.8e9]
+    policy = OwnerPolicy(epsilon_total=4.0, epsilon_per_session=4.0, window_days=1)
+
+    def run(data_dir: Path, *, monotone: bool) -> tuple[float, float]:
+        """The second charge's stamp, and the epsilon charged within one real day."""
+        now[0] = 1.8e9
+        init_ledger(data_dir, "o", TransportSecurity.plaintext())
+        with OwnerLedger(data_dir, policy, clock=lambda: now[0]) as ledger:
+            if not monotone:  # the defence off: the clock as it is
+                ledger._now = lambda: float(now[0])  # type: ignore[method-assign]
+            charge(ledger, "s1", epsilon=3.0)
+            now[0] -= 2 * 86_400  # the clock set back two days
+            charge(ledger, "s2", epsilon=1.0)
+            now[0] += 2 * 86_400 + 60  # the clock fixed, a minute later
+            with contextlib.suppress(OwnerBudgetError):
+                charge(ledger, "s3", epsilon=1.0)
+            entries = ledger.entries()
+        return entries[1].at, sum(e.epsilon for e in entries)
+
+    caplog.set_level(logging.WARNING)
+    assert run(tmp_path / "o", monotone=True) == (1.8e9, 4.0)  # the third refused
+    assert "behind the ledger's latest charge" in caplog.text
+    assert run(tmp_path / "c", monotone=False) == (1.8e9 - 2 * 86_400, 5.0)  # control
