@@ -2167,8 +2167,8 @@ class OwnerLedger:
                 "this owner from a forged receipt). It is not resolved and cannot be dismissed; "
                 "nothing was written. Restore a ledger that opens this receipt (its latest "
                 "backup: dpmarket owner ledger restore), or the latest backup from before that "
-                "key was listed (dpmarket owner ledger shows the ledger's keys): the receipt is "
-                "then unverified, and dpmarket owner ledger resolve "
+                "key was listed (dpmarket owner ledger verify --json lists the ledger's keys): "
+                "the receipt is then unverified, and dpmarket owner ledger resolve "
                 "--dismiss-unverified-receipts dismisses it on record if it is forged"
             ) from None
         charge_id = self._insert(

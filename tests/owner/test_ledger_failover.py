@@ -9,6 +9,7 @@ same steps on a ledger the defence does not concern).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -17,8 +18,10 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from dpmarket.deploy.pki import init_ca, issue, issue_all
+from dpmarket.owner.cli import ledger as ledger_cli
 from dpmarket.owner.ledger import (
     MIGRATIONS,
     LedgerRollbackError,
@@ -301,6 +304,9 @@ def test_a_receipt_this_ledger_never_sealed_is_dismissable_whatever_certificate_
         (dismissal,) = ledger.resolve_rollbacks(dismiss_unverified=True)
         assert dismissal.dismissed and ledger.window_totals().epsilon == pytest.approx(1.0)
         ledger.check_receipt(forged, curator=CURATOR, certificate=forger.cert_pem)
+        listed = CliRunner().invoke(ledger_cli, ["verify", "--file", str(ledger.path), "--json"])
+        assert listed.exit_code == 0, listed.output
+        assert set(json.loads(listed.output)["keys"]) == keys_before  # what an operator checks
         # Control: the genuine receipt of the renewed certificate.
         with pytest.raises(LedgerRollbackError):
             ledger.check_receipt(genuine, curator=CURATOR, certificate=renewed.cert_pem)
