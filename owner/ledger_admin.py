@@ -15,7 +15,10 @@ the how-to is docs/howto-ledger.md.
   file would be played onto it) and copies the backup in. Restoring over *another* ledger of
   the owner (``--replace-other-ledger``) records the ledger it replaces in the restored one, as
   a chained entry charging what that ledger spent, so that the receipts of that ledger are
-  recognised as replaced rather than refused and its spending is not lost.
+  recognised as replaced rather than refused and its spending is not lost, and keeps its
+  sealing key (a receipt of a later charge of it is then charged, not only accepted). It
+  refuses to replace a ledger that does not verify or has a rollback open (its totals as found
+  would not count what it lost), and never restores a ledger of another owner or deployment.
 * :func:`upgrade_ledger` migrates a ledger of an earlier release to this build's schema, on its
   operator's explicit request (the owner never migrates its ledger on its own: a file taken back
   to an earlier format would otherwise be bound again with a new id and its budget reset), and
@@ -334,8 +337,9 @@ def restore_ledger(
         Allow replacing a readable ledger with a backup of *another* ledger (another ledger id).
         The replaced ledger is then recorded in the restored one as a chained entry that
         charges its lifetime epsilon, delta and points (``record_superseded`` of
-        :mod:`dpmarket.owner.ledger`): its receipts are recognised as replaced, not refused,
-        and what it spent stays spent.
+        :mod:`dpmarket.owner.ledger`): its receipts up to its last charge are recognised as
+        replaced, not refused, what it spent stays spent, and its sealing key is kept
+        (``replaced_ledgers``).
 
     Returns
     -------
@@ -346,8 +350,10 @@ def restore_ledger(
     Raises
     ------
     ValueError
-        If the backup does not verify, or it is of another ledger than the one in
-        ``data_dir`` (unless ``replace_other``).
+        If the backup does not verify; or it is a ledger of another owner or deployment than
+        the one in ``data_dir``; or of another ledger of this owner (unless ``replace_other``);
+        or, with ``replace_other``, the ledger in place does not verify or has a rollback open
+        whose receipt is not of the backup's ledger (resolve it first). Nothing is changed.
     FileNotFoundError
         If ``backup`` does not exist.
     """
