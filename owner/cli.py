@@ -464,7 +464,9 @@ def ledger_restore(data_dir: Path, backup_path: Path, replace_other_ledger: bool
             f"replaced ledger {before.identity.ledger_id} ({before.charges} charges, lifetime "
             f"epsilon {float(before.totals[0]):.6g}, {before.totals[2]} points): recorded in "
             "the restored ledger as replaced on your request, as one entry charging what it "
-            "spent (its budget stays spent), and its receipts no longer stop the owner",
+            f"spent (its budget stays spent), and its receipts up to its charge {before.sequence} "
+            "no longer stop the owner (a receipt of a later charge of it still does: resolve "
+            "then charges what it shows beyond what this entry counted)",
             markup=False,
             highlight=False,
         )
@@ -522,6 +524,7 @@ def ledger_verify(data_dir: Path | None, file_path: Path | None, as_json: bool, 
         "ledger_id": None if identity is None else identity.ledger_id,
         "owner": None if identity is None else identity.owner,
         "ca": None if identity is None else identity.ca,
+        "keys": [] if identity is None else list(identity.keys),
         "charges": found.charges,
         "chained_from_creation": None if identity is None else identity.charges_at_creation == 0,
         "sequence": found.sequence,
@@ -591,7 +594,10 @@ def ledger_rebind(data_dir: Path, **tls: Any) -> None:
     "--accept-replaced-ledger",
     is_flag=True,
     help="Also resolve receipts of another ledger of this owner (one this ledger replaced): "
-    "record it as replaced; what it charged is lost to the budget, on record.",
+    "record it as replaced up to the receipt's charge; what it charged up to there is lost to "
+    "the budget, on record, unless this ledger replaced it by restore --replace-other-ledger "
+    "(then what the receipt shows beyond what the restore counted is charged). A receipt of a "
+    "later charge of it stops the owner again.",
 )
 @click.option(
     "--dismiss-unverified-receipts",
@@ -599,8 +605,8 @@ def ledger_rebind(data_dir: Path, **tls: Any) -> None:
     help="Also resolve receipts naming this owner that no key of the ledger verifies and whose "
     "totals do not open under the ledger's key (forged by a curator): nothing is charged, on "
     "record. Restore the latest backup that verifies instead if the ledger's keys were edited. "
-    "Never a receipt whose certificate (kept by the curator) the owner's CA issued to this owner "
-    "and whose key signed it: that one is genuine.",
+    "Never a receipt whose certificate (kept by the curator) the owner's CA issued to this owner, "
+    "whose key signed it and whose totals this ledger sealed: that one is genuine.",
 )
 def ledger_resolve(
     data_dir: Path, accept_replaced_ledger: bool, dismiss_unverified_receipts: bool
@@ -616,9 +622,8 @@ def ledger_resolve(
     naming this owner that no key of its ledger verifies is charged back the same way when its
     totals open under the ledger's own key (the ledger's keys were edited); otherwise it is
     forged: pass --dismiss-unverified-receipts. A receipt that came with a certificate the
-    owner's CA issued to this owner, whose key signed it, is genuine and never dismissed: if
-    its totals do not open, the ledger was tampered with (its sealing key replaced); this
-    refuses it, writing nothing: restore a ledger that opens the receipt.
+    owner's CA issued to this owner, whose key signed it and whose totals this ledger sealed, is
+    genuine and never dismissed; one this ledger never sealed is unverified, whatever signed it.
     """
     try:
         with OwnerLedger(data_dir, None) as book:
@@ -638,10 +643,19 @@ def ledger_resolve(
             if r.epsilon or r.delta or r.points
             else f"nothing was missing (recorded as charge {r.charge}, of nothing)"
         )
-        if r.replaced_ledger is not None:
+        if r.replaced_ledger is not None and r.counted_replaced:
             charged = (
-                f"a receipt of ledger {r.replaced_ledger}, recorded as replaced by this one: "
-                "what it charged is not counted"
+                f"a receipt of ledger {r.replaced_ledger}, which this ledger replaced (restore "
+                f"--replace-other-ledger), recorded as replaced up to charge "
+                f"{r.receipt_sequence}: what it shows beyond the charges of it counted here was "
+                f"{charged}"
+            )
+        elif r.replaced_ledger is not None:
+            charged = (
+                f"a receipt of ledger {r.replaced_ledger}, recorded as replaced by this one up "
+                f"to charge {r.receipt_sequence}: what it charged up to there is not counted "
+                "(its totals are sealed under its own key); a receipt of a later charge of it "
+                "stops the owner again"
             )
         if r.dismissed:
             charged = "an unverified receipt (forged), dismissed on record: nothing charged"

@@ -59,6 +59,7 @@ import tomllib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from fractions import Fraction
 from numbers import Integral, Real
 from pathlib import Path
@@ -92,6 +93,7 @@ from dpmarket.owner.ledger_resolutions import (
     DISMISSED_PREFIX,
     ROLLBACK_PREFIX,
     SUPERSEDED_PREFIX,
+    beyond_replaced,
     dismissal_session,
     open_rollbacks,
     owed,
@@ -109,6 +111,7 @@ from dpmarket.owner.receipts import (
     receipt_certificate_key,
     seal_totals,
     sign_receipt,
+    unseal_totals,
 )
 from dpmarket.runtime.database import (
     DatabaseMissingError,
@@ -292,6 +295,24 @@ MIGRATIONS: tuple[Migration, ...] = (
         SELECT RAISE(ABORT, 'a ledger keeps every rollback it found');
     END;
     """,
+    # 7 -> 8: the sealing key of each ledger this one replaced (restore --replace-other-ledger
+    # copies it from the file it replaces): a receipt of a later charge of that ledger (the
+    # replaced file was an older copy) then opens here, and resolve --accept-replaced-ledger
+    # charges what it shows beyond what the supersession entries counted
+    # (dpmarket.owner.ledger_resolutions.beyond_replaced). Append-only.
+    """
+    CREATE TABLE replaced_ledgers (
+        ledger_id TEXT PRIMARY KEY,
+        seal_key BLOB NOT NULL CHECK (length(seal_key) = 32),
+        recorded_at REAL NOT NULL
+    );
+    CREATE TRIGGER replaced_ledgers_no_update BEFORE UPDATE ON replaced_ledgers BEGIN
+        SELECT RAISE(ABORT, 'a ledger keeps the keys of the ledgers it replaced');
+    END;
+    CREATE TRIGGER replaced_ledgers_no_delete BEFORE DELETE ON replaced_ledgers BEGIN
+        SELECT RAISE(ABORT, 'a ledger keeps the keys of the ledgers it replaced');
+    END;
+    """,
 )
 
 #: The triggers that keep the ledger's records append-only: a ledger without one of them was
@@ -312,6 +333,8 @@ GUARD_TRIGGERS = (
     "earnings_no_delete",
     "ledger_rollbacks_no_delete",
     "ledger_rollbacks_fixed",
+    "replaced_ledgers_no_update",
+    "replaced_ledgers_no_delete",
 )
 
 #: The first schema with the ledger's identity and hash chain (migration 3 -> 4). A ledger
@@ -355,6 +378,7 @@ TABLES = (
     "ledger_rollbacks",
     "session_market",
     "earnings",
+    "replaced_ledgers",
 )
 
 
@@ -470,6 +494,7 @@ def record_superseded(
     spent: tuple[Fraction, Fraction, int] = (Fraction(0), Fraction(0), 0),
     *,
     through: int | None = None,
+    seal_key: bytes | None = None,
 ) -> int:
     """Record, as a chained entry of the ledger (inside the caller's transaction), that it
     replaced ledger ``ledger_id`` on its operator's request ``how`` at Unix time ``at``,
@@ -478,8 +503,10 @@ def record_superseded(
     receipts of that ledger are accepted from then on
     (:func:`~dpmarket.owner.ledger_resolutions.receipt_resolved`); with ``through``, the replaced
     ledger's last charge counted in ``spent``, only its receipts up to that charge
-    (:func:`~dpmarket.owner.ledger_resolutions.supersession_through_session`). Returns the
-    entry's number.
+    (:func:`~dpmarket.owner.ledger_resolutions.supersession_through_session`). With
+    ``seal_key``, that ledger's sealing key is kept (``replaced_ledgers``): a receipt of a later
+    charge of it is then charged what it shows beyond the entry
+    (:func:`~dpmarket.owner.ledger_resolutions.beyond_replaced`). Returns the entry's number.
 
     Notes
     -----
@@ -500,6 +527,12 @@ def record_superseded(
         delta=min(_round_up(delta), math.nextafter(1.0, 0)),
         points=int(points),
     )
+    if seal_key is not None:
+        conn.execute(
+            "INSERT OR IGNORE INTO replaced_ledgers (ledger_id, seal_key, recorded_at) "
+            "VALUES (?, ?, ?)",
+            (ledger_id, seal_key, at),
+        )
     return _append_entry(conn, request, at)[0]
 
 
@@ -525,7 +558,12 @@ class Resolution:
         acceptance or a dismissal, of zero).
     replaced_ledger : str or None
         For a receipt of another ledger of this owner: that ledger's id, now recorded as
-        replaced by this one (nothing is charged: its totals are sealed under its own key).
+        replaced by this one up to the receipt's charge.
+    counted_replaced : bool
+        For such a receipt: whether this ledger holds that ledger's sealing key (it replaced it
+        by ``restore --replace-other-ledger``), so that what the receipt shows beyond the
+        charges of it counted here was charged; otherwise nothing is charged (its totals are
+        sealed under its own key) and the loss is accepted.
     dismissed : bool
         An unverified receipt (no key of the ledger signed it, its totals do not open)
         dismissed on the operator's request: nothing is charged.
@@ -540,6 +578,7 @@ class Resolution:
     points: int
     charge: int | None
     replaced_ledger: str | None = None
+    counted_replaced: bool = False
     dismissed: bool = False
 
 
@@ -844,6 +883,7 @@ class OwnerLedger:
     ) -> None:
         self._path = ledger_path(data_dir)
         self._clock = clock
+        self._clock_behind = False
         self._lock = threading.Lock()
         self._pending: list[tuple[tuple[Any, ...], bytes]] = []
         self._rollback_cache: tuple[tuple[int, int, Any], list[int]] | None = None
@@ -1314,6 +1354,38 @@ class OwnerLedger:
                 self._path.parent,
             )
 
+    def _now(self) -> float:
+        """The time a charge, a resolution, a window or a receipt is stamped with (inside a
+        transaction or snapshot): the clock, but never earlier than the ledger's latest charge.
+
+        A clock set back (by hand, or a host restored with a stale clock) would date a charge
+        before those already made, so that, once the clock is right again, a rolling window no
+        longer counts it: with a one-day window, a clock two days behind admitted a charge the
+        window had no room for, and after the clock was fixed it had fallen out. Stamped no
+        earlier than the latest charge, the charge counts in every window that the latest one
+        does, and the window is summed at that time (what it holds then is at least what it
+        holds at the real time). The owner does not refuse to serve on a clock behind (an NTP
+        step back of a second would stop it); it logs a warning, once while the clock is
+        behind, saying by how much and to fix it.
+        """
+        clock = float(self._clock())
+        (latest,) = self._conn.execute("SELECT MAX(at) FROM charges").fetchone()
+        if latest is None or clock >= float(latest):
+            self._clock_behind = False
+            return clock
+        if not self._clock_behind:
+            logger.warning(
+                "ledger %s: the clock (%s) is %.0f s behind the ledger's latest charge (%s): "
+                "charges are stamped at that charge's time, so that a rolling window still "
+                "counts them, until the clock passes it. Fix this host's clock (NTP)",
+                self._path,
+                datetime.fromtimestamp(clock, UTC).isoformat(timespec="seconds"),
+                float(latest) - clock,
+                datetime.fromtimestamp(float(latest), UTC).isoformat(timespec="seconds"),
+            )
+            self._clock_behind = True
+        return float(latest)
+
     def _insert(self, request: _Request, now: float) -> int:
         """Insert and chain one charge (inside the caller's write transaction); its id."""
         row_id, values, digest = _append_entry(self._conn, request, now)
@@ -1339,7 +1411,7 @@ class OwnerLedger:
         """
         request = self._request(session, consumer, curator, mechanism, epsilon, delta, points)
         with self._lock, _unavailable_when_busy(self._path), snapshot(self._conn):
-            self._refuse(request, float(self._clock()))
+            self._refuse(request, self._now())
 
     def charge(
         self,
@@ -1412,7 +1484,7 @@ class OwnerLedger:
         """
         request = self._request(session, consumer, curator, mechanism, epsilon, delta, points)
         with self._lock, _unavailable_when_busy(self._path), self._writing():
-            now = float(self._clock())
+            now = self._now()
             self._refuse(request, now)
             row_id = self._insert(request, now)
             if record is not None:
@@ -1457,12 +1529,13 @@ class OwnerLedger:
             sequence, digest = head(self._conn)
             spent = self._lifetime_spent()
             key = self._seal_key()
+            signed_at = self._now()  # never before a charge it covers
         state = privacy_pb2.LedgerState(
             ledger_id=self._identity.ledger_id,
             owner=self._identity.owner,
             sequence=sequence,
             head=digest,
-            signed_at=float(self._clock()),
+            signed_at=signed_at,
         )
         state.sealed_totals = seal_totals(
             key,
@@ -1484,18 +1557,66 @@ class OwnerLedger:
     ) -> dict[str, bytes]:
         """``{fingerprint: DER}`` of ``certificate`` when it is a CA-issued certificate of this
         owner whose key signed ``receipt`` (expired or replaced accepted:
-        :func:`~dpmarket.owner.receipts.receipt_certificate_key`), else empty (logged)."""
+        :func:`~dpmarket.owner.receipts.receipt_certificate_key`) *and* the receipt's totals
+        open under a sealing key this ledger holds (its own, or a ledger's it replaced:
+        ``replaced_ledgers``), else empty (logged).
+
+        The owner knows its own sealing keys: a receipt sealed under a key this ledger never
+        held was not sealed by it, whatever certificate signed it (a certificate named like
+        this owner, issued by whoever holds the CA's key, signs anything). Such a key is never
+        added to ``ledger_keys``; the receipt stays unverified, which its operator may dismiss
+        on record.
+        """
         if not certificate or self._ca_pem is None or self._identity.owner is None:
             return {}
         try:
             fingerprint, der = receipt_certificate_key(
                 certificate, self._ca_pem, self._identity.owner
             )
-            open_receipt(receipt, {fingerprint: der})
+            state, _ = open_receipt(receipt, {fingerprint: der})
         except ReceiptError as exc:
             logger.warning("%s presented a receipt with a certificate: %s", curator, exc)
             return {}
+        if not self._sealed_here(state):
+            logger.warning(
+                "%s presented a receipt (ledger %s, up to charge %d) signed by a certificate "
+                "the CA issued to this owner (key %s), whose totals open under no sealing key "
+                "ledger %s holds: this owner did not seal it, so the key is not listed and the "
+                "receipt is unverified",
+                curator,
+                state.ledger_id,
+                state.sequence,
+                fingerprint[:16],
+                self._identity.ledger_id,
+            )
+            return {}
         return {fingerprint: der}
+
+    def _sealed_here(self, state: privacy_pb2.LedgerState) -> bool:
+        """Whether the totals of the receipt ``state`` open under this ledger's sealing key (a
+        receipt of this ledger) or under the kept key of the ledger it names (one this ledger
+        replaced by restore)."""
+        if state.ledger_id == self._identity.ledger_id:
+            key: bytes | None = self._seal_key()
+        else:
+            row = self._conn.execute(
+                "SELECT seal_key FROM replaced_ledgers WHERE ledger_id = ?",
+                (str(state.ledger_id),),
+            ).fetchone()
+            key = None if row is None else bytes(row[0])
+        if key is None:
+            return False
+        try:
+            unseal_totals(
+                key,
+                state.sealed_totals,
+                ledger_id=state.ledger_id,
+                sequence=state.sequence,
+                head=bytes(state.head),
+            )
+        except ReceiptError:
+            return False
+        return True
 
     def check_receipt(
         self,
@@ -1547,9 +1668,11 @@ class OwnerLedger:
             The owner certificate (PEM) the curator keeps with the receipt (:attr:`certificate`
             when the owner returned it). When no key of the ledger verifies the receipt but this
             certificate is issued by the owner's CA to this owner (expired or replaced since
-            accepted) and its key does, the receipt is *genuine*: the key is added to
-            ``ledger_keys`` (append-only), so the receipt counts as verified from then on and is
-            never dismissed as forged (:mod:`dpmarket.owner.ledger_resolutions`).
+            accepted), its key does, and the receipt's totals open under a sealing key this
+            ledger holds, the receipt is *genuine*: the key is added to ``ledger_keys``
+            (append-only), so the receipt counts as verified from then on and is never
+            dismissed as forged (:mod:`dpmarket.owner.ledger_resolutions`). A receipt this
+            ledger never sealed stays unverified whatever certificate signed it.
 
         Raises
         ------
@@ -1725,8 +1848,10 @@ class OwnerLedger:
         )
         logger.error(
             "%s presented a receipt signed by key %s of a certificate the CA issued to this "
-            "owner, which ledger %s (%s) did not list: the ledger's keys were edited. The key is "
-            "listed again; the receipt is genuine and cannot be dismissed",
+            "owner, which ledger %s (%s) did not list, and sealed by this ledger (its totals "
+            "open under its sealing key): the ledger was restored from a copy older than that "
+            "certificate, or its keys were edited. The key is listed again; the receipt is "
+            "genuine and cannot be dismissed",
             curator,
             fingerprint[:16],
             self._identity.ledger_id,
@@ -1831,7 +1956,7 @@ class OwnerLedger:
         out: list[Resolution] = []
         with self._lock, _unavailable_when_busy(self._path), self._writing():
             self._guard.sync(self._conn)
-            now = float(self._clock())
+            now = self._now()
             key, keys = self._seal_key(), self._keys()
             found = set(open_rollbacks(self._conn))
             rows = self._conn.execute(
@@ -1888,25 +2013,44 @@ class OwnerLedger:
                 "loss on record: dpmarket owner ledger resolve "
                 "--accept-replaced-ledger"
             )
+        # Bounded at the receipt's charge, as restore's entry is: a receipt of a later charge
+        # of that ledger (it served again, e.g. two disks swapped back and forth) is a new
+        # rollback, not covered by this acceptance. When restore kept that ledger's sealing key,
+        # what the receipt shows beyond the charges of it counted here is charged.
+        due = beyond_replaced(self._conn, state)
         request = _Request(
-            session=supersession_session(state.ledger_id),
+            session=supersession_through_session(state.ledger_id, int(state.sequence)),
             consumer="operator",
             curator=curator,
             mechanism=(
-                f"ledger {state.ledger_id} replaced by this one (resolve "
-                "--accept-replaced-ledger): what it charged is not counted"
+                f"ledger {state.ledger_id} up to charge {state.sequence} replaced by this one "
+                "(resolve --accept-replaced-ledger): "
+                + (
+                    "what it charged up to there is not counted"
+                    if due is None
+                    else "what its receipt shows beyond the charges of it counted here"
+                )
             ),
-            epsilon=0.0,
-            delta=0.0,
-            points=0,
+            epsilon=0.0 if due is None else due.epsilon,
+            delta=0.0 if due is None else due.delta,
+            points=0 if due is None else due.points,
         )
-        return self._resolved_uncharged(
-            number,
-            state,
-            ledger_sequence,
-            now,
-            self._insert(request, now),
+        entry = self._insert(request, now)
+        self._conn.execute(
+            "UPDATE ledger_rollbacks SET resolved_at = ?, charge = ? WHERE id = ?",
+            (now, entry, number),
+        )
+        return Resolution(
+            rollback=int(number),
+            curator=curator,
+            receipt_sequence=int(state.sequence),
+            ledger_sequence=int(ledger_sequence),
+            epsilon=request.epsilon,
+            delta=request.delta,
+            points=request.points,
+            charge=entry,
             replaced_ledger=state.ledger_id,
+            counted_replaced=due is not None,
         )
 
     def _resolved_uncharged(
@@ -2016,10 +2160,16 @@ class OwnerLedger:
             raise ValueError(
                 f"rollback {number}: {curator} presented a receipt this owner signed (a key of "
                 f"this ledger or of a certificate the CA issued to this owner verifies it) for "
-                f"this ledger {state.ledger_id}, up to charge {state.sequence}, and {exc}: the "
-                "ledger's sealing key was replaced, so what it lost cannot be known. It is not "
-                "resolved and cannot be dismissed; nothing was written. Restore a ledger that "
-                "opens this receipt (its latest backup: dpmarket owner ledger restore)"
+                f"this ledger {state.ledger_id}, up to charge {state.sequence}, and {exc}: "
+                "either the ledger's sealing key was replaced, so what it lost cannot be known, "
+                "or the key that signed it was listed from a receipt this ledger never sealed "
+                "(a release before schema 8 listed the key of a certificate the CA issued to "
+                "this owner from a forged receipt). It is not resolved and cannot be dismissed; "
+                "nothing was written. Restore a ledger that opens this receipt (its latest "
+                "backup: dpmarket owner ledger restore), or the latest backup from before that "
+                "key was listed (dpmarket owner ledger verify --json lists the ledger's keys): "
+                "the receipt is then unverified, and dpmarket owner ledger resolve "
+                "--dismiss-unverified-receipts dismisses it on record if it is forged"
             ) from None
         charge_id = self._insert(
             _Request(
@@ -2085,7 +2235,7 @@ class OwnerLedger:
     def window_totals(self) -> Totals:
         """What the charges of the current window have spent (every charge for a lifetime)."""
         with self._lock, snapshot(self._conn):
-            return self._window_spent(float(self._clock())).totals()
+            return self._window_spent(self._now()).totals()
 
     def session_totals(self, session: str) -> Totals:
         """What ``session`` has spent over its whole life (zero for an unknown session)."""

@@ -15,7 +15,10 @@ the how-to is docs/howto-ledger.md.
   file would be played onto it) and copies the backup in. Restoring over *another* ledger of
   the owner (``--replace-other-ledger``) records the ledger it replaces in the restored one, as
   a chained entry charging what that ledger spent, so that the receipts of that ledger are
-  recognised as replaced rather than refused and its spending is not lost.
+  recognised as replaced rather than refused and its spending is not lost, and keeps its
+  sealing key (a receipt of a later charge of it is then charged, not only accepted). It
+  refuses to replace a ledger that does not verify or has a rollback open (its totals as found
+  would not count what it lost), and never restores a ledger of another owner or deployment.
 * :func:`upgrade_ledger` migrates a ledger of an earlier release to this build's schema, on its
   operator's explicit request (the owner never migrates its ledger on its own: a file taken back
   to an earlier format would otherwise be bound again with a new id and its budget reset), and
@@ -38,6 +41,8 @@ from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
 
+from google.protobuf.message import DecodeError
+
 from dpmarket.owner.ledger import (
     APPLICATION,
     GUARD_TRIGGERS,
@@ -58,7 +63,7 @@ from dpmarket.owner.ledger_chain import (
     Verification,
     verify_ledger,
 )
-from dpmarket.owner.ledger_resolutions import open_rollbacks
+from dpmarket.owner.ledger_resolutions import open_rollbacks, parse_state
 from dpmarket.owner.policy import data_dir_policy
 from dpmarket.runtime.database import backup_database, open_read_only, transaction
 from dpmarket.runtime.transport import TransportSecurity
@@ -239,6 +244,81 @@ def backup_ledger(data_dir: str | os.PathLike[str], out: str | os.PathLike[str])
     return found
 
 
+def _refuse_another_owner(
+    target: Path, current: Verification | None, backup: str | os.PathLike[str], found: Verification
+) -> None:
+    """Raise ``ValueError`` if ``backup`` (verified: ``found``) is a ledger of another owner, or
+    of another deployment, than the ledger ``current`` in place at ``target``: nothing makes an
+    owner's ledger hold another owner's charges (even ``--replace-other-ledger``, which would
+    record that owner's spending in it when its own is restored back)."""
+    if current is None or current.identity is None or found.identity is None:
+        return
+    mine, theirs = current.identity, found.identity
+    if mine.owner is None or theirs.owner is None:
+        return
+    if mine.owner != theirs.owner or (mine.ca is not None and theirs.ca != mine.ca):
+        raise ValueError(
+            f"{backup} is a ledger of owner {theirs.owner} (CA {str(theirs.ca)[:16]}), but "
+            f"{target} is a ledger of owner {mine.owner} (CA {str(mine.ca)[:16]}): a ledger is "
+            "never restored over another owner's (even with --replace-other-ledger), nothing was "
+            "changed. Restore this owner's own backup (dpmarket owner ledger verify --file "
+            "BACKUP names its owner)"
+        )
+
+
+def _refuse_uncounted(target: Path, current: Verification, restored_id: str) -> None:
+    """Raise ``ValueError`` if the ledger ``current`` in place at ``target``, which a restore
+    of ledger ``restored_id`` would replace, does not verify, or has a rollback open whose
+    receipt is not of ``restored_id``: what it spent is then more than it holds (a curator's
+    receipt shows charges it lost), and recording its totals as found would lose the rest."""
+    if current.problems:
+        raise ValueError(
+            f"{target} does not verify ("
+            + "; ".join(p.what for p in current.problems[:3])
+            + "), so what it spent cannot be counted and it was not replaced. Restore a backup of "
+            "it that verifies first, or move it aside and accept on record what it spent as lost "
+            "(dpmarket owner ledger resolve --accept-replaced-ledger, after the restore)"
+        )
+    conn = open_read_only(target, application=APPLICATION, schema_version=len(MIGRATIONS))
+    try:
+        still = set(open_rollbacks(conn))
+        blocking = [
+            number
+            for number, blob in conn.execute("SELECT id, receipt FROM ledger_rollbacks")
+            if int(number) in still and _receipt_ledger(bytes(blob)) != restored_id
+        ]
+    finally:
+        conn.close()
+    if blocking:
+        raise ValueError(
+            f"{target} (ledger {current.identity.ledger_id if current.identity else '?'}) has "
+            f"{len(blocking)} rollback(s) open: a curator's receipt shows it spent more than it "
+            "holds, so its totals as found would not count all it spent, and it was not "
+            f"replaced. Resolve them first: dpmarket owner ledger resolve --data-dir "
+            f"{target.parent} (it charges the loss back into that ledger; with "
+            "--accept-replaced-ledger or --dismiss-unverified-receipts if it asks), then "
+            "restore again"
+        )
+
+
+def _seal_key_of(path: Path) -> bytes:
+    """The sealing key of the ledger at ``path`` (verified already): kept by the ledger that
+    replaces it, so that a receipt of a later charge of it opens there."""
+    conn = open_read_only(path, application=APPLICATION, schema_version=len(MIGRATIONS))
+    try:
+        return bytes(conn.execute("SELECT seal_key FROM ledger_identity").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def _receipt_ledger(receipt: bytes) -> str | None:
+    """The ledger id a stored receipt names (None: unreadable)."""
+    try:
+        return str(parse_state(receipt).ledger_id)
+    except DecodeError:
+        return None
+
+
 def restore_ledger(
     data_dir: str | os.PathLike[str],
     backup: str | os.PathLike[str],
@@ -257,8 +337,9 @@ def restore_ledger(
         Allow replacing a readable ledger with a backup of *another* ledger (another ledger id).
         The replaced ledger is then recorded in the restored one as a chained entry that
         charges its lifetime epsilon, delta and points (``record_superseded`` of
-        :mod:`dpmarket.owner.ledger`): its receipts are recognised as replaced, not refused,
-        and what it spent stays spent.
+        :mod:`dpmarket.owner.ledger`): its receipts up to its last charge are recognised as
+        replaced, not refused, what it spent stays spent, and its sealing key is kept
+        (``replaced_ledgers``).
 
     Returns
     -------
@@ -269,8 +350,10 @@ def restore_ledger(
     Raises
     ------
     ValueError
-        If the backup does not verify, or it is of another ledger than the one in
-        ``data_dir`` (unless ``replace_other``).
+        If the backup does not verify; or it is a ledger of another owner or deployment than
+        the one in ``data_dir``; or of another ledger of this owner (unless ``replace_other``);
+        or, with ``replace_other``, the ledger in place does not verify or has a rollback open
+        whose receipt is not of the backup's ledger (resolve it first). Nothing is changed.
     FileNotFoundError
         If ``backup`` does not exist.
     """
@@ -282,20 +365,15 @@ def restore_ledger(
             + "; ".join(p.what for p in found.problems)
         )
     current = replaced_ledger(data_dir)  # None: damaged or unreadable, the backup replaces it
+    _refuse_another_owner(target, current, backup, found)
     other = (
         current is not None
         and current.identity is not None
         and found.identity is not None
         and current.identity.ledger_id != found.identity.ledger_id
     )
-    if other and replace_other and current is not None and current.problems:
-        raise ValueError(
-            f"{target} does not verify ("
-            + "; ".join(p.what for p in current.problems[:3])
-            + "), so what it spent cannot be counted and it was not replaced. Restore a backup of "
-            "it that verifies first, or move it aside and accept on record what it spent as lost "
-            "(dpmarket owner ledger resolve --accept-replaced-ledger, after the restore)"
-        )
+    if other and replace_other and current is not None and found.identity is not None:
+        _refuse_uncounted(target, current, found.identity.ledger_id)
     if other and not replace_other:
         assert current is not None and current.identity is not None
         assert found.identity is not None
@@ -306,6 +384,7 @@ def restore_ledger(
             "this owner's backup, or pass --replace-other-ledger (what that ledger charged is "
             "then not counted in the restored one)"
         )
+    replaced_key = _seal_key_of(target) if other else None
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     moved: list[Path] = []
     for path in (
@@ -334,5 +413,6 @@ def restore_ledger(
                 datetime.now(UTC).timestamp(),
                 current.totals,
                 through=current.sequence,
+                seal_key=replaced_key,
             )
     return verify_file(target), moved

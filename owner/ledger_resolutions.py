@@ -16,29 +16,38 @@ the receipt is resolved (:func:`receipt_resolved`):
   lifetime totals hold beyond the charges the ledger shared with it when the entry was written
   (:func:`owed`, recomputed: an entry appended with less does not count);
 * a receipt of **another ledger** of this owner is resolved by a supersession entry naming that
-  ledger: ``resolve --accept-replaced-ledger`` writes one (:func:`supersession_session`; nothing
+  ledger and a charge of it at or beyond the receipt's (:func:`supersession_through_session`):
+  ``resolve --accept-replaced-ledger`` writes one bounded at the receipt's charge (nothing
   charged: that ledger's totals are sealed under its own key), which the ledger's record then
   shows as the operator's acceptance of the loss; ``restore --replace-other-ledger`` writes one
-  that charges the replaced ledger's lifetime totals as found (it must verify) and names its
-  last charge (:func:`supersession_through_session`): it resolves that ledger's receipts up to
-  that charge only, so a replaced file older than, or emptied behind, a receipt resolves
-  nothing;
+  that charges the replaced ledger's lifetime totals as found (it must verify, with no rollback
+  open) and names its last charge, and keeps that ledger's sealing key. Either resolves that
+  ledger's receipts up to that charge only, and, with the key, a receipt whose totals the
+  supersession entries of that ledger charged already (:func:`beyond_replaced`: the replaced
+  ledger had resolved a rollback of its own, so its charges are numbered otherwise than the
+  receipt's chain). A receipt of a later charge (that ledger served again: two disks swapped
+  back and forth, or the replaced file was older than, or emptied behind, a receipt) is a new
+  rollback, which an acceptance charges with the key (:func:`beyond_replaced`). An
+  unbounded entry of an earlier release (:func:`supersession_session`) covers the receipts of
+  that ledger found when it was written;
 * a receipt **no key of the ledger verifies** and whose totals do not open under the ledger's
   key (forged) is resolved by a dismissal entry naming its bytes (:func:`dismissal_session`,
   ``resolve --dismiss-unverified-receipts``). One whose totals open is the ledger's own and is
   resolved only by a charge-back, never by a dismissal.
 * a **genuine** receipt is never dismissed: one that came with a certificate the owner's CA
   issued to this owner (expired or replaced since accepted) whose key signed it
-  (:func:`dpmarket.owner.receipts.receipt_certificate_key`). The curator keeps that certificate
-  with the receipt and presents both; when the ledger's keys do not verify the receipt, the
-  owner lists the certificate's key in ``ledger_keys`` again
-  (:meth:`~dpmarket.owner.ledger.OwnerLedger.check_receipt`), so the receipt is verified here
-  and a dismissal entry does not count for it. If it names this ledger and its totals do not
-  open under the ledger's sealing key, the ledger was tampered with (its sealing key replaced):
-  what it lost cannot be known, and ``resolve`` refuses it, writing nothing, until a ledger
-  that opens it is restored. A receipt without a certificate, or with one the CA did not issue
-  to this owner, keeps the rule above: a curator can still forge one to make the owner wait for
-  its operator.
+  (:func:`dpmarket.owner.receipts.receipt_certificate_key`) and whose totals open under a
+  sealing key this ledger holds (its own, or a replaced ledger's it kept). The curator keeps
+  that certificate with the receipt and presents both; when the ledger's keys do not verify the
+  receipt, the owner lists the certificate's key in ``ledger_keys`` again
+  (:meth:`~dpmarket.owner.ledger.OwnerLedger.check_receipt`), so the receipt is verified here,
+  charged back, and a dismissal entry does not count for it. A receipt sealed under a key the
+  ledger never held is not the owner's, whatever certificate signed it (whoever holds the CA's
+  key issues one named like the owner): its key is never listed, and it keeps the rule above
+  (a dismissal resolves it). A verified receipt of this ledger whose totals do not open (its
+  sealing key replaced, or signed by a listed key that leaked) is refused by ``resolve``,
+  writing nothing, until a ledger that opens it, or one from before that key was listed, is
+  restored.
 
 ``ledger_rollbacks.resolved_at`` is kept as a note for the operator; no decision reads it.
 Deleting a detection row only lets the owner serve until a curator presents the receipt again,
@@ -71,6 +80,7 @@ __all__ = [
     "ROLLBACK_PREFIX",
     "SUPERSEDED_PREFIX",
     "Owed",
+    "beyond_replaced",
     "dismissal_session",
     "open_rollbacks",
     "owed",
@@ -99,18 +109,41 @@ def supersession_through_session(ledger_id: str, sequence: int) -> str:
 
 
 def _superseded_through(conn: sqlite3.Connection, ledger_id: str) -> int:
-    """The furthest charge of ledger ``ledger_id`` a chained ``restore --replace-other-ledger``
-    entry counted (-1: none)."""
-    prefix = f"{SUPERSEDED_PREFIX}{ledger_id}-through-"
+    """The furthest charge of ledger ``ledger_id`` a chained supersession entry covers (-1:
+    none): the charge its session names (``restore --replace-other-ledger``, ``resolve
+    --accept-replaced-ledger``), or, for an entry without one (``ledger-superseded-<id>``,
+    written by ``resolve --accept-replaced-ledger`` of an earlier release, which covered every
+    later receipt of that ledger), the furthest charge of a receipt of that ledger the ledger
+    had found when the entry was written (:func:`_legacy_bound`)."""
+    prefix = f"{SUPERSEDED_PREFIX}{ledger_id}"
     found = -1
-    for (session,) in conn.execute(
-        "SELECT c.session FROM charges c JOIN charge_chain k ON k.charge = c.id "
+    for session, at in conn.execute(
+        "SELECT c.session, c.at FROM charges c JOIN charge_chain k ON k.charge = c.id "
         "WHERE substr(c.session, 1, ?) = ?",
         (len(prefix), prefix),
     ):
         tail = str(session)[len(prefix) :]
-        if tail.isdigit():
-            found = max(found, int(tail))
+        if tail.startswith("-through-") and tail[len("-through-") :].isdigit():
+            found = max(found, int(tail[len("-through-") :]))
+        elif not tail:
+            found = max(found, _legacy_bound(conn, ledger_id, float(at)))
+    return found
+
+
+def _legacy_bound(conn: sqlite3.Connection, ledger_id: str, at: float) -> int:
+    """The furthest charge of the receipts of ledger ``ledger_id`` found (``ledger_rollbacks``,
+    whose rows cannot be deleted or their receipts changed) at or before Unix time ``at``: what
+    an unbounded acceptance written then was about (-1: none)."""
+    found = -1
+    for (blob,) in conn.execute(
+        "SELECT receipt FROM ledger_rollbacks WHERE detected_at <= ?", (at,)
+    ):
+        try:
+            state = parse_state(bytes(blob))
+        except DecodeError:
+            continue
+        if state.ledger_id == ledger_id:
+            found = max(found, int(state.sequence))
     return found
 
 
@@ -224,6 +257,63 @@ def owed(
     )
 
 
+def beyond_replaced(conn: sqlite3.Connection, state: privacy_pb2.LedgerState) -> Owed | None:
+    """What the receipt ``state`` of a ledger this one replaced shows spent beyond the chained
+    supersession entries of that ledger here (what ``restore --replace-other-ledger`` and earlier
+    acceptances charged of it), when this ledger keeps that ledger's sealing key
+    (``replaced_ledgers``, written by the restore).
+
+    Parameters
+    ----------
+    conn : sqlite3.Connection
+        The ledger, inside a transaction or snapshot.
+    state : LedgerState
+        The receipt's state (a ledger id other than this ledger's).
+
+    Returns
+    -------
+    Owed or None
+        None when this ledger does not keep that ledger's key (an acceptance alone: what it
+        spent cannot be known here), or the receipt's totals do not open under it.
+
+    Notes
+    -----
+    The replaced ledger's totals at the receipt's charge minus the sum of the entries, exactly
+    (basic composition), rounded up as :func:`owed`: a receipt of the replaced ledger's later
+    charges (the file replaced was an older copy of it) is charged what those charges spent.
+    """
+    row = conn.execute(
+        "SELECT seal_key FROM replaced_ledgers WHERE ledger_id = ?", (str(state.ledger_id),)
+    ).fetchone()
+    if row is None:
+        return None
+    try:
+        lost = unseal_totals(
+            bytes(row[0]),
+            state.sealed_totals,
+            ledger_id=state.ledger_id,
+            sequence=state.sequence,
+            head=bytes(state.head),
+        )
+    except ReceiptError:
+        return None
+    prefix = f"{SUPERSEDED_PREFIX}{state.ledger_id}"
+    epsilon, delta, points = Fraction(0), Fraction(0), 0
+    for eps, dlt, count, total in conn.execute(
+        "SELECT c.epsilon, c.delta, COUNT(*), SUM(c.points) FROM charges c JOIN charge_chain k "
+        "ON k.charge = c.id WHERE substr(c.session, 1, ?) = ? GROUP BY c.epsilon, c.delta",
+        (len(prefix), prefix),
+    ):
+        epsilon += Fraction(float(eps)) * int(count)
+        delta += Fraction(float(dlt)) * int(count)
+        points += int(total)
+    return Owed(
+        epsilon=_round_up(max(lost.epsilon - epsilon, Fraction(0))),
+        delta=min(_round_up(max(lost.delta - delta, Fraction(0))), math.nextafter(1.0, 0)),
+        points=max(lost.points - points, 0),
+    )
+
+
 def _entries(conn: sqlite3.Connection, sessions: list[str]) -> list[tuple[int, float, float, int]]:
     """``(id, epsilon, delta, points)`` of the chained charges of ``sessions``."""
     marks = ", ".join("?" * len(sessions))
@@ -293,11 +383,10 @@ def receipt_resolved(
             verified = False
     dismissed = not verified and bool(_entries(conn, [dismissal_session(receipt)]))
     if not mine:
-        return (
-            dismissed
-            or bool(_entries(conn, [supersession_session(state.ledger_id)]))
-            or _superseded_through(conn, state.ledger_id) >= int(state.sequence)
-        )
+        if dismissed or _superseded_through(conn, state.ledger_id) >= int(state.sequence):
+            return True
+        beyond = beyond_replaced(conn, state)  # its totals counted here already
+        return beyond is not None and beyond.covered_by(0.0, 0.0, 0)
     try:
         unseal_totals(
             key,

@@ -35,6 +35,7 @@ from dpmarket.deploy.pki import init_ca, issue, issue_all
 from dpmarket.owner import ledger as ledger_module
 from dpmarket.owner.cli import ledger as ledger_cli
 from dpmarket.owner.ledger import (
+    MIGRATIONS,
     ROLLBACK_MESSAGE,
     TAMPERED_MESSAGE,
     LedgerCheckError,
@@ -56,6 +57,7 @@ from dpmarket.v1 import owner_pb2, owner_pb2_grpc, privacy_pb2
 from tests.owner.ledger_attacks import (
     NoGuard,
     append_entry,
+    before_schema_8,
     delete_totals,
     downgrade,
     mark_rollbacks_resolved,
@@ -488,19 +490,20 @@ def test_a_rollback_behind_a_rotated_key_and_deleted_keys_is_refused_until_resol
     d.store.close()
 
 
-def test_a_genuine_receipt_behind_a_swapped_seal_key_is_never_dismissed_as_forged(
+def test_a_receipt_sealed_under_a_key_the_ledger_never_held_is_dismissable_whatever_signed_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The red team's a3_sealkey_swap.sh: the ledger restored from a backup, then (triggers
-    dropped and created again from their own SQL) its sealing key replaced and its keys
-    deleted, and the owner given a certificate for a new key: the curator's receipt verifies
-    under no key the ledger lists and its totals do not open, so it passed for forged and
-    ``resolve --dismiss-unverified-receipts`` cleared it charging nothing. The curator keeps,
-    with the receipt, the certificate the owner returned it with; the owner checks that its CA
-    issued it to this owner (replaced since: accepted) and that its key signed the receipt: a
-    genuine receipt, which no dismissal resolves. Control: the certificate withheld, the old
-    rule dismisses it. A receipt forged with another key stays dismissable, whatever
-    certificate comes with it."""
+    """The red team's a3_sealkey_swap.sh and a3_forged_genuine.sh look alike to the owner: a
+    receipt of this ledger signed by a certificate its CA issued to this owner, that no key the
+    ledger lists verifies, and whose totals do not open under the ledger's sealing key. The
+    owner knows its own sealing key (the database refuses to change it): a receipt it did not
+    seal is not its own, whatever certificate signed it (whoever holds the CA's key issues
+    one named like the owner), so the certificate's key is never listed and the receipt is
+    unverified, which its operator may dismiss on record. The price, in the how-to: a sealing
+    key replaced by someone who drops and re-creates the ledger's triggers (here, with its keys
+    deleted) is not told from a forgery, like a chain rewritten whole. Control: a genuine
+    receipt, sealed by this ledger and signed by its owner's replaced certificate, is listed
+    and charged back, never dismissed (below, and tests/owner/test_ledger_failover.py)."""
     root = tmp_path / "pki"
     init_ca(root)
     issue_all(root, [CURATOR, OWNER])
@@ -542,17 +545,20 @@ def test_a_genuine_receipt_behind_a_swapped_seal_key_is_never_dismissed_as_forge
     d.run(lambda keeping, _: session(keeping))
     assert [p for _, p in charges(d)] == [2, 0, 2]
 
-    # The curator presents the owner's (since replaced) certificate with it: genuine.
+    # The curator presents the owner's (since replaced) certificate with it: its totals open
+    # under no key this ledger holds, so the key is not listed and the receipt is unverified.
     swap_seal_key(certificate)
-    caplog.set_level(logging.ERROR)
+    caplog.set_level(logging.WARNING)
     assert ROLLBACK_MESSAGE in d.run(_refused("keeping"))
-    assert "the receipt is genuine and cannot be dismissed" in caplog.text
-    refused = CliRunner().invoke(ledger_cli, resolve)
-    assert refused.exit_code == 1
-    assert "Restore a ledger that opens this receipt" in " ".join(refused.output.split())
-    assert ROLLBACK_MESSAGE in d.run(_refused("plain"))  # every curator, nothing charged
-    assert [p for _, p in charges(d)] == [2]
+    assert "this owner did not seal it, so the key is not listed" in caplog.text
+    assert "the receipt is genuine" not in caplog.text
+    with closing(sqlite3.connect(ledger_path(d.data_dir))) as conn:
+        # only the key the owner serves with now: the certificate's was not listed
+        assert conn.execute("SELECT COUNT(*) FROM ledger_keys").fetchone()[0] == 1
     assert verify_file(ledger_path(d.data_dir)).open_rollbacks == 1
+    dismissed = CliRunner().invoke(ledger_cli, resolve)
+    assert dismissed.exit_code == 0, dismissed.output
+    assert "dismissed on record" in " ".join(dismissed.output.split())
 
     # A receipt no key of this owner signed stays a forgery, with the owner's certificate or
     # with another party's: dismissable.
@@ -581,9 +587,10 @@ def test_a_ledger_of_the_previous_schema_gets_its_keys_protected_on_upgrade(
         conn.execute("ALTER TABLE ledger_rollbacks DROP COLUMN verified")
         conn.execute("DROP TRIGGER ledger_rollbacks_no_delete")
         conn.execute("DROP TRIGGER ledger_rollbacks_fixed")
+        before_schema_8(conn)
         conn.execute("PRAGMA user_version = 5")
     upgraded = OwnerLedger.upgrade(d.data_dir)
-    assert (upgraded.before, upgraded.after, upgraded.charges) == (5, 7, 1)
+    assert (upgraded.before, upgraded.after, upgraded.charges) == (5, len(MIGRATIONS), 1)
     assert verify_file(ledger_path(d.data_dir)).ok
     with (
         closing(sqlite3.connect(ledger_path(d.data_dir))) as conn,
@@ -728,6 +735,7 @@ def test_a_schema_6_charge_back_still_resolves_its_rollback_after_the_upgrade(
     with closing(sqlite3.connect(ledger_path(d.data_dir))) as conn, conn:
         conn.execute("DROP TRIGGER ledger_rollbacks_no_delete")
         conn.execute("DROP TRIGGER ledger_rollbacks_fixed")
+        before_schema_8(conn)
         conn.execute("PRAGMA user_version = 6")
     d.run(lambda keeping, _: session(keeping))  # migrated on open; the receipt accepted
     assert verify_file(ledger_path(d.data_dir)).ok

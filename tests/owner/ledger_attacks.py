@@ -121,6 +121,7 @@ def downgrade(data_dir: Path, keep: int = 1) -> None:
             "ledger_identity",
             "session_market",
             "earnings",
+            "replaced_ledgers",
         ):
             c.execute(f"DROP TABLE IF EXISTS {table}")
         c.execute(
@@ -246,3 +247,11 @@ def old_rule_open(conn: sqlite3.Connection, *, skip: object = ()) -> list[int]:
     """The rollbacks open before schema 7: those not *marked* resolved."""
     rows = conn.execute("SELECT id FROM ledger_rollbacks WHERE resolved_at IS NULL ORDER BY id")
     return [int(r[0]) for r in rows]
+
+
+def before_schema_8(conn: sqlite3.Connection) -> None:
+    """Take a ledger's schema-8 additions back out (``replaced_ledgers`` and its triggers), as a
+    ledger of schema 7 or earlier has them: its migration adds them again."""
+    conn.execute("DROP TRIGGER replaced_ledgers_no_update")
+    conn.execute("DROP TRIGGER replaced_ledgers_no_delete")
+    conn.execute("DROP TABLE replaced_ledgers")

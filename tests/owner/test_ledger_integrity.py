@@ -665,7 +665,8 @@ def test_a_receipt_of_the_ledger_this_one_replaced_refuses_until_the_operator_ac
         assert resolved.replaced_ledger == old and resolved.points == 0
         # The acceptance is a chained entry of the ledger, charging nothing.
         entry = ledger.entry(resolved.charge or 0)
-        assert entry.session == f"ledger-superseded-{old}" and entry.epsilon == 0
+        assert entry.session == f"ledger-superseded-{old}-through-{entry_sequence(receipt)}"
+        assert entry.epsilon == 0
         ledger.check_receipt(receipt, curator="curator:curator")  # type: ignore[arg-type]
         charge(ledger, session="third", epsilon=0.1)
 

@@ -1,0 +1,353 @@
+"""The ledger's resolutions and restores hold against a failover, a stale ledger, a forged
+receipt, a clock set back and another owner's ledger (a stranger's red team).
+
+Each test reproduces one attack on the owner's ledger API as the operator's commands run it,
+with its control: what the attack did when the defence was off (the rule it replaced, or the
+same steps on a ledger the defence does not concern).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dpmarket.deploy.pki import init_ca, issue, issue_all
+from dpmarket.owner.cli import ledger as ledger_cli
+from dpmarket.owner.ledger import (
+    MIGRATIONS,
+    LedgerRollbackError,
+    OwnerBudgetError,
+    OwnerLedger,
+    ledger_path,
+)
+from dpmarket.owner.ledger_admin import backup_ledger, init_ledger, restore_ledger, verify_file
+from dpmarket.owner.ledger_chain import LedgerOwner
+from dpmarket.owner.policy import OwnerPolicy
+from dpmarket.owner.receipts import Signer, sign_receipt
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.transport import TransportSecurity
+from dpmarket.v1 import privacy_pb2
+from tests.owner.ledger_attacks import append_entry, before_schema_8
+
+ALICE, BOB = Identity("owner", "alice"), Identity("owner", "bob")
+CURATOR = "curator:curator"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("pki")
+    init_ca(root)
+    issue_all(root, [ALICE, BOB])
+    return root
+
+
+def security(pki: Path, identity: Identity = ALICE) -> TransportSecurity:
+    return TransportSecurity.from_files(*identity_files(pki, identity))
+
+
+def owner(pki: Path, identity: Identity = ALICE) -> LedgerOwner:
+    return LedgerOwner.from_security(identity.name, security(pki, identity))
+
+
+def charge(ledger: OwnerLedger, session: str, epsilon: float = 1.0) -> None:
+    ledger.charge(
+        session=session,
+        consumer="consumer:c",
+        curator=CURATOR,
+        mechanism="Laplace relevance count",
+        epsilon=epsilon,
+        delta=0.0,
+        points=1,
+    )
+
+
+def sequence(receipt: object) -> int:
+    """The charge a receipt seals its ledger at."""
+    return int(privacy_pb2.LedgerState.FromString(receipt.state).sequence)  # type: ignore[attr-defined]
+
+
+def accept(ledger: OwnerLedger, receipt: object) -> None:
+    """Present ``receipt`` (refused: a receipt of the other ledger), accept that ledger as
+    replaced, and present it again (accepted)."""
+    with pytest.raises(LedgerRollbackError):
+        ledger.check_receipt(receipt, curator=CURATOR)  # type: ignore[arg-type]
+    (resolution,) = ledger.resolve_rollbacks(accept_replaced_ledger=True)
+    assert resolution.replaced_ledger is not None
+    ledger.check_receipt(receipt, curator=CURATOR)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ 1. failover flip-flop
+def test_an_acceptance_of_a_replaced_ledger_covers_its_receipts_up_to_that_one_only(
+    pki: Path, tmp_path: Path
+) -> None:
+    """Two ledgers X and Y of one owner alternated (a failover between two disks), each
+    accepting the other once: a receipt of a charge X made after Y accepted it is a new
+    rollback in Y, not covered by the acceptance. Control: the receipt Y accepted still
+    passes; and the unbounded acceptance entry of the earlier release (``ledger-superseded-<X>``)
+    covers only the receipts of X found when it was written."""
+    x_dir, y_dir = tmp_path / "x", tmp_path / "y"
+    init_ledger(x_dir, "alice", security(pki))
+    init_ledger(y_dir, "alice", security(pki))
+    with OwnerLedger(x_dir, None, owner=owner(pki)) as x:
+        charge(x, "x1")
+        x_first = x.receipt()
+        x_id = x.identity.ledger_id
+    with OwnerLedger(y_dir, None, owner=owner(pki)) as y:  # failover to disk Y
+        accept(y, x_first)
+        charge(y, "y1")
+        y_first = y.receipt()
+    with OwnerLedger(x_dir, None, owner=owner(pki)) as x:  # back to disk X
+        accept(x, y_first)
+        charge(x, "x2")
+        x_later = x.receipt()
+    with OwnerLedger(y_dir, None, owner=owner(pki)) as y:  # Y again: X's later charge is lost
+        y.check_receipt(x_first, curator=CURATOR)  # type: ignore[arg-type]  # control
+        with pytest.raises(LedgerRollbackError):
+            y.check_receipt(x_later, curator=CURATOR)  # type: ignore[arg-type]
+        with pytest.raises(LedgerRollbackError):
+            charge(y, "y2")
+        (again,) = y.resolve_rollbacks(accept_replaced_ledger=True)
+        entry = y.entry(again.charge or 0)
+        through = sequence(x_later)
+        assert entry.session == f"ledger-superseded-{x_id}-through-{through}"
+        assert f"up to charge {through}" in entry.mechanism
+        y.check_receipt(x_later, curator=CURATOR)  # type: ignore[arg-type]
+    # The earlier release's unbounded entry: bounded by the receipts found before it.
+    legacy_dir = tmp_path / "legacy"
+    init_ledger(legacy_dir, "alice", security(pki))
+    with (
+        OwnerLedger(legacy_dir, None, owner=owner(pki)) as legacy,
+        pytest.raises(LedgerRollbackError),
+    ):
+        legacy.check_receipt(x_first, curator=CURATOR)  # type: ignore[arg-type]
+    append_entry(legacy_dir, f"ledger-superseded-{x_id}", points=0)
+    with OwnerLedger(legacy_dir, None, owner=owner(pki)) as legacy:
+        legacy.check_receipt(x_first, curator=CURATOR)  # type: ignore[arg-type]
+        with pytest.raises(LedgerRollbackError):
+            legacy.check_receipt(x_later, curator=CURATOR)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ 2. replacing a stale ledger
+def _stale(pki: Path, tmp_path: Path) -> tuple[Path, object, str]:
+    """Alice's ledger X charged 1 epsilon, backed up, charged 2 more (a receipt of that signed),
+    then the backup put back: X is stale, its receipt not presented yet. Returns X's directory,
+    the receipt and X's id."""
+    x_dir = tmp_path / "x"
+    init_ledger(x_dir, "alice", security(pki))
+    with OwnerLedger(x_dir, None, owner=owner(pki)) as x:
+        charge(x, "x1")
+        backup_ledger(x_dir, tmp_path / "x-old.sqlite3")
+        charge(x, "x2")
+        charge(x, "x3")
+        late = x.receipt()
+        x_id = x.identity.ledger_id
+    restore_ledger(x_dir, tmp_path / "x-old.sqlite3")
+    return x_dir, late, x_id
+
+
+def _new_ledger(pki: Path, tmp_path: Path) -> Path:
+    """A new ledger Y of alice, as a file to restore from."""
+    y_dir = tmp_path / "y"
+    init_ledger(y_dir, "alice", security(pki))
+    return ledger_path(y_dir)
+
+
+def test_a_ledger_with_a_rollback_open_is_not_replaced_until_it_is_resolved(
+    pki: Path, tmp_path: Path
+) -> None:
+    """The stale ledger X, found behind the curator's receipt (a rollback open), is not replaced
+    by ``restore --replace-other-ledger``: its totals as found would not count the 2 epsilon it
+    lost. Control: once resolved (the loss charged back into X), the restore proceeds and its
+    entry charges X's whole spending, 3 epsilon."""
+    x_dir, late, x_id = _stale(pki, tmp_path)
+    y_file = _new_ledger(pki, tmp_path)
+    with OwnerLedger(x_dir, None, owner=owner(pki)) as x, pytest.raises(LedgerRollbackError):
+        x.check_receipt(late, curator=CURATOR)  # type: ignore[arg-type]
+    assert verify_file(ledger_path(x_dir)).open_rollbacks == 1
+    with pytest.raises(ValueError, match=r"rollback.s. open.*dpmarket owner ledger resolve"):
+        restore_ledger(x_dir, y_file, replace_other=True)
+    assert verify_file(ledger_path(x_dir)).identity.ledger_id == x_id  # type: ignore[union-attr]
+    with OwnerLedger(x_dir, None, owner=owner(pki)) as x:
+        x.resolve_rollbacks()
+    restore_ledger(x_dir, y_file, replace_other=True)
+    with OwnerLedger(x_dir, None, owner=owner(pki)) as y:
+        assert y.identity.ledger_id != x_id
+        assert y.window_totals().epsilon == pytest.approx(3.0)
+        y.check_receipt(late, curator=CURATOR)  # type: ignore[arg-type]
+
+
+def test_accepting_a_receipt_beyond_a_replaced_stale_ledger_charges_what_it_shows(
+    pki: Path, tmp_path: Path
+) -> None:
+    """The stale ledger X (1 of its 3 epsilon), not yet found behind the receipt, replaced by a
+    new ledger Y: the receipt of X's third charge stops Y, and ``resolve
+    --accept-replaced-ledger`` charges the 2 epsilon it shows beyond what the restore counted
+    (Y keeps X's sealing key). Control: an acceptance in a ledger that does not hold X's key (a
+    new ledger, no restore) charges nothing, as before."""
+    x_dir, late, _ = _stale(pki, tmp_path)
+    control = tmp_path / "control"
+    shutil.copytree(x_dir, control)
+    restore_ledger(x_dir, _new_ledger(pki, tmp_path), replace_other=True)
+    with OwnerLedger(x_dir, None, owner=owner(pki)) as y:
+        assert y.window_totals().epsilon == pytest.approx(1.0)  # X as found
+        with pytest.raises(LedgerRollbackError):
+            y.check_receipt(late, curator=CURATOR)  # type: ignore[arg-type]
+        (resolution,) = y.resolve_rollbacks(accept_replaced_ledger=True)
+        assert resolution.counted_replaced
+        assert (resolution.epsilon, resolution.points) == (pytest.approx(2.0), 2)
+        assert y.window_totals().epsilon == pytest.approx(3.0)  # all X spent stays spent
+        y.check_receipt(late, curator=CURATOR)  # type: ignore[arg-type]
+    bare = tmp_path / "bare"
+    init_ledger(bare, "alice", security(pki))
+    with OwnerLedger(bare, None, owner=owner(pki)) as z:
+        with pytest.raises(LedgerRollbackError):
+            z.check_receipt(late, curator=CURATOR)  # type: ignore[arg-type]
+        (resolution,) = z.resolve_rollbacks(accept_replaced_ledger=True)
+        assert not resolution.counted_replaced and resolution.epsilon == 0
+
+
+def test_a_ledger_of_the_previous_schema_opens_and_keeps_its_supersessions(
+    pki: Path, tmp_path: Path
+) -> None:
+    """A ledger of schema 7 (no ``replaced_ledgers``) that replaced a stale X by restore: the
+    owner migrates it on open (schema 8), it verifies, its restore entry still resolves X's
+    receipts up to X's charge found, and accepting a later one charges nothing (X's key was
+    not kept then): the loss on record, as that release did."""
+    x_dir, late, x_id = _stale(pki, tmp_path)
+    with OwnerLedger(x_dir, None, owner=owner(pki)) as x:
+        within = x.receipt()
+    restore_ledger(x_dir, _new_ledger(pki, tmp_path), replace_other=True)
+    with closing(sqlite3.connect(ledger_path(x_dir))) as conn, conn:
+        before_schema_8(conn)
+        conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) - 1}")
+    with OwnerLedger(x_dir, None, owner=owner(pki)) as y:
+        y.check_receipt(within, curator=CURATOR)  # type: ignore[arg-type]
+        with pytest.raises(LedgerRollbackError):
+            y.check_receipt(late, curator=CURATOR)  # type: ignore[arg-type]
+        (resolution,) = y.resolve_rollbacks(accept_replaced_ledger=True)
+        assert resolution.replaced_ledger == x_id and resolution.epsilon == 0
+    with closing(sqlite3.connect(ledger_path(x_dir))) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+    found = verify_file(ledger_path(x_dir))
+    assert not found.problems and found.open_rollbacks == 0
+
+
+# ------------------------------------------------------------------ 5. another owner's ledger
+def test_a_ledger_of_another_owner_is_never_restored_over_this_owners(
+    pki: Path, tmp_path: Path
+) -> None:
+    """``restore --replace-other-ledger --from`` Bob's ledger into Alice's directory is refused,
+    nothing changed: restoring Alice's own back would otherwise charge Bob's lifetime spending
+    into her ledger. Control: a ledger of Alice's own is restored over it."""
+    a_dir, b_dir = tmp_path / "alice", tmp_path / "bob"
+    init_ledger(a_dir, "alice", security(pki))
+    init_ledger(b_dir, "bob", security(pki, BOB))
+    with OwnerLedger(b_dir, None, owner=owner(pki, BOB)) as bob:
+        charge(bob, "b1", epsilon=1.5)
+    before = verify_file(ledger_path(a_dir))
+    with pytest.raises(ValueError, match=r"ledger of owner bob.*never restored over another"):
+        restore_ledger(a_dir, ledger_path(b_dir), replace_other=True)
+    after = verify_file(ledger_path(a_dir))
+    assert after.identity == before.identity and after.totals == before.totals
+    assert sorted(p.name for p in a_dir.iterdir() if "replaced" in p.name) == []
+    restore_ledger(a_dir, _new_ledger(pki, tmp_path), replace_other=True)  # control
+
+
+# ------------------------------------------------------------------ 4. a forged "genuine" receipt
+def test_a_receipt_this_ledger_never_sealed_is_dismissable_whatever_certificate_signed_it(
+    tmp_path: Path,
+) -> None:
+    """A curator holding the CA's key forges a receipt of Alice's ledger (its real id, a charge
+    far ahead, garbage totals) signed by a certificate the CA issued named ``alice``: the owner
+    refuses it (a rollback to look at) but never lists that key, and the operator dismisses it
+    on record; Alice's budget is untouched. Control: a genuine receipt, sealed by this ledger
+    and signed by Alice's renewed certificate, which the ledger (restored from a copy older
+    than the renewal) does not list: its key is listed again and what it shows lost is charged
+    back, never dismissed."""
+    root = tmp_path / "pki"
+    init_ca(root)
+    issue_all(root, [ALICE])
+    before_renewal = owner(root)
+    data_dir, backup = tmp_path / "alice", tmp_path / "backup.sqlite3"
+    init_ledger(data_dir, "alice", security(root))
+    with OwnerLedger(data_dir, None, owner=before_renewal) as ledger:
+        charge(ledger, "a1")
+        backup_ledger(data_dir, backup)
+        keys_before = set(ledger.identity.keys)
+    issue(root, "owner", "alice", force=True)  # Alice's certificate renewed
+    renewed = security(root)
+    with OwnerLedger(data_dir, None, owner=owner(root)) as ledger:
+        charge(ledger, "a2")
+        genuine = ledger.receipt()
+        state = privacy_pb2.LedgerState.FromString(genuine.state)  # type: ignore[union-attr]
+    issue(root, "owner", "alice", force=True)  # the forger's CA-issued "alice"
+    forger = security(root)
+    state.sequence, state.head, state.sealed_totals = 90, os.urandom(32), os.urandom(60)
+    forged = sign_receipt(Signer.from_pem(forger.key_pem or b""), state)
+    restore_ledger(data_dir, backup)
+    with OwnerLedger(data_dir, None, owner=before_renewal) as ledger:
+        with pytest.raises(LedgerRollbackError):
+            ledger.check_receipt(forged, curator=CURATOR, certificate=forger.cert_pem)
+        assert set(ledger.identity.keys) == keys_before
+        with pytest.raises(ValueError, match="--dismiss-unverified-receipts") as refused:
+            ledger.resolve_rollbacks()
+        assert "sealing key was replaced" not in str(refused.value)
+        (dismissal,) = ledger.resolve_rollbacks(dismiss_unverified=True)
+        assert dismissal.dismissed and ledger.window_totals().epsilon == pytest.approx(1.0)
+        ledger.check_receipt(forged, curator=CURATOR, certificate=forger.cert_pem)
+        listed = CliRunner().invoke(ledger_cli, ["verify", "--file", str(ledger.path), "--json"])
+        assert listed.exit_code == 0, listed.output
+        assert set(json.loads(listed.output)["keys"]) == keys_before  # what an operator checks
+        # Control: the genuine receipt of the renewed certificate.
+        with pytest.raises(LedgerRollbackError):
+            ledger.check_receipt(genuine, curator=CURATOR, certificate=renewed.cert_pem)
+    with OwnerLedger(data_dir, None, owner=before_renewal) as ledger:
+        assert set(ledger.identity.keys) > keys_before  # the renewed key, listed again
+        (charged,) = ledger.resolve_rollbacks(dismiss_unverified=True)
+        assert not charged.dismissed and charged.epsilon == pytest.approx(1.0)
+        ledger.check_receipt(genuine, curator=CURATOR, certificate=renewed.cert_pem)
+        assert ledger.window_totals().epsilon == pytest.approx(2.0)
+
+
+# ------------------------------------------------------------------ 3. a clock set back
+def test_a_clock_set_back_does_not_move_a_charge_out_of_a_rolling_window(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Window of one day, 4 epsilon; 3 spent, then the owner's clock set two days back: the
+    charge of the last 1 epsilon is stamped at the latest charge's time (not two days
+    earlier), with a warning that the clock is behind; once the clock is fixed the window
+    still counts it and refuses 1 more. Control: stamped with the clock as it was (the red
+    team's run), the charge falls out of the window once the clock is fixed, and 1 more
+    passes: 5 epsilon within one real day against 4."""
+    now = [1.8e9]
+    policy = OwnerPolicy(epsilon_total=4.0, epsilon_per_session=4.0, window_days=1)
+
+    def run(data_dir: Path, *, monotone: bool) -> tuple[float, float]:
+        """The second charge's stamp, and the epsilon charged within one real day."""
+        now[0] = 1.8e9
+        init_ledger(data_dir, "o", TransportSecurity.plaintext())
+        with OwnerLedger(data_dir, policy, clock=lambda: now[0]) as ledger:
+            if not monotone:  # the defence off: the clock as it is
+                ledger._now = lambda: float(now[0])  # type: ignore[method-assign]
+            charge(ledger, "s1", epsilon=3.0)
+            now[0] -= 2 * 86_400  # the clock set back two days
+            charge(ledger, "s2", epsilon=1.0)
+            now[0] += 2 * 86_400 + 60  # the clock fixed, a minute later
+            with contextlib.suppress(OwnerBudgetError):
+                charge(ledger, "s3", epsilon=1.0)
+            entries = ledger.entries()
+        return entries[1].at, sum(e.epsilon for e in entries)
+
+    caplog.set_level(logging.WARNING)
+    assert run(tmp_path / "o", monotone=True) == (1.8e9, 4.0)  # the third refused
+    assert "behind the ledger's latest charge" in caplog.text
+    assert run(tmp_path / "c", monotone=False) == (1.8e9 - 2 * 86_400, 5.0)  # control
