@@ -79,10 +79,10 @@ def accept(ledger: OwnerLedger, receipt: object) -> None:
     """Present ``receipt`` (refused: a receipt of the other ledger), accept that ledger as
     replaced, and present it again (accepted)."""
     with pytest.raises(LedgerRollbackError):
-        ledger.check_receipt(receipt, curator=CURATOR)  # type: ignore[arg-type]
+        ledger.check_receipt(receipt, curator=CURATOR)
     (resolution,) = ledger.resolve_rollbacks(accept_replaced_ledger=True)
     assert resolution.replaced_ledger is not None
-    ledger.check_receipt(receipt, curator=CURATOR)  # type: ignore[arg-type]
+    ledger.check_receipt(receipt, curator=CURATOR)
 
 
 # ------------------------------------------------------------------ 1. failover flip-flop
@@ -110,9 +110,9 @@ def test_an_acceptance_of_a_replaced_ledger_covers_its_receipts_up_to_that_one_o
         charge(x, "x2")
         x_later = x.receipt()
     with OwnerLedger(y_dir, None, owner=owner(pki)) as y:  # Y again: X's later charge is lost
-        y.check_receipt(x_first, curator=CURATOR)  # type: ignore[arg-type]  # control
+        y.check_receipt(x_first, curator=CURATOR)  # control
         with pytest.raises(LedgerRollbackError):
-            y.check_receipt(x_later, curator=CURATOR)  # type: ignore[arg-type]
+            y.check_receipt(x_later, curator=CURATOR)
         with pytest.raises(LedgerRollbackError):
             charge(y, "y2")
         (again,) = y.resolve_rollbacks(accept_replaced_ledger=True)
@@ -120,7 +120,7 @@ def test_an_acceptance_of_a_replaced_ledger_covers_its_receipts_up_to_that_one_o
         through = sequence(x_later)
         assert entry.session == f"ledger-superseded-{x_id}-through-{through}"
         assert f"up to charge {through}" in entry.mechanism
-        y.check_receipt(x_later, curator=CURATOR)  # type: ignore[arg-type]
+        y.check_receipt(x_later, curator=CURATOR)
     # The earlier release's unbounded entry: bounded by the receipts found before it.
     legacy_dir = tmp_path / "legacy"
     init_ledger(legacy_dir, "alice", security(pki))
@@ -128,12 +128,12 @@ def test_an_acceptance_of_a_replaced_ledger_covers_its_receipts_up_to_that_one_o
         OwnerLedger(legacy_dir, None, owner=owner(pki)) as legacy,
         pytest.raises(LedgerRollbackError),
     ):
-        legacy.check_receipt(x_first, curator=CURATOR)  # type: ignore[arg-type]
+        legacy.check_receipt(x_first, curator=CURATOR)
     append_entry(legacy_dir, f"ledger-superseded-{x_id}", points=0)
     with OwnerLedger(legacy_dir, None, owner=owner(pki)) as legacy:
-        legacy.check_receipt(x_first, curator=CURATOR)  # type: ignore[arg-type]
+        legacy.check_receipt(x_first, curator=CURATOR)
         with pytest.raises(LedgerRollbackError):
-            legacy.check_receipt(x_later, curator=CURATOR)  # type: ignore[arg-type]
+            legacy.check_receipt(x_later, curator=CURATOR)
 
 
 # ------------------------------------------------------------------ 2. replacing a stale ledger
@@ -171,7 +171,7 @@ def test_a_ledger_with_a_rollback_open_is_not_replaced_until_it_is_resolved(
     x_dir, late, x_id = _stale(pki, tmp_path)
     y_file = _new_ledger(pki, tmp_path)
     with OwnerLedger(x_dir, None, owner=owner(pki)) as x, pytest.raises(LedgerRollbackError):
-        x.check_receipt(late, curator=CURATOR)  # type: ignore[arg-type]
+        x.check_receipt(late, curator=CURATOR)
     assert verify_file(ledger_path(x_dir)).open_rollbacks == 1
     with pytest.raises(ValueError, match=r"rollback.s. open.*dpmarket owner ledger resolve"):
         restore_ledger(x_dir, y_file, replace_other=True)
@@ -182,7 +182,7 @@ def test_a_ledger_with_a_rollback_open_is_not_replaced_until_it_is_resolved(
     with OwnerLedger(x_dir, None, owner=owner(pki)) as y:
         assert y.identity.ledger_id != x_id
         assert y.window_totals().epsilon == pytest.approx(3.0)
-        y.check_receipt(late, curator=CURATOR)  # type: ignore[arg-type]
+        y.check_receipt(late, curator=CURATOR)
 
 
 def test_accepting_a_receipt_beyond_a_replaced_stale_ledger_charges_what_it_shows(
@@ -200,17 +200,17 @@ def test_accepting_a_receipt_beyond_a_replaced_stale_ledger_charges_what_it_show
     with OwnerLedger(x_dir, None, owner=owner(pki)) as y:
         assert y.window_totals().epsilon == pytest.approx(1.0)  # X as found
         with pytest.raises(LedgerRollbackError):
-            y.check_receipt(late, curator=CURATOR)  # type: ignore[arg-type]
+            y.check_receipt(late, curator=CURATOR)
         (resolution,) = y.resolve_rollbacks(accept_replaced_ledger=True)
         assert resolution.counted_replaced
         assert (resolution.epsilon, resolution.points) == (pytest.approx(2.0), 2)
         assert y.window_totals().epsilon == pytest.approx(3.0)  # all X spent stays spent
-        y.check_receipt(late, curator=CURATOR)  # type: ignore[arg-type]
+        y.check_receipt(late, curator=CURATOR)
     bare = tmp_path / "bare"
     init_ledger(bare, "alice", security(pki))
     with OwnerLedger(bare, None, owner=owner(pki)) as z:
         with pytest.raises(LedgerRollbackError):
-            z.check_receipt(late, curator=CURATOR)  # type: ignore[arg-type]
+            z.check_receipt(late, curator=CURATOR)
         (resolution,) = z.resolve_rollbacks(accept_replaced_ledger=True)
         assert not resolution.counted_replaced and resolution.epsilon == 0
 
@@ -230,9 +230,9 @@ def test_a_ledger_of_the_previous_schema_opens_and_keeps_its_supersessions(
         before_schema_8(conn)
         conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) - 1}")
     with OwnerLedger(x_dir, None, owner=owner(pki)) as y:
-        y.check_receipt(within, curator=CURATOR)  # type: ignore[arg-type]
+        y.check_receipt(within, curator=CURATOR)
         with pytest.raises(LedgerRollbackError):
-            y.check_receipt(late, curator=CURATOR)  # type: ignore[arg-type]
+            y.check_receipt(late, curator=CURATOR)
         (resolution,) = y.resolve_rollbacks(accept_replaced_ledger=True)
         assert resolution.replaced_ledger == x_id and resolution.epsilon == 0
     with closing(sqlite3.connect(ledger_path(x_dir))) as conn:
