@@ -70,12 +70,13 @@ def charge(ledger: OwnerLedger, session: str, epsilon: float = 1.0) -> None:
     )
 
 
-def sequence(receipt: object) -> int:
+def sequence(receipt: privacy_pb2.LedgerReceipt | None) -> int:
     """The charge a receipt seals its ledger at."""
-    return int(privacy_pb2.LedgerState.FromString(receipt.state).sequence)  # type: ignore[attr-defined]
+    assert receipt is not None
+    return int(privacy_pb2.LedgerState.FromString(receipt.state).sequence)
 
 
-def accept(ledger: OwnerLedger, receipt: object) -> None:
+def accept(ledger: OwnerLedger, receipt: privacy_pb2.LedgerReceipt | None) -> None:
     """Present ``receipt`` (refused: a receipt of the other ledger), accept that ledger as
     replaced, and present it again (accepted)."""
     with pytest.raises(LedgerRollbackError):
@@ -137,7 +138,7 @@ def test_an_acceptance_of_a_replaced_ledger_covers_its_receipts_up_to_that_one_o
 
 
 # ------------------------------------------------------------------ 2. replacing a stale ledger
-def _stale(pki: Path, tmp_path: Path) -> tuple[Path, object, str]:
+def _stale(pki: Path, tmp_path: Path) -> tuple[Path, privacy_pb2.LedgerReceipt | None, str]:
     """Alice's ledger X charged 1 epsilon, backed up, charged 2 more (a receipt of that signed),
     then the backup put back: X is stale, its receipt not presented yet. Returns X's directory,
     the receipt and X's id."""
