@@ -74,12 +74,22 @@ refuse no other caller's call; and a call queued for its caller's read turn give
 its service's calls at once back within :data:`READ_WAIT_SECONDS`, not one round per call
 queued before it (one queued for its caller's share of the budget waits while its caller's own
 requests are read, as only that caller's slots do). It takes ``READS_AT_ONCE / READS_PER_CALLER``
-distinct identities (two; two for the budget and for a service's calls at once as well) stalling
-together to delay or refuse the others, each round for at most :data:`READ_WAIT_SECONDS` per
-piece, and a declared request's budget for at most ``READ_WAIT_SECONDS + declared /``
-:data:`MIN_UPLOAD_BYTES_PER_SECOND` in all (the services whose only callers are the curators an
-owner's policy names keep a curator's calls at once at what it runs:
-:func:`dpmarket.owner.service.owner_limits`).
+distinct identities (two; two for a service's calls at once as well) stalling together to fill
+what the others need (the services whose only callers are the curators an owner's policy names
+keep a curator's calls at once at what it runs: :func:`dpmarket.owner.service.owner_limits`).
+
+What many identities together can make a caller that sends its requests wait for is bounded
+whatever their number. Once a call waits for a read turn, a turn held without its message past
+its grace (:data:`TURN_GRACE_SECONDS` and the message's most bytes at
+:data:`MIN_UPLOAD_BYTES_PER_SECOND`) is taken back (:class:`ReadTurns`); once a call waits for
+the request budget, a declared request holding some has :data:`CONTENDED_UPLOAD_SECONDS` more
+at most; and a caller whose call gave up a turn without its message, or a declared request
+before its end, is served after the others for :data:`STALL_MEMORY_SECONDS`
+(:meth:`CallerShares.stall`). A call of a caller that is not stalling, with none such before it,
+thus waits at most one grace for a read turn (1.25 s for requests of at most 64 KiB, 5 s for a
+1 MiB piece) and ``CONTENDED_UPLOAD_SECONDS`` for the budget, once each stalling identity has
+stalled once. The health and reflection services keep :data:`OPEN_RESERVED_CALLS` of their calls
+for the parties the server's own services serve (``served``).
 """
 
 from __future__ import annotations
@@ -554,10 +564,11 @@ class CallerShares:
     long at most, not until every call of A before it has been refused in turn. **Several
     identities together**: k distinct callers hold k shares; ``reads / reads_per_caller``
     callers that send nothing can again hold every read turn, and ``total / bytes_per_caller``
-    (2) callers the budget, each round for at most ``READ_WAIT_SECONDS`` per piece and
-    ``READ_WAIT_SECONDS + r / MIN_UPLOAD_BYTES_PER_SECOND`` per request. The
-    deployment issues the identities, so that is bounded by its parties (on plaintext transport,
-    by the server's connections).
+    (2) callers the budget, but only until a call waits: a turn without its message is then
+    taken back at its grace (:class:`ReadTurns`), a declared request has
+    :data:`CONTENDED_UPLOAD_SECONDS` more at most, and a caller that gave either up unfinished
+    counts as stalling (:meth:`stall`), its waiting calls served after every other caller's
+    (module docstring: the bounds).
     """
 
     def __init__(
