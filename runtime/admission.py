@@ -133,6 +133,7 @@ __all__ = [
     "READS_PER_CALLER",
     "REQUEST_BUDGET_BYTES",
     "REQUEST_BYTES_PER_CALLER",
+    "SMALL_LANE_BYTES",
     "SMALL_REQUEST_BYTES",
     "STALL_MEMORY_SECONDS",
     "TURN_GRACE_SECONDS",
@@ -252,6 +253,12 @@ CONTENDED_UPLOAD_SECONDS = 10.0
 #: at the curator: ``start_server``'s ``served``): other identities' calls share the rest, so
 #: that two of them no longer fill the four calls and make the curator see a healthy owner down.
 OPEN_RESERVED_CALLS = 2
+#: Bytes the request budget serves beyond :data:`REQUEST_BUDGET_BYTES` to requests of at most
+#: :data:`SMALL_REQUEST_BYTES` each (1 MiB: 16 of them), ahead of larger requests waiting
+#: (:class:`RequestBudget`): requests of ids and scalars, most of every service's, then never wait
+#: for large ones, which two identities' declared uploads could hold whole (the curator's
+#: ``ListSketchSpecs`` waited for them 10 s, 60 s before ``CONTENDED_UPLOAD_SECONDS``).
+SMALL_LANE_BYTES = 1 << 20
 #: Name under which the health and reflection services' calls are counted together.
 OPEN_SERVICES = "the health and reflection services"
 #: Calls one caller may have in progress on the health or reflection service (a probe calls
@@ -299,18 +306,23 @@ class RequestBudget:
     first come first served, those of a caller that is not stalling (:attr:`stalled`) before
     those of one that is; a call that starts waiting calls each of :attr:`watchers` (the
     declared requests being read, whose deadline then shortens: :data:`CONTENDED_UPLOAD_SECONDS`).
-    Runs on the server's event loop.
+    A request of at most :data:`SMALL_REQUEST_BYTES` may also take bytes of ``small_lane``
+    beyond ``total``, at once, whoever waits. Runs on the server's event loop.
 
     Parameters
     ----------
     total : int
         The budget, bytes (positive).
+    small_lane : int, optional
+        Bytes beyond ``total`` that small requests may take (:data:`SMALL_LANE_BYTES` for a
+        server's budget; none by default).
     """
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, small_lane: int = 0) -> None:
         if total < 1:
             raise ValueError(f"total must be a positive number of bytes, got {total}")
         self.total = total
+        self.small_lane = small_lane
         #: Bytes taken and not given back.
         self.held = 0
         #: Whether a caller is stalling (its waiting calls are served after the others'); by
@@ -321,7 +333,16 @@ class RequestBudget:
         self._waiting: deque[tuple[int, str, asyncio.Future[None]]] = deque()
 
     def _fits(self, size: int) -> bool:
-        return self.held == 0 or self.held + size <= self.total
+        return self.held == 0 or self.held + size <= self.total or self._in_lane(size)
+
+    def _in_lane(self, size: int) -> bool:
+        """Whether ``size`` is a small request that fits in the lane (the budget has one) beyond
+        what is held."""
+        return (
+            self.small_lane > 0
+            and size <= SMALL_REQUEST_BYTES
+            and self.held + size <= self.total + self.small_lane
+        )
 
     @property
     def waiting(self) -> bool:
@@ -330,7 +351,7 @@ class RequestBudget:
 
     async def take(self, size: int, caller: str = "") -> None:
         """Take ``size`` bytes for ``caller``, waiting for them if need be."""
-        if not self._waiting and self._fits(size):
+        if (not self._waiting and self._fits(size)) or self._in_lane(size):
             self.held += size
             return
         granted = asyncio.get_running_loop().create_future()
@@ -356,9 +377,12 @@ class RequestBudget:
     def _grant(self) -> None:
         while self._waiting:
             entry = _first_not_stalling(self._waiting, self.stalled)
+            if not self._fits(entry[0]):
+                small = [e for e in self._waiting if self._in_lane(e[0])]
+                if not small:
+                    return
+                entry = small[0]
             size, _, granted = entry
-            if not self._fits(size):
-                return
             self._waiting.remove(entry)
             if not granted.done():
                 self.held += size
@@ -1326,7 +1350,7 @@ class Admission(grpc.aio.ServerInterceptor):
     ) -> None:
         self.frame_bytes = frame_bytes
         #: The request bytes its calls hold at once.
-        self.budget = RequestBudget(budget_bytes)
+        self.budget = RequestBudget(budget_bytes, SMALL_LANE_BYTES)
         #: Unary requests being read at once (:data:`READS_AT_ONCE`), whichever the service, and
         #: the budget, each caller within its share (:data:`READS_PER_CALLER`, ``caller_bytes``).
         self.shares = CallerShares(

@@ -551,8 +551,8 @@ def test_one_callers_stalled_declared_requests_do_not_hold_the_others_budget(
     """With a budget of two declared requests, the curator declares two and sends nothing: it
     holds its share, one of them, its second waits on its own share, and the consumer's calls
     are served at once. Its own next request is served once its stalled ones end. Control (a
-    caller's share is the whole budget): the two stalled requests hold it all, and the consumer's
-    calls miss their deadline."""
+    caller's share is the whole budget, no lane for small requests beyond it): the two stalled
+    requests hold it all, and the consumer's calls miss their deadline."""
     declared = UPLOAD_LIMIT
     real = admission.Admission.__init__
 
@@ -561,6 +561,8 @@ def test_one_callers_stalled_declared_requests_do_not_hold_the_others_budget(
         real(self, *args, budget_bytes=2 * declared, caller_bytes=caller_bytes, **kwargs)
 
     monkeypatch.setattr(admission.Admission, "__init__", sized)
+    if not fair:
+        monkeypatch.setattr(admission, "SMALL_LANE_BYTES", 0)
     request = _opening(3 * FRAME_BYTES)
     metadata = (("dpmarket-request-bytes", str(declared)),)
     method = "/dpmarket.v1.OwnerService/OpenSession"
@@ -787,7 +789,14 @@ def _sized_budget(monkeypatch: pytest.MonkeyPatch, declared: int) -> None:
     monkeypatch.setattr(admission.Admission, "__init__", sized)
 
 
-def _slow_upload(channel: Any, request: bytes, gap: float, held: list[int], budget: Any) -> Any:
+def _slow_upload(
+    channel: Any,
+    request: bytes,
+    gap: float,
+    held: list[int],
+    budget: Any,
+    timeout: float = DEADLINE,
+) -> Any:
     """An OpenSession declared at ``len(request)`` whose pieces are sent ``gap`` seconds apart
     (``held`` gets the budget held as each is sent); returns the call's (code, details)."""
     pieces = [request[i : i + FRAME_BYTES] for i in range(0, len(request), FRAME_BYTES)]
@@ -800,7 +809,7 @@ def _slow_upload(channel: Any, request: bytes, gap: float, held: list[int], budg
 
     upload = channel.channel.stream_unary("/dpmarket.v1.OwnerService/OpenSession", None, None)
     metadata = (("dpmarket-request-bytes", str(len(request))),)
-    return _code(upload(slowly(), metadata=metadata, timeout=DEADLINE))
+    return _code(upload(slowly(), metadata=metadata, timeout=timeout))
 
 
 @pytest.mark.parametrize("contended", [0.5, None])
@@ -810,7 +819,8 @@ def test_slow_uploads_holding_the_budget_hurry_once_another_call_waits_for_it(
     """Two curators each declare an OpenSession of a caller's share of the budget (which holds
     two) and send a piece every 2 s: fast enough for the least rate (here any), so each holds its
     bytes about 6 s (a stranger's finding: two identities at 260 KiB/s held the curator's
-    budget 63 s per round). A third curator's call then waits for the budget: each upload has
+    budget 63 s per round). A third curator's request as large then waits for the budget (sent
+    at once, with a deadline of 3 s): each upload has
     ``CONTENDED_UPLOAD_SECONDS`` (0.5 s) from then, is refused, saying so, its caller counts as
     stalling, and the waiting call is served within a deadline of 3 s. Control (no contended
     deadline): it waits behind the uploads, still in progress, and misses its deadline."""
@@ -827,15 +837,15 @@ def test_slow_uploads_holding_the_budget_hurry_once_another_call_waits_for_it(
             for who in (CURATOR, CURATOR_B)
         ]
         await _until(lambda: budget.held == budget.total)
-        stub = owner_pb2_grpc.OwnerServiceStub(connect(CURATOR_C))
-        code, details = await _code(stub.GetProgress(_progress(8), timeout=3.0))
+        victim = _slow_upload(connect(CURATOR_C), request, 0.0, [], budget, timeout=3.0)
+        code, details = await victim
         if contended:
             assert (code, details) == (grpc.StatusCode.OK, "")
             for code, details in await asyncio.gather(*uploads):
                 assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
                 assert "within 0.5 s of another call waiting for the server's request" in details
             assert shares.stalled(str(CURATOR)) and shares.stalled(str(CURATOR_B))
-            assert not shares.stalled(str(CURATOR_C)) and owner.opened == []
+            assert not shares.stalled(str(CURATOR_C)) and owner.opened == [request]
         else:
             assert code == grpc.StatusCode.DEADLINE_EXCEEDED, details
             assert not any(upload.done() for upload in uploads)  # still holding the budget
@@ -1032,6 +1042,41 @@ def test_the_request_budget_serves_in_order_what_fits_and_a_larger_request_alone
     asyncio.run(scenario())
     with pytest.raises(ValueError, match="got 0"):
         RequestBudget(0)
+
+
+@pytest.mark.parametrize("lane", [SMALL_REQUEST_BYTES, 0])
+def test_small_requests_pass_large_ones_held_or_waiting_in_the_lane(lane: int) -> None:
+    """Two large requests hold the whole budget and a third waits: a small request (at most
+    SMALL_REQUEST_BYTES) is served at once beyond the total, within the lane, and the next
+    small one once that is full waits for the lane, not for the large requests. Control (no
+    lane): the small request waits behind the large ones."""
+
+    async def scenario() -> None:
+        total = 4 * SMALL_REQUEST_BYTES
+        budget = RequestBudget(total, small_lane=lane)
+        for _ in range(2):
+            await budget.take(total // 2)
+        large = asyncio.ensure_future(budget.take(total // 2, "large"))
+        small = asyncio.ensure_future(budget.take(SMALL_REQUEST_BYTES, "small"))
+        await asyncio.sleep(0)
+        assert not large.done()
+        if lane:
+            assert small.done() and budget.held == total + SMALL_REQUEST_BYTES
+            more = asyncio.ensure_future(budget.take(1))
+            await asyncio.sleep(0)
+            assert not more.done()  # the lane is full
+            budget.give(SMALL_REQUEST_BYTES)
+            await asyncio.sleep(0)
+            assert more.done() and not large.done()  # past the large request, in the lane
+            budget.give(1)
+        else:
+            assert not small.done()
+            small.cancel()
+        large.cancel()
+        await asyncio.sleep(0)
+        assert budget.held == total
+
+    asyncio.run(scenario())
 
 
 @pytest.mark.parametrize("requests", [2, 3])
