@@ -232,7 +232,9 @@ REQUEST_BYTES_PER_CALLER = REQUEST_BUDGET_BYTES // 2
 #: owner's calls at the curator waiting 57 s.
 TURN_GRACE_SECONDS = 1.0
 #: Seconds a caller counts as stalling once one of its calls gave up a read turn without its
-#: message (refused, taken back, or gone) or a declared request without its last byte: its calls
+#: message (refused, taken back, or gone), or had its message arrive slower than
+#: ``TURN_GRACE_SECONDS`` and its size at the least rate while another call waited for a turn, or
+#: gave up a declared request without its last byte: its calls
 #: waiting for a read turn or for the request budget are then served after those of every caller
 #: that is not stalling (:meth:`CallerShares.stalled`), so that identities whose calls send
 #: nothing are no longer queued before a caller that sends its requests.
@@ -410,6 +412,8 @@ class _Turn:
     since: float = 0.0
     #: Whether it was taken back (its read cancelled).
     taken_back: bool = False
+    #: Whether another call waited for a turn while its read was in progress.
+    pressed: bool = False
     timer: asyncio.TimerHandle | None = None
 
 
@@ -439,7 +443,12 @@ class ReadTurns:
     at its grace, and handed to it. A caller counts as stalling from its first turn given up
     without its message, so k identities whose calls send nothing delay it once each (at most
     ``READS_PER_CALLER`` turns each, a grace per ``READS_AT_ONCE`` of them) before they are served
-    after it, and again only :data:`STALL_MEMORY_SECONDS` after their last such turn.
+    after it, and again only :data:`STALL_MEMORY_SECONDS` after their last such turn. A caller
+    whose message, read while others waited, took longer than ``TURN_GRACE_SECONDS`` and its
+    own size at the least rate counts as stalling as well (``_Gate._read_in_slot``), so that
+    callers sending small messages slowly, just within the grace, are served after it too;
+    callers sending at the least rate or faster are served first come first served among
+    themselves, each turn held at most its grace.
     """
 
     def __init__(self, turns: int, stalled: Callable[[str], bool]) -> None:
@@ -494,6 +503,7 @@ class ReadTurns:
         """``turn``'s call now waits for its message, read by ``reader``."""
         turn.reader = reader
         turn.since = asyncio.get_running_loop().time()
+        turn.pressed = False
         if self._waiting:
             self._press(turn)
 
@@ -513,6 +523,7 @@ class ReadTurns:
         """Take ``turn`` back if its read has waited past its grace; else look again then."""
         if turn.reader is None or turn.taken_back:
             return
+        turn.pressed = True
         loop = asyncio.get_running_loop()
         due = turn.since + turn.grace
         if loop.time() >= due:
@@ -957,7 +968,9 @@ class _Gate:
     ) -> Any:
         """The call's next message (or ``_EOF``), read while the caller holds read ``turn``
         (None: the open services, read apart). A call whose read ends without its message
-        (refused, or gone) makes its caller stalling (:meth:`CallerShares.stall`).
+        (refused, or gone), or whose message, while another call waited for a turn, took longer
+        than :data:`TURN_GRACE_SECONDS` and its own size at :data:`MIN_UPLOAD_BYTES_PER_SECOND`,
+        makes its caller stalling (:meth:`CallerShares.stall`).
 
         Raises
         ------
@@ -974,7 +987,7 @@ class _Gate:
         if turn is not None:
             shares.reads.reading(turn, reader)
         try:
-            return await asyncio.wait_for(reader, READ_WAIT_SECONDS)
+            message = await asyncio.wait_for(reader, READ_WAIT_SECONDS)
         except TimeoutError:
             shares.stall(share.caller)
             raise RequestNotSentError(
@@ -994,6 +1007,13 @@ class _Gate:
         finally:
             if turn is not None:
                 shares.reads.read(turn)
+        if turn is not None and turn.pressed and isinstance(message, bytes):
+            # Arrived within the turn's grace, but slower than its own size needs while others
+            # waited: a caller sending small messages slowly is served after them as well.
+            took = asyncio.get_running_loop().time() - turn.since
+            if took > TURN_GRACE_SECONDS + len(message) / MIN_UPLOAD_BYTES_PER_SECOND:
+                shares.stall(share.caller)
+        return message
 
     async def _read_request(
         self,

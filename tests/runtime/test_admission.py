@@ -779,6 +779,51 @@ def test_many_silent_identities_delay_a_sending_caller_by_one_grace_at_most(
     _run(pki, scenario)
 
 
+@pytest.mark.parametrize("grace", [0.3, 10.0])
+def test_a_caller_sending_small_pieces_slowly_while_others_wait_counts_as_stalling(
+    pki: Path, monkeypatch: pytest.MonkeyPatch, admissions: list[Any], grace: float
+) -> None:
+    """One read turn (READS_AT_ONCE 1). A curator sends a small declared OpenSession in three
+    pieces, one every 0.5 s: each arrives within its turn's grace (0.3 s + 1 MiB at the least
+    rate), so it is not taken back, but slower than its own size needs (0.3 s + a few dozen
+    bytes at the least rate) while another curator's call waits for the turn: its caller then
+    counts as stalling (its next calls are served after the others'), its upload is still
+    served, and the waiting call is served. Control (a grace of 10 s, above the pieces' gaps):
+    it does not count as stalling."""
+    monkeypatch.setattr(admission, "READS_AT_ONCE", 1)
+    monkeypatch.setattr(admission, "READS_PER_CALLER", 1)
+    monkeypatch.setattr(admission, "TURN_GRACE_SECONDS", grace)
+    request = _opening(8).SerializeToString()
+    size = -(-len(request) // 3)
+    pieces = [request[i : i + size] for i in range(0, len(request), size)]
+    assert len(pieces) == 3
+    method = "/dpmarket.v1.OwnerService/OpenSession"
+
+    async def scenario(connect, owner, curator):
+        shares = admissions[0].shares
+
+        async def slowly() -> Any:
+            for piece in pieces:
+                await asyncio.sleep(0.5)
+                yield piece
+
+        upload = connect(CURATOR_B).channel.stream_unary(method, None, None)
+        metadata = (("dpmarket-request-bytes", str(len(request))),)
+        sending = asyncio.ensure_future(
+            _code(upload(slowly(), metadata=metadata, timeout=DEADLINE))
+        )
+        await _until(lambda: shares.reads.locked())
+        stub = owner_pb2_grpc.OwnerServiceStub(connect(CURATOR_C))
+        code, details = await _code(stub.GetProgress(_progress(8), timeout=DEADLINE))
+        assert (code, details) == (grpc.StatusCode.OK, "")
+        assert await sending == (grpc.StatusCode.OK, "")
+        assert owner.opened == [request]
+        assert shares.stalled(str(CURATOR_B)) == (grace < 0.5)
+        assert not shares.stalled(str(CURATOR_C))
+
+    _run(pki, scenario)
+
+
 def _sized_budget(monkeypatch: pytest.MonkeyPatch, declared: int) -> None:
     """Servers started next hold a budget of two requests of ``declared`` bytes, one per caller."""
     real = admission.Admission.__init__
