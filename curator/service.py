@@ -249,7 +249,10 @@ async def serve_curator(
     ]
     if sketches is not None:
         names.append(sketch_pb2.DESCRIPTOR.services_by_name["SketchCatalogService"].full_name)
-    server, port, health_status = await start_server(register, names, address, security)
+    served = [authorizer] if catalog is None else [authorizer, catalog.authorizer]
+    server, port, health_status = await start_server(
+        register, names, address, security, served=served
+    )
     register_all([CuratorCollector(manager, str(security.identity or "insecure"))])
     # Each owner's channel is kept connected, and its state reported by the health service
     # under OWNER_HEALTH_PREFIX + name (SERVING: connected): `dpmarket up` waits for it.

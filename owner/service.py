@@ -466,7 +466,7 @@ async def start_owner(
                 aggregation, server
             )
 
-    server, port, _ = await start_server(register, names, address, security)
+    server, port, _ = await start_server(register, names, address, security, served=[authorizer])
     logger.info(
         "owner %s serving on port %d for curator(s) %s", owner.owner_id, port, ", ".join(curators)
     )

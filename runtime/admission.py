@@ -74,12 +74,22 @@ refuse no other caller's call; and a call queued for its caller's read turn give
 its service's calls at once back within :data:`READ_WAIT_SECONDS`, not one round per call
 queued before it (one queued for its caller's share of the budget waits while its caller's own
 requests are read, as only that caller's slots do). It takes ``READS_AT_ONCE / READS_PER_CALLER``
-distinct identities (two; two for the budget and for a service's calls at once as well) stalling
-together to delay or refuse the others, each round for at most :data:`READ_WAIT_SECONDS` per
-piece, and a declared request's budget for at most ``READ_WAIT_SECONDS + declared /``
-:data:`MIN_UPLOAD_BYTES_PER_SECOND` in all (the services whose only callers are the curators an
-owner's policy names keep a curator's calls at once at what it runs:
-:func:`dpmarket.owner.service.owner_limits`).
+distinct identities (two; two for a service's calls at once as well) stalling together to fill
+what the others need (the services whose only callers are the curators an owner's policy names
+keep a curator's calls at once at what it runs: :func:`dpmarket.owner.service.owner_limits`).
+
+What many identities together can make a caller that sends its requests wait for is bounded
+whatever their number. Once a call waits for a read turn, a turn held without its message past
+its grace (:data:`TURN_GRACE_SECONDS` and the message's most bytes at
+:data:`MIN_UPLOAD_BYTES_PER_SECOND`) is taken back (:class:`ReadTurns`); once a call waits for
+the request budget, a declared request holding some has :data:`CONTENDED_UPLOAD_SECONDS` more
+at most; and a caller whose call gave up a turn without its message, or a declared request
+before its end, is served after the others for :data:`STALL_MEMORY_SECONDS`
+(:meth:`CallerShares.stall`). A call of a caller that is not stalling, with none such before it,
+thus waits at most one grace for a read turn (1.25 s for requests of at most 64 KiB, 5 s for a
+1 MiB piece) and ``CONTENDED_UPLOAD_SECONDS`` for the budget, once each stalling identity has
+stalled once. The health and reflection services keep :data:`OPEN_RESERVED_CALLS` of their calls
+for the parties the server's own services serve (``served``).
 """
 
 from __future__ import annotations
@@ -89,8 +99,9 @@ import contextlib
 import contextvars
 import inspect
 import logging
+import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,19 +122,25 @@ from dpmarket.runtime.status import abort_for
 
 __all__ = [
     "COLUMN_BYTES",
+    "CONTENDED_UPLOAD_SECONDS",
     "DEFAULT_CONCURRENT_CALLS",
     "MIN_UPLOAD_BYTES_PER_SECOND",
     "OPEN_CALLS_PER_CALLER",
     "OPEN_CONCURRENT_CALLS",
+    "OPEN_RESERVED_CALLS",
     "OPEN_SERVICES",
     "READS_AT_ONCE",
     "READS_PER_CALLER",
     "REQUEST_BUDGET_BYTES",
     "REQUEST_BYTES_PER_CALLER",
+    "SMALL_LANE_BYTES",
     "SMALL_REQUEST_BYTES",
+    "STALL_MEMORY_SECONDS",
+    "TURN_GRACE_SECONDS",
     "VALUE_BYTES",
     "Admission",
     "CallerShares",
+    "ReadTurns",
     "RequestBudget",
     "RequestTooLargeError",
     "ServiceLimits",
@@ -205,6 +222,45 @@ REQUEST_BUDGET_BYTES = 32 << 20
 #: 17 MiB). A request larger than the share is served when its caller holds nothing else (and,
 #: larger than the budget, alone): beside such a request of the curator's, 15 MiB fit.
 REQUEST_BYTES_PER_CALLER = REQUEST_BUDGET_BYTES // 2
+#: Seconds a read turn waits for its message, beyond what the message's most bytes (its RPC's
+#: limit, at most ``framing.FRAME_BYTES``) take at :data:`MIN_UPLOAD_BYTES_PER_SECOND`, once
+#: another call waits for a turn (:class:`ReadTurns`): the turn is then taken back, its call
+#: refused (RESOURCE_EXHAUSTED), and the turn handed on. A 1 MiB piece thus has 5 s, a request
+#: of at most 64 KiB 1.25 s. Without it a turn held without its message was kept
+#: ``READ_WAIT_SECONDS`` whoever waited, and calls that send nothing, two per identity, were
+#: queued before a well-behaved caller's: 12 consumer identities kept a consumer's and an
+#: owner's calls at the curator waiting 57 s.
+TURN_GRACE_SECONDS = 1.0
+#: Seconds a caller counts as stalling once one of its calls gave up a read turn without its
+#: message (refused, taken back, or gone), or had its message arrive slower than
+#: ``TURN_GRACE_SECONDS`` and its size at the least rate while another call waited for a turn, or
+#: gave up a declared request without its last byte: its calls
+#: waiting for a read turn or for the request budget are then served after those of every caller
+#: that is not stalling (:meth:`CallerShares.stalled`), so that identities whose calls send
+#: nothing are no longer queued before a caller that sends its requests.
+STALL_MEMORY_SECONDS = 60.0
+#: Callers remembered as stalling at most (the oldest forgotten first): the marks do not grow
+#: with the callers (on plaintext transport, connections) a server has seen.
+STALLING_CALLERS = 4096
+#: Seconds a declared request still has to arrive whole once another call waits for the request
+#: budget (if its own deadline, ``READ_WAIT_SECONDS + declared / MIN_UPLOAD_BYTES_PER_SECOND``,
+#: is not earlier): a request holding bytes others wait for must then arrive at whatever rate
+#: finishes it within this (a 16 MiB request barely started: 1.6 MiB/s), or it is refused
+#: RESOURCE_EXHAUSTED and its bytes go to the first caller waiting that is not stalling. On a
+#: quiet server (no call waiting for the budget) the least rate alone applies. Without it two
+#: identities uploading 16 MiB each at 260 KiB/s held the curator's budget 63 s per round.
+CONTENDED_UPLOAD_SECONDS = 10.0
+#: Of :data:`OPEN_CONCURRENT_CALLS`, the calls of the health and reflection services kept for
+#: the parties the server's own services serve (the curator at an owner; consumers and owners
+#: at the curator: ``start_server``'s ``served``): other identities' calls share the rest, so
+#: that two of them no longer fill the four calls and make the curator see a healthy owner down.
+OPEN_RESERVED_CALLS = 2
+#: Bytes the request budget serves beyond :data:`REQUEST_BUDGET_BYTES` to requests of at most
+#: :data:`SMALL_REQUEST_BYTES` each (1 MiB: 16 of them), ahead of larger requests waiting
+#: (:class:`RequestBudget`): requests of ids and scalars, most of every service's, then never wait
+#: for large ones, which two identities' declared uploads could hold whole (the curator's
+#: ``ListSketchSpecs`` waited for them 10 s, 60 s before ``CONTENDED_UPLOAD_SECONDS``).
+SMALL_LANE_BYTES = 1 << 20
 #: Name under which the health and reflection services' calls are counted together.
 OPEN_SERVICES = "the health and reflection services"
 #: Calls one caller may have in progress on the health or reflection service (a probe calls
@@ -229,6 +285,12 @@ class RequestTooSlowError(ResourceExhaustedError):
     budget is given back and the call refused."""
 
 
+class TurnTakenBackError(RequestNotSentError):
+    """A call's message did not arrive within its turn's grace (:data:`TURN_GRACE_SECONDS` and
+    its most bytes at :data:`MIN_UPLOAD_BYTES_PER_SECOND`) while another call waited for a read
+    turn: the turn is handed on and the call refused."""
+
+
 class TurnsTakenError(ResourceExhaustedError):
     """A call waited :data:`READ_WAIT_SECONDS` for one of its caller's own read turns
     (:meth:`CallerShares.reading`), all taken by the caller's other calls: it is refused."""
@@ -241,41 +303,71 @@ class RequestTooLargeError(ResourceExhaustedError):
 class RequestBudget:
     """The request bytes a server's calls hold at once (:data:`REQUEST_BUDGET_BYTES`).
 
-    :meth:`take` waits, first come first served, until ``size`` fits beside what is held, or
-    nothing is held (a request larger than the budget is served alone); :meth:`give` returns
-    bytes taken. Runs on the server's event loop.
+    :meth:`take` waits until ``size`` fits beside what is held, or nothing is held (a request
+    larger than the budget is served alone); :meth:`give` returns bytes taken. Calls are served
+    first come first served, those of a caller that is not stalling (:attr:`stalled`) before
+    those of one that is; a call that starts waiting calls each of :attr:`watchers` (the
+    declared requests being read, whose deadline then shortens: :data:`CONTENDED_UPLOAD_SECONDS`).
+    A request of at most :data:`SMALL_REQUEST_BYTES` may also take bytes of ``small_lane``
+    beyond ``total``, at once, whoever waits. Runs on the server's event loop.
 
     Parameters
     ----------
     total : int
         The budget, bytes (positive).
+    small_lane : int, optional
+        Bytes beyond ``total`` that small requests may take (:data:`SMALL_LANE_BYTES` for a
+        server's budget; none by default).
     """
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, small_lane: int = 0) -> None:
         if total < 1:
             raise ValueError(f"total must be a positive number of bytes, got {total}")
         self.total = total
+        self.small_lane = small_lane
         #: Bytes taken and not given back.
         self.held = 0
-        self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+        #: Whether a caller is stalling (its waiting calls are served after the others'); by
+        #: default none is.
+        self.stalled: Callable[[str], bool] = lambda caller: False
+        #: Called whenever a call starts waiting.
+        self.watchers: set[Callable[[], None]] = set()
+        self._waiting: deque[tuple[int, str, asyncio.Future[None]]] = deque()
 
     def _fits(self, size: int) -> bool:
-        return self.held == 0 or self.held + size <= self.total
+        return self.held == 0 or self.held + size <= self.total or self._in_lane(size)
 
-    async def take(self, size: int) -> None:
-        """Take ``size`` bytes, waiting for them if need be."""
-        if not self._waiting and self._fits(size):
+    def _in_lane(self, size: int) -> bool:
+        """Whether ``size`` is a small request that fits in the lane (the budget has one) beyond
+        what is held."""
+        return (
+            self.small_lane > 0
+            and size <= SMALL_REQUEST_BYTES
+            and self.held + size <= self.total + self.small_lane
+        )
+
+    @property
+    def waiting(self) -> bool:
+        """Whether a call waits for bytes."""
+        return bool(self._waiting)
+
+    async def take(self, size: int, caller: str = "") -> None:
+        """Take ``size`` bytes for ``caller``, waiting for them if need be."""
+        if (not self._waiting and self._fits(size)) or self._in_lane(size):
             self.held += size
             return
         granted = asyncio.get_running_loop().create_future()
-        self._waiting.append((size, granted))
+        entry = (size, caller, granted)
+        self._waiting.append(entry)
+        for watcher in list(self.watchers):
+            watcher()
         try:
             await granted
         except asyncio.CancelledError:
             if granted.done() and not granted.cancelled():
                 self.give(size)  # granted as the call went away
             else:
-                self._waiting.remove((size, granted))
+                self._waiting.remove(entry)
                 self._grant()
             raise
 
@@ -285,17 +377,172 @@ class RequestBudget:
         self._grant()
 
     def _grant(self) -> None:
-        while self._waiting and self._fits(self._waiting[0][0]):
-            size, granted = self._waiting.popleft()
+        while self._waiting:
+            entry = _first_not_stalling(self._waiting, self.stalled)
+            if not self._fits(entry[0]):
+                small = [e for e in self._waiting if self._in_lane(e[0])]
+                if not small:
+                    return
+                entry = small[0]
+            size, _, granted = entry
+            self._waiting.remove(entry)
             if not granted.done():
                 self.held += size
                 granted.set_result(None)
+
+
+def _first_not_stalling(waiting: deque[Any], stalled: Callable[[str], bool]) -> Any:
+    """The first of ``waiting`` (entries whose second item is the caller) whose caller is not
+    stalling, or the first."""
+    for entry in waiting:
+        if not stalled(entry[1]):
+            return entry
+    return waiting[0]
+
+
+@dataclass(eq=False)
+class _Turn:
+    """One of the server's read turns, held by a call (:class:`ReadTurns`)."""
+
+    #: Seconds its message may take once another call waits for a turn.
+    grace: float
+    #: The read of its message in progress (None between reads).
+    reader: asyncio.Future[Any] | None = None
+    #: When that read began (event loop time).
+    since: float = 0.0
+    #: Whether it was taken back (its read cancelled).
+    taken_back: bool = False
+    #: Whether another call waited for a turn while its read was in progress.
+    pressed: bool = False
+    timer: asyncio.TimerHandle | None = None
+
+
+class ReadTurns:
+    """The server's read turns (:data:`READS_AT_ONCE`): who reads a message now, who waits.
+
+    A waiting call gets the next free turn, first come first served, a caller's that is not
+    stalling (:meth:`CallerShares.stalled`) before a stalling one's. While a call waits, a turn
+    whose read has waited for its message longer than the turn's grace
+    (:data:`TURN_GRACE_SECONDS` plus its most bytes at :data:`MIN_UPLOAD_BYTES_PER_SECOND`) is
+    taken back: its read is cancelled (the call is refused, :class:`TurnTakenBackError`) and the
+    turn handed on. Nobody waiting, a read keeps its turn up to :data:`READ_WAIT_SECONDS`.
+
+    Parameters
+    ----------
+    turns : int
+        Messages read at once (positive).
+    stalled : callable
+        Whether a caller (by name) is stalling.
+
+    Notes
+    -----
+    A call of a caller that is not stalling, first in line among those, waits for a turn at most
+    the longest grace of the turns' holders (5 s at the defaults, a 1 MiB piece; 1.25 s if they
+    are requests of at most 64 KiB) for every non-stalling call before it, whatever the number
+    of stalling callers: each turn is then either given back with its message read or taken back
+    at its grace, and handed to it. A caller counts as stalling from its first turn given up
+    without its message, so k identities whose calls send nothing delay it once each (at most
+    ``READS_PER_CALLER`` turns each, a grace per ``READS_AT_ONCE`` of them) before they are served
+    after it, and again only :data:`STALL_MEMORY_SECONDS` after their last such turn. A caller
+    whose message, read while others waited, took longer than ``TURN_GRACE_SECONDS`` and its
+    own size at the least rate counts as stalling as well (``_Gate._read_in_slot``), so that
+    callers sending small messages slowly, just within the grace, are served after it too;
+    callers sending at the least rate or faster are served first come first served among
+    themselves, each turn held at most its grace.
+    """
+
+    def __init__(self, turns: int, stalled: Callable[[str], bool]) -> None:
+        if turns < 1:
+            raise ValueError(f"turns must be positive, got {turns}")
+        self.turns = turns
+        self.stalled = stalled
+        #: The turns held.
+        self.held: set[_Turn] = set()
+        self._waiting: deque[tuple[float, str, asyncio.Future[_Turn]]] = deque()
+
+    @property
+    def waiting(self) -> int:
+        """Calls waiting for a turn."""
+        return len(self._waiting)
+
+    def locked(self) -> bool:
+        """Whether every turn is held."""
+        return len(self.held) >= self.turns
+
+    async def take(self, caller: str, grace: float) -> _Turn:
+        """A turn for ``caller``'s call, whose message may take ``grace`` seconds once others
+        wait; waits for it if need be."""
+        if not self._waiting and not self.locked():
+            return self._hand(grace)
+        granted: asyncio.Future[_Turn] = asyncio.get_running_loop().create_future()
+        entry = (grace, caller, granted)
+        self._waiting.append(entry)
+        for turn in self.held:
+            self._press(turn)
+        try:
+            return await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self.give(granted.result())  # granted as the call went away
+            else:
+                self._waiting.remove(entry)
+            raise
+
+    def give(self, turn: _Turn) -> None:
+        """Give ``turn`` back and hand the free turns to the calls waiting."""
+        self.held.discard(turn)
+        self.read(turn)
+        while self._waiting and not self.locked():
+            entry = _first_not_stalling(self._waiting, self.stalled)
+            self._waiting.remove(entry)
+            grace, _, granted = entry
+            if not granted.done():
+                granted.set_result(self._hand(grace))
+
+    def reading(self, turn: _Turn, reader: asyncio.Future[Any]) -> None:
+        """``turn``'s call now waits for its message, read by ``reader``."""
+        turn.reader = reader
+        turn.since = asyncio.get_running_loop().time()
+        turn.pressed = False
+        if self._waiting:
+            self._press(turn)
+
+    def read(self, turn: _Turn) -> None:
+        """``turn``'s read has ended."""
+        turn.reader = None
+        if turn.timer is not None:
+            turn.timer.cancel()
+            turn.timer = None
+
+    def _hand(self, grace: float) -> _Turn:
+        turn = _Turn(grace)
+        self.held.add(turn)
+        return turn
+
+    def _press(self, turn: _Turn) -> None:
+        """Take ``turn`` back if its read has waited past its grace; else look again then."""
+        if turn.reader is None or turn.taken_back:
+            return
+        turn.pressed = True
+        loop = asyncio.get_running_loop()
+        due = turn.since + turn.grace
+        if loop.time() >= due:
+            turn.taken_back = True
+            turn.reader.cancel()
+        elif turn.timer is None:
+            turn.timer = loop.call_at(due, self._again, turn)
+
+    def _again(self, turn: _Turn) -> None:
+        turn.timer = None
+        if self._waiting:
+            self._press(turn)
 
 
 @dataclass
 class _Share:
     """One caller's share of a server's reads and request budget, while it has calls."""
 
+    caller: str
     reads: asyncio.Semaphore
     budget: RequestBudget
     calls: int = 0
@@ -352,10 +599,11 @@ class CallerShares:
     long at most, not until every call of A before it has been refused in turn. **Several
     identities together**: k distinct callers hold k shares; ``reads / reads_per_caller``
     callers that send nothing can again hold every read turn, and ``total / bytes_per_caller``
-    (2) callers the budget, each round for at most ``READ_WAIT_SECONDS`` per piece and
-    ``READ_WAIT_SECONDS + r / MIN_UPLOAD_BYTES_PER_SECOND`` per request. The
-    deployment issues the identities, so that is bounded by its parties (on plaintext transport,
-    by the server's connections).
+    (2) callers the budget, but only until a call waits: a turn without its message is then
+    taken back at its grace (:class:`ReadTurns`), a declared request has
+    :data:`CONTENDED_UPLOAD_SECONDS` more at most, and a caller that gave either up unfinished
+    counts as stalling (:meth:`stall`), its waiting calls served after every other caller's
+    (module docstring: the bounds).
     """
 
     def __init__(
@@ -367,19 +615,40 @@ class CallerShares:
             )
         if bytes_per_caller < 1:
             raise ValueError(f"bytes_per_caller must be positive, got {bytes_per_caller}")
-        self.reads = asyncio.Semaphore(reads)
+        #: When each caller that stalled lately stops counting as stalling (monotonic time),
+        #: oldest first.
+        self.stalling: dict[str, float] = {}
+        self.reads = ReadTurns(reads, self.stalled)
         self.budget = budget
+        budget.stalled = self.stalled
         self.reads_per_caller = reads_per_caller
         self.bytes_per_caller = bytes_per_caller
         #: Each caller with calls in progress, and its share.
         self.callers: dict[str, _Share] = {}
+
+    def stall(self, caller: str) -> None:
+        """Count ``caller`` as stalling for :data:`STALL_MEMORY_SECONDS` from now: one of its
+        calls gave up a read turn without its message, or a declared request before its end."""
+        now = time.monotonic()
+        self.stalling.pop(caller, None)
+        self.stalling[caller] = now + STALL_MEMORY_SECONDS
+        for name, until in list(self.stalling.items()):
+            if until > now and len(self.stalling) <= STALLING_CALLERS:
+                break
+            del self.stalling[name]
+
+    def stalled(self, caller: str) -> bool:
+        """Whether ``caller`` counts as stalling (:meth:`stall`)."""
+        until = self.stalling.get(caller)
+        return until is not None and until > time.monotonic()
 
     def enter(self, caller: str) -> _Share:
         """Count a call of ``caller`` in; return its caller's share."""
         share = self.callers.get(caller)
         if share is None:
             reads = asyncio.Semaphore(self.reads_per_caller)
-            share = self.callers[caller] = _Share(reads, RequestBudget(self.bytes_per_caller))
+            budget = RequestBudget(self.bytes_per_caller)
+            share = self.callers[caller] = _Share(caller, reads, budget)
         share.calls += 1
         return share
 
@@ -392,16 +661,17 @@ class CallerShares:
             del self.callers[caller]
 
     @contextlib.asynccontextmanager
-    async def reading(self, share: _Share) -> AsyncIterator[None]:
-        """Hold one of the caller's read turns, then one of the server's, while a message is
-        read.
+    async def reading(self, share: _Share, grace: float = 0.0) -> AsyncIterator[_Turn]:
+        """Hold one of the caller's read turns, then one of the server's (:class:`ReadTurns`,
+        its message's ``grace`` seconds), while a message is read; yield the server's turn.
 
         The caller's own turn is waited for at most :data:`READ_WAIT_SECONDS` (read when the
         wait starts): its turns are taken only by its own calls, each of which holds one that
         long at most if it sends nothing, so that a call queued behind its caller's stalled calls
         is refused as soon as they are, rather than holding its service's calls at once for as
         many rounds as there are calls before it. The server's turn is waited for without a
-        bound of its own: every turn is held by another caller's read, itself bounded.
+        bound of its own: every turn is held by another caller's read, itself bounded (by its
+        grace once this call waits: :class:`ReadTurns`).
 
         Raises
         ------
@@ -420,8 +690,11 @@ class CallerShares:
                 "starts"
             ) from None
         try:
-            async with self.reads:
-                yield
+            turn = await self.reads.take(share.caller, grace)
+            try:
+                yield turn
+            finally:
+                self.reads.give(turn)
         finally:
             share.reads.release()
 
@@ -430,7 +703,7 @@ class CallerShares:
         waiting for each if need be."""
         await share.budget.take(size)
         try:
-            await self.budget.take(size)
+            await self.budget.take(size, share.caller)
         except BaseException:  # cancelled: the call went away while it waited
             share.budget.give(size)
             raise
@@ -566,7 +839,16 @@ class _Gate:
                 f"{self.service} is serving its limit of {self.concurrent_calls} calls at once; "
                 "retry when one has ended"
             )
-        keys = (self.service, key)
+        keys: tuple[Any, ...] = (self.service, key)
+        if self.service == OPEN_SERVICES and not self.admission.reserved_for(context):
+            others = (OPEN_SERVICES, None)  # the calls of parties the server does not serve
+            shared = self.concurrent_calls - OPEN_RESERVED_CALLS
+            if active.get(others, 0) >= shared:
+                raise ResourceExhaustedError(
+                    f"{self.service} are serving the {shared} calls at once they keep for "
+                    "parties their server's own services do not serve; retry when one has ended"
+                )
+            keys += (others,)
         for k in keys:
             active[k] = active.get(k, 0) + 1
         shares = self.admission.shares
@@ -674,8 +956,21 @@ class _Gate:
                 return int(text)
         return None
 
-    async def _read_in_slot(self, context: grpc.aio.ServicerContext) -> Any:
-        """The call's next message (or ``_EOF``), read while the caller holds a read slot.
+    def _grace(self) -> float:
+        """Seconds this RPC's message may take in its read turn once others wait for one
+        (:class:`ReadTurns`): :data:`TURN_GRACE_SECONDS` and its most bytes at
+        :data:`MIN_UPLOAD_BYTES_PER_SECOND`."""
+        most = min(self.limit, self.admission.frame_bytes)
+        return TURN_GRACE_SECONDS + most / MIN_UPLOAD_BYTES_PER_SECOND
+
+    async def _read_in_slot(
+        self, context: grpc.aio.ServicerContext, share: _Share, turn: _Turn | None
+    ) -> Any:
+        """The call's next message (or ``_EOF``), read while the caller holds read ``turn``
+        (None: the open services, read apart). A call whose read ends without its message
+        (refused, or gone), or whose message, while another call waited for a turn, took longer
+        than :data:`TURN_GRACE_SECONDS` and its own size at :data:`MIN_UPLOAD_BYTES_PER_SECOND`,
+        makes its caller stalling (:meth:`CallerShares.stall`).
 
         Raises
         ------
@@ -683,14 +978,42 @@ class _Gate:
             If it does not arrive within :data:`READ_WAIT_SECONDS`: the slot is given back and
             the call refused, so that a caller that sends nothing cannot hold the server's
             reads.
+        TurnTakenBackError
+            If it did not arrive within the turn's grace while another call waited for a turn
+            (:class:`ReadTurns`).
         """
+        shares = self.admission.shares
+        reader = asyncio.ensure_future(context.read())
+        if turn is not None:
+            shares.reads.reading(turn, reader)
         try:
-            return await asyncio.wait_for(context.read(), READ_WAIT_SECONDS)
+            message = await asyncio.wait_for(reader, READ_WAIT_SECONDS)
         except TimeoutError:
+            shares.stall(share.caller)
             raise RequestNotSentError(
                 f"the {self.rpc} request did not arrive within {READ_WAIT_SECONDS:g} s of its "
                 "turn to be read: send a request as soon as the call starts"
             ) from None
+        except asyncio.CancelledError:
+            shares.stall(share.caller)
+            task = asyncio.current_task()
+            if turn is None or not turn.taken_back or (task is not None and task.cancelling()):
+                raise
+            raise TurnTakenBackError(
+                f"the {self.rpc} request did not arrive within {turn.grace:g} s of its turn to "
+                "be read while other calls waited for one: send a request as soon as the call "
+                "starts, at 2 Mbit/s at least"
+            ) from None
+        finally:
+            if turn is not None:
+                shares.reads.read(turn)
+        if turn is not None and turn.pressed and isinstance(message, bytes):
+            # Arrived within the turn's grace, but slower than its own size needs while others
+            # waited: a caller sending small messages slowly is served after them as well.
+            took = asyncio.get_running_loop().time() - turn.since
+            if took > TURN_GRACE_SECONDS + len(message) / MIN_UPLOAD_BYTES_PER_SECOND:
+                shares.stall(share.caller)
+        return message
 
     async def _read_request(
         self,
@@ -740,8 +1063,10 @@ class _Gate:
             # are few (OPEN_CONCURRENT_CALLS, each at most one message), and any identity may
             # make them, so two identities' stalled probes must not hold every turn the other
             # services read with.
-            async with contextlib.nullcontext() if self.open else shares.reading(share):
-                raw = await self._read_in_slot(context)
+            async with (
+                contextlib.nullcontext() if self.open else shares.reading(share, self._grace())
+            ) as turn:
+                raw = await self._read_in_slot(context, share, turn)
                 if raw is _EOF:
                     raise InvalidArgumentError(f"the {self.rpc} call ended without a request")
                 self._received(len(raw))
@@ -751,18 +1076,62 @@ class _Gate:
             shares.give(share, reserved - len(raw))  # keep what the request holds
             held[-1] = len(raw)
             return request
-        taken = asyncio.get_running_loop().time()
         await context.send_initial_metadata(((SIZE_METADATA, str(declared)),))
+        return await self._read_declared(context, parse, share, declared)
+
+    async def _read_declared(
+        self,
+        context: grpc.aio.ServicerContext,
+        parse: Callable[[bytes], Any] | None,
+        share: _Share,
+        declared: int,
+    ) -> Any:
+        """Read a declared request (:meth:`_read_pieces`) within its deadline: its least rate
+        (:data:`MIN_UPLOAD_BYTES_PER_SECOND`), and :data:`CONTENDED_UPLOAD_SECONDS` from the
+        moment another call waits for the request budget if that is sooner. A request that
+        ends before it is whole, refused or gone, makes its caller stalling.
+
+        Raises
+        ------
+        RequestTooSlowError
+            If it is not read whole within its deadline.
+        """
+        loop = asyncio.get_running_loop()
+        shares = self.admission.shares
         allowed = READ_WAIT_SECONDS + declared / MIN_UPLOAD_BYTES_PER_SECOND
+        contended: list[float] = []  # when another call first waited for the budget
         try:
-            async with asyncio.timeout_at(taken + allowed):
-                return await self._read_pieces(context, parse, share, declared)
+            async with asyncio.timeout(allowed) as deadline:
+
+                def press() -> None:
+                    when, sooner = deadline.when(), loop.time() + CONTENDED_UPLOAD_SECONDS
+                    if not contended and when is not None and sooner < when:
+                        contended.append(sooner)
+                        deadline.reschedule(sooner)
+
+                shares.budget.watchers.add(press)
+                try:
+                    if shares.budget.waiting:
+                        press()
+                    return await self._read_pieces(context, parse, share, declared)
+                finally:
+                    shares.budget.watchers.discard(press)
         except TimeoutError:
+            shares.stall(share.caller)
+            if contended:
+                raise RequestTooSlowError(
+                    f"the {self.rpc} request of {declared} bytes did not arrive within "
+                    f"{CONTENDED_UPLOAD_SECONDS:g} s of another call waiting for the server's "
+                    "request budget: send it faster, or a smaller one"
+                ) from None
             raise RequestTooSlowError(
                 f"the {self.rpc} request of {declared} bytes did not arrive within {allowed:g} s "
                 f"({READ_WAIT_SECONDS:g} s and {MIN_UPLOAD_BYTES_PER_SECOND} bytes per second): "
                 "send it faster, or a smaller one"
             ) from None
+        except asyncio.CancelledError:
+            shares.stall(share.caller)
+            raise
 
     async def _read_pieces(
         self,
@@ -779,7 +1148,7 @@ class _Gate:
         while True:
             # A piece arrives right after the one before: a read slot is held for a moment
             # (longer only by a client that sends slowly, at most READ_WAIT_SECONDS).
-            async with shares.reading(share):
+            async with shares.reading(share, self._grace()) as turn:
                 if total == declared:
                     raw = parts[0] if len(parts) == 1 else b"".join(parts)
                     parts.clear()
@@ -790,7 +1159,7 @@ class _Gate:
                         f"method's limit of {self.limit} bytes needs: send pieces of "
                         f'{FRAME_BYTES} bytes (docs/reference.md, "Message limits")'
                     )
-                piece = await self._read_in_slot(context)
+                piece = await self._read_in_slot(context, share, turn)
             if piece is _EOF:
                 raise InvalidArgumentError(
                     f"the {self.rpc} call ended after {total} of the {declared} bytes its "
@@ -983,6 +1352,11 @@ class Admission(grpc.aio.ServerInterceptor):
     caller_bytes : int, optional
         Of those, the bytes one caller's calls hold at once (:class:`CallerShares`); by default
         half the budget (:data:`REQUEST_BYTES_PER_CALLER` at the default budget).
+    served : sequence of Authorizer, optional
+        The authorizers of the server's own services: the identities one of them serves (by
+        role and name) keep :data:`OPEN_RESERVED_CALLS` of the health and reflection services'
+        calls, which other identities cannot take. None (the default): every identity is served
+        alike, within :data:`OPEN_CONCURRENT_CALLS`.
     """
 
     def __init__(
@@ -992,10 +1366,11 @@ class Admission(grpc.aio.ServerInterceptor):
         insecure: bool = False,
         budget_bytes: int = REQUEST_BUDGET_BYTES,
         caller_bytes: int | None = None,
+        served: Sequence[Authorizer] | None = None,
     ) -> None:
         self.frame_bytes = frame_bytes
         #: The request bytes its calls hold at once.
-        self.budget = RequestBudget(budget_bytes)
+        self.budget = RequestBudget(budget_bytes, SMALL_LANE_BYTES)
         #: Unary requests being read at once (:data:`READS_AT_ONCE`), whichever the service, and
         #: the budget, each caller within its share (:data:`READS_PER_CALLER`, ``caller_bytes``).
         self.shares = CallerShares(
@@ -1005,6 +1380,7 @@ class Admission(grpc.aio.ServerInterceptor):
             budget_bytes // 2 if caller_bytes is None else caller_bytes,
         )
         self.insecure = insecure
+        self.served = None if served is None else tuple(served)
         #: Calls in progress per service name, and per (service, caller).
         self.active: dict[Any, int] = {}
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
@@ -1057,6 +1433,23 @@ class Admission(grpc.aio.ServerInterceptor):
         return _Gate(
             self, service, rpc, authorize, limit, limits.concurrent_calls, limits.per_caller
         )
+
+    def reserved_for(self, context: grpc.aio.ServicerContext) -> bool:
+        """Whether the caller is one the server's own services serve (``served``), who keeps
+        :data:`OPEN_RESERVED_CALLS` of the health and reflection services' calls (every caller
+        is, without ``served`` or on plaintext transport). Its identity is already verified
+        (:meth:`_any_identity`)."""
+        if self.served is None or self.insecure:
+            return True
+        identity = peer_identity(context)
+        if identity is None:
+            return False
+        for authorizer in self.served:
+            if identity.role in authorizer.allowed:
+                names = authorizer.allowed[identity.role]
+                if names is None or identity.name in names:
+                    return True
+        return False
 
     def _any_identity(self, context: grpc.aio.ServicerContext) -> str:
         """Any verified dpmarket identity (the health and reflection services)."""

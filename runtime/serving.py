@@ -22,6 +22,7 @@ from grpc_reflection.v1alpha import reflection
 
 from dpmarket.runtime import framing
 from dpmarket.runtime.admission import Admission
+from dpmarket.runtime.authz import Authorizer
 from dpmarket.runtime.metrics import ServiceMetrics, installed_metrics
 from dpmarket.runtime.transport import BindError, TransportSecurity, add_port
 
@@ -174,6 +175,7 @@ async def start_server(
     security: TransportSecurity,
     *,
     metrics: ServiceMetrics | None = None,
+    served: Sequence[Authorizer] | None = None,
 ) -> tuple[grpc.aio.Server, int, HealthStatus]:
     """Start a grpc.aio server with health checking and reflection; return it and its port.
 
@@ -196,6 +198,10 @@ async def start_server(
     The port is exclusive (:data:`SERVER_OPTIONS`): a second server on a bound port fails here.
     Every call is counted, by its status and time, into ``metrics`` (default: the process's, when
     it serves them: :func:`dpmarket.runtime.metrics.enable_metrics`; none otherwise).
+    ``served``, the authorizers of the servicers ``servicer_adder`` registers, keeps part of the
+    health and reflection services' calls at once for the parties they serve
+    (:data:`~dpmarket.runtime.admission.OPEN_RESERVED_CALLS`), so that other identities' probes
+    cannot fill them; without it every identity shares them alike.
 
     Raises
     ------
@@ -210,7 +216,8 @@ async def start_server(
         *((k, v) for k, v in SERVER_OPTIONS if k != "grpc.max_receive_message_length"),
         ("grpc.max_receive_message_length", frame),
     ]
-    interceptors: list[grpc.aio.ServerInterceptor] = [Admission(frame, insecure=security.insecure)]
+    admission = Admission(frame, insecure=security.insecure, served=served)
+    interceptors: list[grpc.aio.ServerInterceptor] = [admission]
     metrics = metrics if metrics is not None else installed_metrics()
     if metrics is not None:  # counted first, so that admission's refusals are counted too
         interceptors.insert(0, metrics.interceptor(str(security.identity or "insecure")))

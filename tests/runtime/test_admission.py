@@ -49,6 +49,8 @@ from dpmarket.owner.service import owner_limits
 from dpmarket.runtime import admission, allocator, cape_messages, rpc_trace, sketch_messages
 from dpmarket.runtime.admission import (
     OPEN_CALLS_PER_CALLER,
+    OPEN_CONCURRENT_CALLS,
+    OPEN_RESERVED_CALLS,
     READS_AT_ONCE,
     READS_PER_CALLER,
     SMALL_REQUEST_BYTES,
@@ -79,6 +81,10 @@ CURATOR = Identity("curator", "curator")
 OWNER = Identity("owner", "owner-0")
 ALICE = Identity("consumer", "alice")
 BOB = Identity("consumer", "bob")
+#: Consumers whose calls send nothing (many identities), and two more curators of the owner.
+SILENT = [Identity("consumer", f"silent-{k}") for k in range(8)]
+CURATOR_B = Identity("curator", "curator-b")
+CURATOR_C = Identity("curator", "curator-c")
 #: The probe owner's limits: GetProgress's, RunRounds', Bid's and OpenSession's (above one
 #: message: its requests come in pieces).
 PROGRESS_LIMIT = 4096
@@ -94,7 +100,7 @@ SEND = [("grpc.max_send_message_length", 64 << 20)]
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("pki")
     init_ca(root)
-    issue_all(root, [CURATOR, OWNER, ALICE, BOB])
+    issue_all(root, [CURATOR, OWNER, ALICE, BOB, CURATOR_B, CURATOR_C, *SILENT])
     return root
 
 
@@ -108,7 +114,7 @@ class ProbeOwner(owner_pb2_grpc.OwnerServiceServicer):
     ``GetProgress`` waits for :attr:`release` while :attr:`hold` is set."""
 
     def __init__(self, concurrent_calls: int = 64, calls_per_caller: int | None = None) -> None:
-        self.authorizer = Authorizer({"curator": ("curator",)})
+        self.authorizer = Authorizer({"curator": ("curator", "curator-b", "curator-c")})
         self.limits = ServiceLimits(
             {
                 "GetProgress": PROGRESS_LIMIT,
@@ -163,10 +169,17 @@ Scenario = Callable[[Callable[[Identity], grpc.aio.Channel], ProbeOwner, ProbeCu
 
 
 def _run(
-    pki: Path, scenario: Scenario, owner: ProbeOwner | None = None, target: list[str] | None = None
+    pki: Path,
+    scenario: Scenario,
+    owner: ProbeOwner | None = None,
+    target: list[str] | None = None,
+    *,
+    reserve: bool = False,
 ) -> None:
     """Serve the probes (as one owner-0 server) and run ``scenario(connect, owner, curator)``;
-    the server's address is appended to ``target``, if given."""
+    the server's address is appended to ``target``, if given. ``reserve``: the owner service's
+    callers (the curators) keep their part of the health and reflection services' calls, as an
+    owner's server does (``start_server``'s ``served``)."""
     # The generated servicer stubs declare every RPC abstract; grpc's servicer answers
     # UNIMPLEMENTED for those a probe does not define.
     owner = owner or ProbeOwner()  # type: ignore[abstract]
@@ -179,7 +192,10 @@ def _run(
 
         names = ["dpmarket.v1.OwnerService", "dpmarket.v1.CuratorService"]
         security = _security(pki, OWNER)
-        server, port, _ = await start_server(register, names, "127.0.0.1:0", security)
+        served = [owner.authorizer] if reserve else None
+        server, port, _ = await start_server(
+            register, names, "127.0.0.1:0", security, served=served
+        )
         if target is not None:
             target.append(f"127.0.0.1:{port}")
         channels: list[grpc.aio.Channel] = []
@@ -457,9 +473,11 @@ def test_one_callers_stalled_calls_do_not_delay_another_callers_reads(
     a consumer's
     calls (a protected service and an open one) are served at once. Its own next call waits
     behind its stalled ones and is served once they end; its share is then dropped. Control
-    (one caller may hold every turn): the consumer's protected call misses its deadline."""
+    (one caller may hold every turn, and keeps a turn READ_WAIT_SECONDS whoever waits): the
+    consumer's protected call misses its deadline."""
     if not fair:
         monkeypatch.setattr(admission, "READS_PER_CALLER", READS_AT_ONCE)
+        monkeypatch.setattr(admission, "TURN_GRACE_SECONDS", 1e9)
     method = "/dpmarket.v1.OwnerService/GetProgress"
 
     async def scenario(connect, owner, curator):
@@ -499,10 +517,13 @@ def test_stalled_health_probes_of_two_identities_do_not_hold_the_other_services_
 ) -> None:
     """Two consumers open the health service's most calls (two each, four in all) and send
     nothing: the curator's call to the owner service is served at once, as the open services
-    read outside the server's turns. Control (they read with the turns): the four stalled probes
-    hold every turn and the curator's call misses its deadline (a stranger's finding: a consumer
-    and an owner's certificate slowed every curator call to an owner by about 10 s)."""
+    read outside the server's turns. Control (they read with the turns, each kept
+    READ_WAIT_SECONDS whoever waits): the four stalled probes hold every turn and the curator's
+    call misses its deadline (a stranger's finding: a consumer and an owner's certificate slowed
+    every curator call to an owner by about 10 s)."""
     monkeypatch.setattr(admission, "OPEN_READS_APART", apart)
+    if not apart:
+        monkeypatch.setattr(admission, "TURN_GRACE_SECONDS", 1e9)
     method = "/grpc.health.v1.Health/Check"
 
     async def scenario(connect, owner, curator):
@@ -530,8 +551,8 @@ def test_one_callers_stalled_declared_requests_do_not_hold_the_others_budget(
     """With a budget of two declared requests, the curator declares two and sends nothing: it
     holds its share, one of them, its second waits on its own share, and the consumer's calls
     are served at once. Its own next request is served once its stalled ones end. Control (a
-    caller's share is the whole budget): the two stalled requests hold it all, and the consumer's
-    calls miss their deadline."""
+    caller's share is the whole budget, no lane for small requests beyond it): the two stalled
+    requests hold it all, and the consumer's calls miss their deadline."""
     declared = UPLOAD_LIMIT
     real = admission.Admission.__init__
 
@@ -540,6 +561,8 @@ def test_one_callers_stalled_declared_requests_do_not_hold_the_others_budget(
         real(self, *args, budget_bytes=2 * declared, caller_bytes=caller_bytes, **kwargs)
 
     monkeypatch.setattr(admission.Admission, "__init__", sized)
+    if not fair:
+        monkeypatch.setattr(admission, "SMALL_LANE_BYTES", 0)
     request = _opening(3 * FRAME_BYTES)
     metadata = (("dpmarket-request-bytes", str(declared)),)
     method = "/dpmarket.v1.OwnerService/OpenSession"
@@ -692,6 +715,260 @@ def test_a_declared_request_sent_too_slowly_is_refused_and_gives_its_budget_back
     _run(pki, scenario)
 
 
+@pytest.mark.parametrize("rule", ["taken back", "kept"])
+def test_many_silent_identities_delay_a_sending_caller_by_one_grace_at_most(
+    pki: Path, monkeypatch: pytest.MonkeyPatch, admissions: list[Any], rule: str
+) -> None:
+    """Eight consumer identities keep two ``WatchSession`` calls each open without a request (16
+    calls for the 4 read turns), each opened again as it is refused (a stranger's finding: 12
+    identities kept a consumer's call at the curator waiting 57 s). Once each of them has given
+    up a turn without its message, so counts as stalling, another consumer's call is first in
+    line for the next turn, and a turn held without its message while it waits is taken back at
+    its grace (0.2 s + 64 KiB at 256 KiB/s: 0.45 s here): it is served within a deadline of
+    3 s, whatever the number of identities, and the silent calls were refused for their turns'
+    grace. Control (the old rule: a turn kept READ_WAIT_SECONDS, 3 s here, whoever waits, first
+    come first served): it waits behind the silent calls queued before it, four per 3 s round,
+    and misses its deadline."""
+    monkeypatch.setattr(admission, "READ_WAIT_SECONDS", 3.0)
+    monkeypatch.setattr(admission, "TURN_GRACE_SECONDS", 0.2)
+    if rule == "kept":
+        monkeypatch.setattr(admission, "TURN_GRACE_SECONDS", 1e9)
+        monkeypatch.setattr(admission, "STALL_MEMORY_SECONDS", 0.0)
+    method = "/dpmarket.v1.CuratorService/WatchSession"
+
+    async def scenario(connect, owner, curator):
+        shares = admissions[0].shares
+        stop = asyncio.Event()
+        refusals: list[str] = []
+
+        async def silent(channel: Any) -> None:
+            watch = channel.channel.stream_stream(method, None, None)
+            while not stop.is_set():
+                call = watch(timeout=DEADLINE)
+                try:
+                    await call.code()
+                    refusals.append(await call.details() or "")
+                finally:
+                    call.cancel()
+
+        channels = [connect(who) for who in SILENT]
+        attack = [
+            asyncio.ensure_future(silent(c)) for c in channels for _ in range(READS_PER_CALLER)
+        ]
+        if rule == "taken back":
+            await _until(lambda: all(shares.stalled(str(who)) for who in SILENT))
+        else:
+            await _until(lambda: shares.reads.waiting >= len(attack) - READS_AT_ONCE)
+        assert not shares.stalled(str(BOB))
+        watcher = curator_pb2_grpc.CuratorServiceStub(connect(BOB))
+        request = curator_pb2.WatchSessionRequest(session_id="s")
+        code, details = await _code(_drain(watcher.WatchSession(request, timeout=3.0)))
+        stop.set()
+        for task in attack:
+            task.cancel()
+        await asyncio.gather(*attack, return_exceptions=True)
+        if rule == "taken back":
+            assert (code, details) == (grpc.StatusCode.OK, "")
+            assert curator.reached == 1
+            assert any("within 0.45 s of its turn to be read while other" in r for r in refusals)
+        else:
+            assert code == grpc.StatusCode.DEADLINE_EXCEEDED, details
+            assert curator.reached == 0
+        await _until(lambda: not shares.callers and not shares.reads.held)
+
+    _run(pki, scenario)
+
+
+@pytest.mark.parametrize("grace", [0.3, 10.0])
+def test_a_caller_sending_small_pieces_slowly_while_others_wait_counts_as_stalling(
+    pki: Path, monkeypatch: pytest.MonkeyPatch, admissions: list[Any], grace: float
+) -> None:
+    """One read turn (READS_AT_ONCE 1). A curator sends a small declared OpenSession in three
+    pieces, one every 0.5 s: each arrives within its turn's grace (0.3 s + 1 MiB at the least
+    rate), so it is not taken back, but slower than its own size needs (0.3 s + a few dozen
+    bytes at the least rate) while another curator's call waits for the turn: its caller then
+    counts as stalling (its next calls are served after the others'), its upload is still
+    served, and the waiting call is served. Control (a grace of 10 s, above the pieces' gaps):
+    it does not count as stalling."""
+    monkeypatch.setattr(admission, "READS_AT_ONCE", 1)
+    monkeypatch.setattr(admission, "READS_PER_CALLER", 1)
+    monkeypatch.setattr(admission, "TURN_GRACE_SECONDS", grace)
+    request = _opening(8).SerializeToString()
+    size = -(-len(request) // 3)
+    pieces = [request[i : i + size] for i in range(0, len(request), size)]
+    assert len(pieces) == 3
+    method = "/dpmarket.v1.OwnerService/OpenSession"
+
+    async def scenario(connect, owner, curator):
+        shares = admissions[0].shares
+
+        async def slowly() -> Any:
+            for piece in pieces:
+                await asyncio.sleep(0.5)
+                yield piece
+
+        upload = connect(CURATOR_B).channel.stream_unary(method, None, None)
+        metadata = (("dpmarket-request-bytes", str(len(request))),)
+        sending = asyncio.ensure_future(
+            _code(upload(slowly(), metadata=metadata, timeout=DEADLINE))
+        )
+        await _until(lambda: shares.reads.locked())
+        stub = owner_pb2_grpc.OwnerServiceStub(connect(CURATOR_C))
+        code, details = await _code(stub.GetProgress(_progress(8), timeout=DEADLINE))
+        assert (code, details) == (grpc.StatusCode.OK, "")
+        assert await sending == (grpc.StatusCode.OK, "")
+        assert owner.opened == [request]
+        assert shares.stalled(str(CURATOR_B)) == (grace < 0.5)
+        assert not shares.stalled(str(CURATOR_C))
+
+    _run(pki, scenario)
+
+
+def _sized_budget(monkeypatch: pytest.MonkeyPatch, declared: int) -> None:
+    """Servers started next hold a budget of two requests of ``declared`` bytes, one per caller."""
+    real = admission.Admission.__init__
+
+    def sized(self: admission.Admission, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, budget_bytes=2 * declared, caller_bytes=declared, **kwargs)
+
+    monkeypatch.setattr(admission.Admission, "__init__", sized)
+
+
+def _slow_upload(
+    channel: Any,
+    request: bytes,
+    gap: float,
+    held: list[int],
+    budget: Any,
+    timeout: float = DEADLINE,
+) -> Any:
+    """An OpenSession declared at ``len(request)`` whose pieces are sent ``gap`` seconds apart
+    (``held`` gets the budget held as each is sent); returns the call's (code, details)."""
+    pieces = [request[i : i + FRAME_BYTES] for i in range(0, len(request), FRAME_BYTES)]
+
+    async def slowly() -> Any:
+        for piece in pieces:
+            await asyncio.sleep(gap)
+            held.append(budget.held)
+            yield piece
+
+    upload = channel.channel.stream_unary("/dpmarket.v1.OwnerService/OpenSession", None, None)
+    metadata = (("dpmarket-request-bytes", str(len(request))),)
+    return _code(upload(slowly(), metadata=metadata, timeout=timeout))
+
+
+@pytest.mark.parametrize("contended", [0.5, None])
+def test_slow_uploads_holding_the_budget_hurry_once_another_call_waits_for_it(
+    pki: Path, monkeypatch: pytest.MonkeyPatch, admissions: list[Any], contended: float | None
+) -> None:
+    """Two curators each declare an OpenSession of a caller's share of the budget (which holds
+    two) and send a piece every 2 s: fast enough for the least rate (here any), so each holds its
+    bytes about 6 s (a stranger's finding: two identities at 260 KiB/s held the curator's
+    budget 63 s per round). A third curator's request as large then waits for the budget (sent
+    at once, with a deadline of 3 s): each upload has
+    ``CONTENDED_UPLOAD_SECONDS`` (0.5 s) from then, is refused, saying so, its caller counts as
+    stalling, and the waiting call is served within a deadline of 3 s. Control (no contended
+    deadline): it waits behind the uploads, still in progress, and misses its deadline."""
+    request = _opening(2 * FRAME_BYTES).SerializeToString()
+    _sized_budget(monkeypatch, len(request))
+    monkeypatch.setattr(admission, "MIN_UPLOAD_BYTES_PER_SECOND", 1.0)
+    monkeypatch.setattr(admission, "CONTENDED_UPLOAD_SECONDS", contended or 1e9)
+
+    async def scenario(connect, owner, curator):
+        shares = admissions[0].shares
+        budget = shares.budget
+        uploads = [
+            asyncio.ensure_future(_slow_upload(connect(who), request, 2.0, [], budget))
+            for who in (CURATOR, CURATOR_B)
+        ]
+        await _until(lambda: budget.held == budget.total)
+        victim = _slow_upload(connect(CURATOR_C), request, 0.0, [], budget, timeout=3.0)
+        code, details = await victim
+        if contended:
+            assert (code, details) == (grpc.StatusCode.OK, "")
+            for code, details in await asyncio.gather(*uploads):
+                assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+                assert "within 0.5 s of another call waiting for the server's request" in details
+            assert shares.stalled(str(CURATOR)) and shares.stalled(str(CURATOR_B))
+            assert not shares.stalled(str(CURATOR_C)) and owner.opened == [request]
+        else:
+            assert code == grpc.StatusCode.DEADLINE_EXCEEDED, details
+            assert not any(upload.done() for upload in uploads)  # still holding the budget
+            for upload in uploads:
+                upload.cancel()
+        await _until(lambda: not shares.callers)
+        assert budget.held == 0
+
+    _run(pki, scenario)
+
+
+def test_an_upload_at_the_least_rate_on_a_quiet_server_is_served(
+    pki: Path, monkeypatch: pytest.MonkeyPatch, admissions: list[Any]
+) -> None:
+    """A declared OpenSession sent just above the least rate (three pieces 0.6 s apart; the
+    least rate here: its size in 2.2 s, so it must arrive within 1 s + 2.2 s) takes longer than
+    ``CONTENDED_UPLOAD_SECONDS`` (0.5 s)
+    in all, and each piece longer than ``TURN_GRACE_SECONDS`` (0.1 s) in its turn: no other
+    call waits for the budget or a turn, so neither applies and it is served whole. (With a
+    call waiting, the same kind of upload is refused: the test above.)"""
+    request = _opening(2 * FRAME_BYTES).SerializeToString()
+    monkeypatch.setattr(admission, "READ_WAIT_SECONDS", 1.0)
+    monkeypatch.setattr(admission, "MIN_UPLOAD_BYTES_PER_SECOND", len(request) / 2.2)
+    monkeypatch.setattr(admission, "CONTENDED_UPLOAD_SECONDS", 0.5)
+    monkeypatch.setattr(admission, "TURN_GRACE_SECONDS", 0.1)
+
+    async def scenario(connect, owner, curator):
+        shares = admissions[0].shares
+        held: list[int] = []
+        outcome = await _slow_upload(connect(CURATOR), request, 0.6, held, shares.budget)
+        assert outcome == (grpc.StatusCode.OK, "")
+        assert held == [len(request)] * 3 and owner.opened == [request]
+        assert not shares.stalled(str(CURATOR))
+
+    _run(pki, scenario)
+
+
+@pytest.mark.parametrize("reserve", [True, False])
+def test_the_curators_health_checks_keep_their_calls_while_other_parties_hold_the_rest(
+    pki: Path, admissions: list[Any], reserve: bool
+) -> None:
+    """Two consumers, whom the owner's own service does not serve, open two health checks each
+    and send nothing (a stranger's finding: two identities filled an owner's four health calls,
+    and the curator's checks, refused, showed a healthy owner down). The curator, whom the owner
+    serves, keeps ``OPEN_RESERVED_CALLS`` of them: the consumers' calls beyond the others' part
+    are refused at once, naming it, and the curator's check is served. Control (no reserve):
+    the consumers' four calls fill the limit and the curator's check is refused."""
+    method = "/grpc.health.v1.Health/Check"
+
+    async def scenario(connect, owner, curator):
+        stalled = [
+            connect(who).channel.stream_unary(method, None, None)()
+            for who in (ALICE, ALICE, BOB, BOB)
+        ]
+        active = admissions[0].active
+        admitted = OPEN_CONCURRENT_CALLS - OPEN_RESERVED_CALLS if reserve else len(stalled)
+        await _until(lambda: active.get(admission.OPEN_SERVICES) == admitted)
+        await _until(lambda: sum(call.done() for call in stalled) == len(stalled) - admitted)
+        for call in stalled:
+            if call.done():
+                assert await call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert "keep for parties their server's own services do not serve" in (
+                    await call.details()
+                )
+        health = health_pb2_grpc.HealthStub(connect(CURATOR))
+        code, details = await _code(health.Check(health_pb2.HealthCheckRequest(), timeout=3.0))
+        if reserve:
+            assert (code, details) == (grpc.StatusCode.OK, "")
+        else:
+            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+            assert f"serving its limit of {OPEN_CONCURRENT_CALLS} calls at once" in details
+        for call in stalled:
+            call.cancel()
+        await _until(lambda: not active)
+
+    _run(pki, scenario, reserve=reserve)
+
+
 def test_on_plaintext_each_connection_is_a_caller_of_its_own(admissions: list[Any]) -> None:
     """Plaintext transport (no identities; every caller is taken to be the curator): calls that
     send nothing on one connection hold that connection's share only, and a call on another is
@@ -810,6 +1087,41 @@ def test_the_request_budget_serves_in_order_what_fits_and_a_larger_request_alone
     asyncio.run(scenario())
     with pytest.raises(ValueError, match="got 0"):
         RequestBudget(0)
+
+
+@pytest.mark.parametrize("lane", [SMALL_REQUEST_BYTES, 0])
+def test_small_requests_pass_large_ones_held_or_waiting_in_the_lane(lane: int) -> None:
+    """Two large requests hold the whole budget and a third waits: a small request (at most
+    SMALL_REQUEST_BYTES) is served at once beyond the total, within the lane, and the next
+    small one once that is full waits for the lane, not for the large requests. Control (no
+    lane): the small request waits behind the large ones."""
+
+    async def scenario() -> None:
+        total = 4 * SMALL_REQUEST_BYTES
+        budget = RequestBudget(total, small_lane=lane)
+        for _ in range(2):
+            await budget.take(total // 2)
+        large = asyncio.ensure_future(budget.take(total // 2, "large"))
+        small = asyncio.ensure_future(budget.take(SMALL_REQUEST_BYTES, "small"))
+        await asyncio.sleep(0)
+        assert not large.done()
+        if lane:
+            assert small.done() and budget.held == total + SMALL_REQUEST_BYTES
+            more = asyncio.ensure_future(budget.take(1))
+            await asyncio.sleep(0)
+            assert not more.done()  # the lane is full
+            budget.give(SMALL_REQUEST_BYTES)
+            await asyncio.sleep(0)
+            assert more.done() and not large.done()  # past the large request, in the lane
+            budget.give(1)
+        else:
+            assert not small.done()
+            small.cancel()
+        large.cancel()
+        await asyncio.sleep(0)
+        assert budget.held == total
+
+    asyncio.run(scenario())
 
 
 @pytest.mark.parametrize("requests", [2, 3])
