@@ -658,18 +658,26 @@ def _bounded_flags(
                 "dominates every ratio, and the interval's plug-in of the count has no "
                 "guarantee",
             )
-        elif np.isfinite(span[j]) and raw_width[j] > UNINFORMATIVE * span[j]:
-            flag = _flag(
-                "uninformative",
-                f"the interval, {raw_width[j]:.4g} wide before it is cut to {what[j]}, spans "
-                f"more than {100 * UNINFORMATIVE:.0f} % of it: the sketch barely constrains "
-                "this value",
-            )
         else:
-            flags.append(())
+            flags.append(_uninformative(raw_width[j], span[j], what[j]))
             continue
         flags.append((flag,))
     return values, lo, hi, tuple(flags)
+
+
+def _uninformative(width: float, span: float, what: str) -> tuple[Flag, ...]:
+    """``(uninformative,)`` when an interval ``width`` wide (before any cut to what the value
+    can be) spans more than :data:`UNINFORMATIVE` of ``span``, the width of ``what`` (what the
+    value can be, :func:`_possible`); ``()`` otherwise, and where nothing bounds the value."""
+    if not (math.isfinite(span) and width > UNINFORMATIVE * span):
+        return ()
+    return (
+        _flag(
+            "uninformative",
+            f"the interval, {width:.4g} wide before it is cut to {what}, spans more than "
+            f"{100 * UNINFORMATIVE:.0f} % of it: the sketch barely constrains this value",
+        ),
+    )
 
 
 def _guess_flags(
@@ -1454,7 +1462,9 @@ class MarginalsExplorer:
         -------
         Answer
             Values, bootstrap standard errors, the columns of each value, and each value's
-            interval, basis and flags (:meth:`_intervals`).
+            interval, basis and flags (:meth:`_intervals`; an interval spanning more than
+            :data:`UNINFORMATIVE` of what the value can be is flagged ``uninformative`` on the
+            value, as an M2M or histogram answer's is).
 
         Raises
         ------
@@ -1489,7 +1499,11 @@ class MarginalsExplorer:
         bounds[noise, 0] = values[noise] - Z95 * se[noise]
         bounds[noise, 1] = values[noise] + Z95 * se[noise]
         values = np.where(noise, values, np.clip(values, bounds[:, 0], bounds[:, 1]))
-        flags = tuple((*f, *c) for f, c in zip(flags, clip_flags, strict=True))
+        low, high, what = _possible(query, domain, len(values))
+        flags = tuple(
+            (*f, *c, *_uninformative(float(b[1] - b[0]), float(h - lo), w))
+            for f, c, b, lo, h, w in zip(flags, clip_flags, bounds, low, high, what, strict=True)
+        )
         total = math.fsum(m.total for m, _ in fitted)
         extra: dict[str, Any] = {}
         if query.kind == "count":

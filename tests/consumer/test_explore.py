@@ -324,6 +324,29 @@ def test_marginals_answers_track_the_truth_with_their_errors(mspecs: dict[str, S
         explorer.answer(Query("mean", columns=("a",)), sketches)
 
 
+def test_a_marginals_interval_spanning_what_the_value_can_be_is_flagged_uninformative(
+    mspecs: dict[str, SketchSpec],
+) -> None:
+    """Twenty records at epsilon 0.1: the marginals' CDF intervals span [0, 1] (the noise swamps
+    every cell), and each is flagged ``uninformative`` on the value, as an M2M or histogram
+    answer's is; its interval is still trusted (the flag is on the value). Control: 5,000
+    records at epsilon 1 give narrow intervals with no such flag."""
+    spec = mspecs["marginals"]
+    explorer = MarginalsExplorer(spec, bootstrap=4, seed=0, cache=None)
+    cdf = Query("cdf", columns=("a",), points=(0.3,))
+    rng = np.random.default_rng(5)
+    few = marginals_mechanism(spec, 0.1).release(_records(20), SeededNoise(rng), rng=rng)
+    wide = explorer.answer(cdf, [few])
+    (low,), (high,) = wide.interval()
+    assert high - low > 0.5, (low, high)
+    assert "uninformative" in wide.codes("value")[0] and wide.trusted().all()
+    assert "spans more than 50 %" in wide.rows()[0]["flags"][-1]["reason"]
+    many = marginals_mechanism(spec, 1.0).release(_records(5000), SeededNoise(rng), rng=rng)
+    narrow = explorer.answer(cdf, [many])
+    (low,), (high,) = narrow.interval()
+    assert high - low < 0.5 and "uninformative" not in narrow.codes()[0], (low, high)
+
+
 def test_choose_source_follows_the_rule(mspecs: dict[str, SketchSpec]) -> None:
     specs = list(mspecs.values())
     count = Query("count", where=(("a", 0.0, 0.5),))
