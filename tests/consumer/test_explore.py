@@ -364,6 +364,43 @@ def test_choose_source_follows_the_rule(mspecs: dict[str, SketchSpec]) -> None:
         choose_source(Query("marginal", columns=("a",)), [mspecs["rff"]])
 
 
+def test_best_available_fits_m2m_only_when_no_read_answer_says_anything(
+    mspecs: dict[str, SketchSpec],
+) -> None:
+    """Best available computes the histogram's and the marginals' answers (read from the
+    release) and fits the RFF spec's M2M answer only when none of them is narrower than an
+    answer whose every interval is untrusted: a covariance the histogram bounds is answered
+    without asking the RFF spec (the reason says it was not computed); one the histogram
+    cannot bound (its honest half-width is the uninformed one) asks it, and the RFF spec wins
+    when narrower. A logistic regression compares every spec (its widths compute no answer)."""
+    from dpmarket.consumer.explore import uninformed_half_width
+
+    specs = list(mspecs.values())
+    cov = Query("covariance", columns=("a", "b"))
+    uninformed = uninformed_half_width(cov, mspecs["hist"].domain)
+    asked: list[str] = []
+
+    def errors(table: dict[str, float]) -> Any:
+        def of(spec: SketchSpec) -> float:
+            asked.append(spec.name)
+            return table[spec.name]
+
+        return of
+
+    chosen, why = choose_source(cov, specs, errors({"toym/hist": 0.5 * uninformed}))
+    assert chosen.name == "toym/hist" and asked == ["toym/hist"]
+    assert "toym/rff not computed" in why
+    asked.clear()
+    wide = {"toym/hist": uninformed, "toym/rff": 0.9 * uninformed}
+    chosen, why = choose_source(cov, specs, errors(wide))
+    assert chosen.name == "toym/rff" and sorted(asked) == ["toym/hist", "toym/rff"]
+    assert "not computed" not in why
+    asked.clear()
+    logreg = Query("logreg", target="y")
+    choose_source(logreg, specs, errors({"toym/hist": 0.01, "toym/rff": 0.02}))
+    assert sorted(asked) == ["toym/hist", "toym/rff"]
+
+
 def _same(a: Answer, b: Answer) -> bool:
     """Two answers equal bit for bit: values, errors, intervals, flags, extras."""
     return (
