@@ -349,12 +349,16 @@ def quote_view(quoted: Quote, max_cost: int | None) -> dict[str, Any]:
 
 def statement_view(settled: SettledStatement) -> dict[str, Any]:
     """A settled statement as the statements page shows it: ``{"session_id", "short",
-    "settled_at", "owners": [{"owner", "read", "delivered", "epsilon", "reward", "total"}],
-    "total", "recorded", "owner_count"}`` (amounts as credits text)."""
+    "owner_session_id", "owner_short", "settled_at", "owners": [{"owner", "read", "delivered",
+    "epsilon", "reward", "total"}], "total", "recorded", "owner_count"}`` (amounts as credits
+    text; ``owner_session_id``, the id the owners' ledgers list the session by:
+    :func:`dpmarket.consumer.market.owner_session_id`)."""
     st = settled.statement
     return {
         "session_id": settled.session_id,
         "short": settled.session_id[:8],
+        "owner_session_id": st.header.session_id,
+        "owner_short": st.header.session_id[:8],
         "settled_at": settled.settled_at,
         "owners": [
             {
