@@ -56,6 +56,8 @@ SETTLE_SECONDS = 600.0
 #: :data:`IDLE_WINDOW_SECONDS`.
 IDLE_SHARE = 0.02
 IDLE_WINDOW_SECONDS = 3.0
+#: Seconds between two fetches of an answer's page that says it is computing (202).
+PENDING_POLL_SECONDS = 0.1
 #: The address line a console prints when it starts, and the line naming its kept token's file
 #: (a console started before in the same data directory).
 ADDRESS = re.compile(r"'s console: (\S+)/\s*$")
@@ -145,18 +147,24 @@ def _start(clinics: Path, role: str) -> Running:
 
 
 def _fetch(console: Running, path: str, data: bytes | None, kind: str) -> tuple[float, float]:
-    """Fetch ``path`` (following the redirect a POST answers with); return (CPU s, wall s)."""
-    request = urllib.request.Request(console.url + path, data=data)
-    request.add_header("Authorization", f"Bearer {console.token}")
-    if kind:
-        request.add_header("Content-Type", kind)
+    """Fetch ``path`` (following the redirect a POST answers with, and fetching again an
+    answer's page that says it is computing, 202, until the answer is there); return (CPU s,
+    wall s) to the answer."""
     cpu, start = console.cpu(), time.perf_counter()
-    try:
-        with urllib.request.urlopen(request, timeout=300) as response:
-            response.read()
-            status = response.status
-    except urllib.error.HTTPError as exc:
-        status = exc.code
+    status = 202
+    while status == 202:
+        request = urllib.request.Request(console.url + path, data=data)
+        request.add_header("Authorization", f"Bearer {console.token}")
+        if kind:
+            request.add_header("Content-Type", kind)
+        try:
+            with urllib.request.urlopen(request, timeout=300) as response:
+                response.read()
+                status = response.status
+        except urllib.error.HTTPError as exc:
+            status = exc.code
+        if status == 202:
+            time.sleep(PENDING_POLL_SECONDS)
     wall = time.perf_counter() - start
     if status != 200:
         raise RuntimeError(f"{path}: HTTP {status}")
