@@ -1919,10 +1919,9 @@ def choose_source(
         if skipped
         else ""
     )
-    among = "the sketches that express" if skipped else "every sketch that expresses"
     return best, (
-        f"{best.name}: narrowest 95 % interval, honestly compared, of {among} {query.kind} "
-        f"(mean half-width: {listed}{unasked})"
+        f"{best.name}: narrowest 95 % interval, honestly compared, of every sketch that "
+        f"expresses {query.kind} (mean half-width: {listed}{unasked})"
     )
 
 
