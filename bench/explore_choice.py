@@ -13,7 +13,8 @@ old rule compared these answers' honest half-widths, :func:`~dpmarket.consumer.e
 honest_half_width`) and by "best available" (:func:`dpmarket.consumer.catalogue.explore`, no spec
 named). Per question: each spec's honest half-width and CPU time, the old rule's choice
 (:func:`~dpmarket.consumer.explore.narrowest` of every width) and the new one. The process's CPU
-time (``time.process_time``) is the measure; wall time varies with the machine's load.
+time (``time.process_time``) is the measure, BLAS on ``--blas-threads`` threads (default 1, as
+``dpmarket console`` and ``consumer explore`` run it); wall time varies with the machine's load.
 
 Prints the agreement, the ratio of half-widths where the choices differ, and CPU per question
 (old: the sum of every spec's answer, as "best available" computed them all — for a logistic
@@ -35,11 +36,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from threadpoolctl import threadpool_limits
+
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.sketches.domain import Domain
+from dpmarket.common.sketches.spec import SketchSpec
 from dpmarket.consumer import catalogue
 from dpmarket.consumer.client import CuratorClient
-from dpmarket.consumer.explore import Query, narrowest
+from dpmarket.consumer.explore import Answer, Query, narrowest
 from dpmarket.runtime.cli import curator_identity, security_from_options
 from tests.console.clinics import deploy, stop
 
@@ -104,12 +108,17 @@ def ask(client: Any, query: Query, owners: tuple[str, ...], kept: dict[Any, Any]
             continue
         specs.append(spec)
         seconds[spec.name] = cpu
+        answer = pinned.answer
+
+        def answer_of(_: SketchSpec, a: Answer = answer) -> Answer:
+            return a
+
         widths[spec.name] = catalogue._expected_error(
             query,
             spec,
             list(entries),
             lambda s: catalogue._explorer(kept, s, options),
-            lambda s, a=pinned.answer: a,
+            answer_of,
         )
     best, cpu = _cpu(lambda: catalogue.explore(client, query, owners=owners, explorers=kept))
     old = narrowest(specs, widths).name
@@ -206,8 +215,15 @@ def main() -> None:
     parser.add_argument(
         "--deployment", type=Path, default=None, help="a tutorial deployment's folder to reuse"
     )
+    parser.add_argument(
+        "--blas-threads",
+        type=int,
+        default=1,
+        help="BLAS threads (1: as the console and explore run by default)",
+    )
     args = parser.parse_args()
-    rows = run(args.questions, args.seed, args.deployment)
+    with threadpool_limits(limits=args.blas_threads, user_api="blas"):
+        rows = run(args.questions, args.seed, args.deployment)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
