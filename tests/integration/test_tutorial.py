@@ -84,7 +84,7 @@ def test_every_command_of_the_tutorial_runs_on_a_fresh_directory(tmp_path: Path)
     # says: the narrowest of the half-widths listed (the marginals sketch's among them, or the
     # histogram's when every clinic measured the pair).
     assert "95 % interval" in done.stdout
-    chosen, widths = answered_from(" ".join(done.stdout.split()))
+    chosen, widths = answered_from(said)  # (explore says it on stderr)
     assert "clinics/marginals" in widths and "clinics/hist" in widths, widths
     assert widths[chosen] == min(widths.values()), (chosen, widths)
     assert "left" in done.stdout or "left" in done.stderr
