@@ -16,8 +16,12 @@ served meanwhile, by method and status, read from its own metrics before and aft
 the pages make: one health check per fetch of an owner's or the curator's page, none for the
 consumer's but what its quote asks of the owners through the curator).
 
+An answer the console computes off the request (its page says it is computing, 202) is fetched
+again every :data:`PENDING_POLL_SECONDS` until it is there: ``first_seconds`` is the wall time
+to the answer, ``first_page_seconds`` to the first page shown (the same for every other page).
 Prints a table page x (CPU s, wall s) for the first fetch and the median of the others, and
-writes ``{"pages": {name: {"first_cpu_seconds", "first_seconds", "median_cpu_seconds",
+writes ``{"pages": {name: {"first_cpu_seconds", "first_seconds", "first_page_seconds",
+"median_cpu_seconds",
 "median_seconds", "max_seconds", "runs", "owner_rpcs"}}, "settled_seconds": {role: s},
 "load": [low, high]}`` into ``--out`` (merged into an existing JSON file, under ``"console"``).
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -56,6 +61,8 @@ SETTLE_SECONDS = 600.0
 #: :data:`IDLE_WINDOW_SECONDS`.
 IDLE_SHARE = 0.02
 IDLE_WINDOW_SECONDS = 3.0
+#: Seconds between two fetches of an answer's page that says it is computing (202).
+PENDING_POLL_SECONDS = 0.1
 #: The address line a console prints when it starts, and the line naming its kept token's file
 #: (a console started before in the same data directory).
 ADDRESS = re.compile(r"'s console: (\S+)/\s*$")
@@ -144,23 +151,35 @@ def _start(clinics: Path, role: str) -> Running:
     raise RuntimeError(f"the {role} console printed no address")
 
 
-def _fetch(console: Running, path: str, data: bytes | None, kind: str) -> tuple[float, float]:
-    """Fetch ``path`` (following the redirect a POST answers with); return (CPU s, wall s)."""
-    request = urllib.request.Request(console.url + path, data=data)
-    request.add_header("Authorization", f"Bearer {console.token}")
-    if kind:
-        request.add_header("Content-Type", kind)
+def _fetch(
+    console: Running, path: str, data: bytes | None, kind: str
+) -> tuple[float, float, float]:
+    """Fetch ``path`` (following the redirect a POST answers with, and fetching again an
+    answer's page that says it is computing, 202, until the answer is there); return (CPU s,
+    wall s) to the answer and the wall seconds of the first page (the answer, or the page
+    saying it is computing)."""
     cpu, start = console.cpu(), time.perf_counter()
-    try:
-        with urllib.request.urlopen(request, timeout=300) as response:
-            response.read()
-            status = response.status
-    except urllib.error.HTTPError as exc:
-        status = exc.code
+    status = 202
+    page = math.nan
+    while status == 202:
+        request = urllib.request.Request(console.url + path, data=data)
+        request.add_header("Authorization", f"Bearer {console.token}")
+        if kind:
+            request.add_header("Content-Type", kind)
+        try:
+            with urllib.request.urlopen(request, timeout=300) as response:
+                response.read()
+                status = response.status
+        except urllib.error.HTTPError as exc:
+            status = exc.code
+        if math.isnan(page):
+            page = time.perf_counter() - start
+        if status == 202:
+            time.sleep(PENDING_POLL_SECONDS)
     wall = time.perf_counter() - start
     if status != 200:
         raise RuntimeError(f"{path}: HTTP {status}")
-    return console.cpu() - cpu, wall
+    return console.cpu() - cpu, wall, page
 
 
 def _multipart(fields: dict[str, str], file_field: str, path: Path) -> tuple[bytes, str]:
@@ -214,6 +233,15 @@ def pages(clinics: Path) -> dict[str, Page]:
         # field more: dpmarket.console.consumer.ANSWERED_AHEAD): their first fetch computes.
         "cdf bmi, bp at 25, 30, 35": "query=cdf&column=bmi&column=bp&points=25%2C+30%2C+35",
         "covariance bmi, bp, ltg": "query=covariance&column=bmi&column=bp&column=ltg",
+        "covariance of 8 columns": "query=covariance&"
+        + "&".join(f"column={c}" for c in ("age", "bmi", "bp", "tc", "ldl", "hdl", "ltg", "glu")),
+        "logreg of 9 features": "query=logreg&target=high&"
+        + "&".join(
+            f"column={c}" for c in ("age", "bmi", "bp", "tc", "ldl", "hdl", "tch", "ltg", "glu")
+        ),
+        "logreg tch, bp of senior (from the RFF sketch)": (
+            "query=logreg&column=tch&column=bp&target=high&owner=senior"
+        ),
     }
     out: dict[str, Page] = {"consumer: catalogue and forms": ("consumer", "/consumer", None, "")}
     for name, question in explore.items():
@@ -263,16 +291,17 @@ def _measure(console: Running, page: Page, repeat: int, metrics: int) -> dict[st
     """Fetch ``page`` once, then ``repeat`` times; its times and the young clinic's RPCs."""
     _, path, data, kind = page
     before = _owner_rpcs(metrics)
-    first_cpu, first = _fetch(console, path, data, kind)
+    first_cpu, first, first_page = _fetch(console, path, data, kind)
     runs = [_fetch(console, path, data, kind) for _ in range(repeat)]
     after = _owner_rpcs(metrics)
     served = {k: after[k] - before.get(k, 0.0) for k in after if after[k] > before.get(k, 0.0)}
     return {
         "first_cpu_seconds": first_cpu,
         "first_seconds": first,
-        "median_cpu_seconds": statistics.median(c for c, _ in runs),
-        "median_seconds": statistics.median(w for _, w in runs),
-        "max_seconds": max(w for _, w in runs),
+        "first_page_seconds": first_page,
+        "median_cpu_seconds": statistics.median(c for c, _, _ in runs),
+        "median_seconds": statistics.median(w for _, w, _ in runs),
+        "max_seconds": max(w for _, w, _ in runs),
         "runs": repeat,
         "owner_rpcs": served,
     }
@@ -303,12 +332,15 @@ def run(repeat: int, existing: Path | None = None) -> dict[str, Any]:
 def table(measured: dict[str, Any]) -> str:
     """The measurements as a Markdown table: page x (CPU s, wall s), first and median."""
     lines = [
-        "| page | first: CPU s | first: wall s | then, median: CPU s | then, median: wall s |",
+        "| page | first: CPU s | first: wall s (its first page) | then, median: CPU s | "
+        "then, median: wall s |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
     for name, row in measured["pages"].items():
+        page = row.get("first_page_seconds", math.nan)
+        shown = f" ({page:.2f})" if page < row["first_seconds"] - 0.005 else ""
         lines.append(
-            f"| {name} | {row['first_cpu_seconds']:.2f} | {row['first_seconds']:.2f} | "
+            f"| {name} | {row['first_cpu_seconds']:.2f} | {row['first_seconds']:.2f}{shown} | "
             f"{row['median_cpu_seconds']:.2f} | {row['median_seconds']:.2f} |"
         )
     return "\n".join(lines)

@@ -94,6 +94,10 @@ EVENT_POLL_SECONDS = 0.2
 EXPLORE_QUERIES = ("mean", "moment2", "cdf", "count", "covariance", "logreg", "marginal")
 #: The explore form's fields, the parameters of an answer's address.
 EXPLORE_FIELDS = ("query", "spec", "owner", "column", "points", "where", "target")
+#: Seconds an explore page waits for its answer; a longer one is computed off the request and
+#: the page says so, reloading itself every :data:`ANSWER_REFRESH_SECONDS` until it is there.
+ANSWER_WAIT_SECONDS = 0.5
+ANSWER_REFRESH_SECONDS = 1
 #: Rankings and quotes kept at an address of their own (the newest; in memory).
 KEPT_ANSWERS = 32
 
@@ -347,9 +351,14 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
             "target": asked.get("target", ""),
         }
         try:
-            answer = await run_in_threadpool(consumer.explore, question)
+            answer, seconds = await run_in_threadpool(
+                consumer.explore_soon, question, ANSWER_WAIT_SECONDS
+            )
         except UserError as exc:
             return await _with_status(overview(request, {"explore_error": str(exc)}), 400)
+        if answer is None:  # computed off the request: this page reloads until it is there
+            context = {"question": question, "seconds": seconds, "refresh": ANSWER_REFRESH_SECONDS}
+            return page(request, "computing.html", context, 202)
         context = {"answer": answer, "svg": answer["svg"], "question": question}
         return page(request, "explore.html", context)
 

@@ -11,6 +11,7 @@ service, whose health the owner's page checks), ``curator`` (the consumer's cura
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socket
 from pathlib import Path
@@ -21,7 +22,7 @@ import click
 from dpmarket.runtime.cli import security_from_options, tls_options
 from dpmarket.runtime.identity import Identity
 
-__all__ = ["console_command"]
+__all__ = ["WILDCARDS", "console_command", "shown_host"]
 
 logger = logging.getLogger("dpmarket")
 
@@ -31,6 +32,53 @@ def _listen(text: str) -> tuple[str, int]:
     if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise click.BadParameter(f"{text!r}: give HOST:PORT (port 0: any free port)")
     return host.strip("[]"), int(port)
+
+
+#: Hosts that bind every interface: no address another machine could use.
+WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def _route_address(family: socket.AddressFamily) -> str | None:
+    """The address this machine sends from on its default route (a UDP socket connected to a
+    documentation address: no packet is sent), or None when there is no route."""
+    target = ("2001:db8::1", 9) if family == socket.AF_INET6 else ("198.51.100.1", 9)
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(target)
+        except OSError:
+            return None
+        return str(probe.getsockname()[0])
+
+
+def shown_host(bind_host: str) -> str:
+    """The host to print in the console's address for ``bind_host``: itself, except for a
+    wildcard (``0.0.0.0``, ``::``, which no other machine can connect to), then this machine's
+    name where it resolves to an address other than the loopback, else the address of its
+    default route.
+
+    Raises
+    ------
+    click.UsageError
+        For a wildcard on a machine with neither (say what to pass instead).
+    """
+    if bind_host not in WILDCARDS:
+        return bind_host
+    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
+    name = socket.gethostname()
+    try:
+        found = {a[4][0] for a in socket.getaddrinfo(name, None, family, socket.SOCK_STREAM)}
+    except OSError:
+        found = set()
+    if found and not any(ipaddress.ip_address(a).is_loopback for a in found):
+        return name
+    routed = _route_address(family)
+    if routed is not None and not ipaddress.ip_address(routed).is_loopback:
+        return routed
+    raise click.UsageError(
+        f"--listen {bind_host or '[::]'}: this machine has no name or address another machine "
+        "could reach it by; give --listen with the address it is reached at (HOST:PORT), or "
+        "keep 127.0.0.1:0 and reach it through an SSH tunnel"
+    )
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -56,7 +104,8 @@ def _bind(host: str, port: int) -> socket.socket:
     metavar="HOST:PORT",
     help="Where the console serves (port 0: any free port, printed). Another address than "
     "127.0.0.1 lets other machines in: they need the token, and HTTPS (--https-cert) keeps it "
-    "from the network.",
+    "from the network. On 0.0.0.0 (every interface) the address printed names this machine "
+    "(its name, else its routed address; refused when it has neither).",
 )
 @click.option(
     "--data-dir",
@@ -152,6 +201,7 @@ def console_command(
     if bool(https_cert) != bool(https_key):
         raise click.UsageError("give both --https-cert and --https-key")
     bind_host, bind_port = _listen(listen)
+    host_shown = shown_host(bind_host)  # before anything starts: a wildcard may be refused
     party = _party(identity, security, Path(data_dir), host, port, curator, curator_name, owners,
                    schema_path)  # fmt: skip
     try:
@@ -168,9 +218,10 @@ def console_command(
     if isinstance(party, ConsumerConsole):
         party.start_warming()  # its explore caches, in the background
     scheme = "https" if https_cert else "http"
-    shown = f"[{bind_host}]" if ":" in bind_host else bind_host
+    shown = f"[{host_shown}]" if ":" in host_shown else host_shown
     base = f"{scheme}://{shown}:{bound}{token.prefix}"
-    click.echo(f"{identity}'s console: {base}/")
+    every = f" (serving on every interface, {bind_host or '::'})" if bind_host in WILDCARDS else ""
+    click.echo(f"{identity}'s console: {base}/{every}")
     if token.created:
         # The token is not put into an address: a browser would keep it in its history.
         click.echo(

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import math
 import multiprocessing
@@ -58,6 +59,7 @@ from dpmarket.common.summarization.methods import SummarizationConfig, method_co
 from dpmarket.common.summarization.summary import OwnerSelection
 from dpmarket.common.summarization.terms import MethodOffer
 from dpmarket.console import plots
+from dpmarket.console.background import Background
 from dpmarket.consumer import model_store
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.consumer.history import RecordedSession, SessionHistory, spent
@@ -349,12 +351,16 @@ def quote_view(quoted: Quote, max_cost: int | None) -> dict[str, Any]:
 
 def statement_view(settled: SettledStatement) -> dict[str, Any]:
     """A settled statement as the statements page shows it: ``{"session_id", "short",
-    "settled_at", "owners": [{"owner", "read", "delivered", "epsilon", "reward", "total"}],
-    "total", "recorded", "owner_count"}`` (amounts as credits text)."""
+    "owner_session_id", "owner_short", "settled_at", "owners": [{"owner", "read", "delivered",
+    "epsilon", "reward", "total"}], "total", "recorded", "owner_count"}`` (amounts as credits
+    text; ``owner_session_id``, the id the owners' ledgers list the session by:
+    :func:`dpmarket.consumer.market.owner_session_id`)."""
     st = settled.statement
     return {
         "session_id": settled.session_id,
         "short": settled.session_id[:8],
+        "owner_session_id": st.header.session_id,
+        "owner_short": st.header.session_id[:8],
         "settled_at": settled.settled_at,
         "owners": [
             {
@@ -448,6 +454,8 @@ class ConsumerConsole:
         #: beside each: :meth:`_view`.
         self._views: OrderedDict[int, tuple[Any, dict[str, Any]]] = OrderedDict()
         self._stop_warming = threading.Event()
+        #: Answers computed off the request (:meth:`explore_soon`).
+        self._background: Background[dict[str, Any]] = Background("explore-answer")
         #: Marginals models kept on disk (shared with ``dpmarket consumer explore --data-dir``).
         self.model_dir = self.data_dir / model_store.FOLDER
         self.warming: threading.Thread | None = None
@@ -679,6 +687,26 @@ class ConsumerConsole:
         except (DPMarketError, ValueError) as exc:
             raise UserError(str(exc)) from exc
         return self._view(explored)
+
+    def explore_soon(
+        self, form: dict[str, Any], wait: float
+    ) -> tuple[dict[str, Any] | None, float]:
+        """:meth:`explore`'s answer when it is ready within ``wait`` seconds, else None: it is
+        computed off the request (:class:`~dpmarket.console.background.Background`, one
+        computation per question; a page asking again reads it when done).
+
+        Returns
+        -------
+        (dict or None, float)
+            The answer (None while it is computed) and the seconds since it started.
+
+        Raises
+        ------
+        UserError
+            As :meth:`explore` (once, to the request that reads the result).
+        """
+        key = json.dumps(form, sort_keys=True)
+        return self._background.result(key, lambda: self.explore(form), wait)
 
     def _view(self, explored: Any) -> dict[str, Any]:
         """An exploration as its page shows it (:meth:`explore`), with its plot; kept for

@@ -753,7 +753,9 @@ def explore(
     (:func:`~dpmarket.consumer.explore.choose_source`): among the sketches that express it (a
     marginals sketch: counts, CDFs, marginals, synthetic records, moments of discrete columns;
     HIST, RFF, RACE: all but marginals and records), the one whose honest 95 % interval is
-    narrowest; the chosen answer is the one compared.
+    narrowest (an RFF or RACE answer, an M2M fit, is computed only when no histogram or
+    marginals answer says anything); the chosen answer is the one compared. A spec named with
+    ``spec`` (``decl/kind``) answers as asked, and the reason says so.
 
     Parameters
     ----------
@@ -831,6 +833,8 @@ def explore(
         [s for s, _ in candidates],
         lambda s: _expected_error(query, s, by_name[s.name][1], make, answer_of),
     )
+    if spec is not None and "/" in spec:  # one spec named: nothing was compared
+        reason = f"{chosen.name}: the sketch chosen for this question (no other was compared)"
     entries = by_name[chosen.name][1]
     answer = answer_of(chosen)
     if chosen.kind == "marginals":

@@ -2029,7 +2029,12 @@ def _write_statements_csv(settled: Sequence[Any], path: str) -> None:
     writer = None
     for item in settled:
         for line in item.statement.lines:
-            row = {"session_id": item.session_id, **dataclasses.asdict(line), "total": line.total}
+            row = {
+                "session_id": item.session_id,
+                "owner_session_id": item.statement.header.session_id,
+                **dataclasses.asdict(line),
+                "total": line.total,
+            }
             if writer is None:
                 writer = csv.DictWriter(out, fieldnames=list(row))
                 writer.writeheader()

@@ -117,6 +117,7 @@ __all__ = [
     "FLAGS",
     "MARGINALS_MODELS",
     "QUERIES",
+    "READ_KINDS",
     "Answer",
     "Explorer",
     "MarginalsExplorer",
@@ -128,9 +129,11 @@ __all__ = [
     "honest_half_width",
     "m2m_standard_errors",
     "m2m_target",
+    "narrowest",
     "parse_where",
     "rank_owners",
     "sketch_digest",
+    "uninformed_half_width",
 ]
 
 logger = logging.getLogger(__name__)
@@ -658,18 +661,26 @@ def _bounded_flags(
                 "dominates every ratio, and the interval's plug-in of the count has no "
                 "guarantee",
             )
-        elif np.isfinite(span[j]) and raw_width[j] > UNINFORMATIVE * span[j]:
-            flag = _flag(
-                "uninformative",
-                f"the interval, {raw_width[j]:.4g} wide before it is cut to {what[j]}, spans "
-                f"more than {100 * UNINFORMATIVE:.0f} % of it: the sketch barely constrains "
-                "this value",
-            )
         else:
-            flags.append(())
+            flags.append(_uninformative(raw_width[j], span[j], what[j]))
             continue
         flags.append((flag,))
     return values, lo, hi, tuple(flags)
+
+
+def _uninformative(width: float, span: float, what: str) -> tuple[Flag, ...]:
+    """``(uninformative,)`` when an interval ``width`` wide (before any cut to what the value
+    can be) spans more than :data:`UNINFORMATIVE` of ``span``, the width of ``what`` (what the
+    value can be, :func:`_possible`); ``()`` otherwise, and where nothing bounds the value."""
+    if not (math.isfinite(span) and width > UNINFORMATIVE * span):
+        return ()
+    return (
+        _flag(
+            "uninformative",
+            f"the interval, {width:.4g} wide before it is cut to {what}, spans more than "
+            f"{100 * UNINFORMATIVE:.0f} % of it: the sketch barely constrains this value",
+        ),
+    )
 
 
 def _guess_flags(
@@ -1454,7 +1465,9 @@ class MarginalsExplorer:
         -------
         Answer
             Values, bootstrap standard errors, the columns of each value, and each value's
-            interval, basis and flags (:meth:`_intervals`).
+            interval, basis and flags (:meth:`_intervals`; an interval spanning more than
+            :data:`UNINFORMATIVE` of what the value can be is flagged ``uninformative`` on the
+            value, as an M2M or histogram answer's is).
 
         Raises
         ------
@@ -1489,7 +1502,11 @@ class MarginalsExplorer:
         bounds[noise, 0] = values[noise] - Z95 * se[noise]
         bounds[noise, 1] = values[noise] + Z95 * se[noise]
         values = np.where(noise, values, np.clip(values, bounds[:, 0], bounds[:, 1]))
-        flags = tuple((*f, *c) for f, c in zip(flags, clip_flags, strict=True))
+        low, high, what = _possible(query, domain, len(values))
+        flags = tuple(
+            (*f, *c, *_uninformative(float(b[1] - b[0]), float(h - lo), w))
+            for f, c, b, lo, h, w in zip(flags, clip_flags, bounds, low, high, what, strict=True)
+        )
         total = math.fsum(m.total for m, _ in fitted)
         extra: dict[str, Any] = {}
         if query.kind == "count":
@@ -1790,6 +1807,36 @@ def honest_half_width(answer: Answer, domain: Domain) -> float:
     return float(np.mean(width / 2.0))
 
 
+#: Sketch kinds whose answers are read from the release (a histogram's bins, the measured
+#: marginals: milliseconds); the others (RFF, RACE) need an M2M fit of each of the query's values
+#: on the synthetic design and 1,000 noise replicates (tenths of a second to seconds).
+READ_KINDS = ("hist", "marginals")
+
+
+def uninformed_half_width(query: Query, domain: Domain) -> float:
+    """:func:`honest_half_width` of an answer to ``query`` whose every interval is untrusted:
+    the mean over its values of half of what each can be (infinite where nothing bounds it;
+    NaN for a query without such values: a logistic regression, a marginal table, records)."""
+    if query.kind in ("logreg", "marginal", "synthetic"):
+        return math.nan
+    k = len(_labels(query, domain))
+    low, high, _ = _possible(query, domain, k)
+    return float(np.mean((high - low) / 2.0))
+
+
+def narrowest(specs: Sequence[SketchSpec], errors: Mapping[str, float]) -> SketchSpec:
+    """The spec of ``specs`` (at least one) whose ``errors[spec.name]`` is least (NaN counts as
+    infinite); ties go to a marginals spec, then by name (:func:`choose_source`'s order)."""
+    return min(
+        specs,
+        key=lambda s: (
+            math.inf if math.isnan(errors[s.name]) else errors[s.name],
+            s.kind != "marginals",
+            s.name,
+        ),
+    )
+
+
 def choose_source(
     query: Query,
     specs: Sequence[SketchSpec],
@@ -1813,6 +1860,18 @@ def choose_source(
     cells up to the model's fit), then by name. A single candidate is chosen without calling
     ``expected_error``; so is, without ``expected_error``, a marginals candidate before the
     others, else the first.
+
+    What is compared is chosen before anything is computed, from the specs' kinds and the
+    query's kind: the answers of the kinds read from the release (:data:`READ_KINDS`: a
+    histogram's, a marginals sketch's) are computed first, and an RFF or RACE spec's M2M answer,
+    the costly one, only when none of them says anything — when the narrowest of them is as
+    wide as an answer whose every interval is untrusted (:func:`uninformed_half_width`), or
+    there is none. An M2M interval carries M2M's residual range, the fit's own bias bound, which
+    does not shrink with the records; the histogram's binning bound does, and so do the
+    marginals' noise and Fréchet bounds. The rule so skips the M2M answers where they would
+    rarely be the narrowest (``python -m bench.explore_choice`` counts how often on the
+    tutorial's deployment, and how much wider the chosen interval then is). A logistic
+    regression's ``expected_error`` computes no answer: every spec's is compared.
 
     Parameters
     ----------
@@ -1840,19 +1899,29 @@ def choose_source(
     if expected_error is None:
         first = next((s for s in candidates if s.kind == "marginals"), candidates[0])
         return first, f"{first.name}: a sketch that expresses {query.kind} (no widths compared)"
-    errors = {s.name: float(expected_error(s)) for s in candidates}
-    best = min(
-        candidates,
-        key=lambda s: (
-            math.inf if math.isnan(errors[s.name]) else errors[s.name],
-            s.kind != "marginals",
-            s.name,
-        ),
-    )
+    read = [s for s in candidates if s.kind in READ_KINDS and query.kind != "logreg"]
+    errors = {s.name: float(expected_error(s)) for s in read}
+    known = [e for e in errors.values() if not math.isnan(e)]
+    uninformed = uninformed_half_width(query, candidates[0].domain)
+    skipped = []
+    for s in candidates:
+        if s.name in errors:
+            continue
+        if known and min(known) < uninformed:
+            skipped.append(s.name)
+        else:
+            errors[s.name] = float(expected_error(s))
+    best = narrowest([s for s in candidates if s.name in errors], errors)
     listed = ", ".join(f"{n} {e:.3g}" for n, e in errors.items())
+    unasked = (
+        f"; {', '.join(skipped)} not computed: an M2M answer is fitted only when no histogram "
+        "or marginals answer says anything"
+        if skipped
+        else ""
+    )
     return best, (
         f"{best.name}: narrowest 95 % interval, honestly compared, of every sketch that "
-        f"expresses {query.kind} (mean half-width: {listed})"
+        f"expresses {query.kind} (mean half-width: {listed}{unasked})"
     )
 
 

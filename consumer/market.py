@@ -21,6 +21,7 @@ from dpmarket.common.market.terms import quote_to_json
 __all__ = [
     "SettledStatement",
     "credits",
+    "owner_session_id",
     "quote_json",
     "quote_line",
     "quote_table",
@@ -102,12 +103,23 @@ class SettledStatement:
     owners_recorded: int
 
 
+def owner_session_id(settled: SettledStatement) -> str:
+    """The id the session's owners know it by: the statement's own session id (signed with
+    it), under which each owner's ledger (``dpmarket owner ledger``) and earnings list the
+    session. The curator opens a session at its owners under an id of its own, not the
+    consumer's; the consumer reads it here, from the statement it already holds, so nothing
+    new is released to anyone."""
+    return settled.statement.header.session_id
+
+
 def statement_json(settled: SettledStatement) -> dict[str, Any]:
-    """``{"session_id", "settled_at", "total" (micro-credits), "total_credits", "owners_recorded",
-    "header": {...}, "lines": [{...}, ...]}`` (the statement's own integers)."""
+    """``{"session_id", "owner_session_id", "settled_at", "total" (micro-credits),
+    "total_credits", "owners_recorded", "header": {...}, "lines": [{...}, ...]}`` (the
+    statement's own integers; ``owner_session_id``: :func:`owner_session_id`)."""
     st = settled.statement
     return {
         "session_id": settled.session_id,
+        "owner_session_id": owner_session_id(settled),
         "settled_at": settled.settled_at,
         "total": st.total,
         "total_credits": format_credits(st.total),
@@ -118,11 +130,13 @@ def statement_json(settled: SettledStatement) -> dict[str, Any]:
 
 
 def statements_table(settled: list[SettledStatement], *, wide: bool = False) -> Table:
-    """One row per (statement, owner): the session, the owner, points read and delivered,
-    epsilon charged, the charge, the reward and the total, credits; ``wide`` adds the price
-    components and whole ids. Fits 80 columns without ``wide``."""
+    """One row per (statement, owner): the session, the id its owners' ledgers list it by
+    (:func:`owner_session_id`), the owner, points read and delivered, epsilon charged, the
+    charge, the reward and the total, credits; ``wide`` adds the price components and whole
+    ids. Fits 80 columns without ``wide``."""
     table = Table(title="settlement statements (credits)", title_justify="left")
     table.add_column("session", overflow="fold")
+    table.add_column("at owners", overflow="fold")
     table.add_column("owner", overflow="fold")
     for header in ("read", "deliv.", "epsilon"):
         table.add_column(header, justify="right")
@@ -133,9 +147,11 @@ def statements_table(settled: list[SettledStatement], *, wide: bool = False) -> 
         table.add_column(header, justify="right")
     for item in settled:
         sid = item.session_id if wide else item.session_id[:8]
+        owners_id = owner_session_id(item) if wide else owner_session_id(item)[:8]
         for line in item.statement.lines:
             eps = (line.epsilon_session + line.epsilon_payout) / EPSILON_UNITS
-            row = [sid, line.owner, str(line.points_read), str(line.points_delivered), f"{eps:g}"]
+            row = [sid, owners_id, line.owner, str(line.points_read), str(line.points_delivered)]
+            row.append(f"{eps:g}")
             if wide:
                 parts = (
                     line.read_charge,
@@ -148,5 +164,7 @@ def statements_table(settled: list[SettledStatement], *, wide: bool = False) -> 
             row += [credits(line.reward), credits(line.total)]
             table.add_row(*row)
         blank = [""] * (8 if wide else 3)
-        table.add_row(sid, "[bold]all", *blank, "", f"[bold]{credits(item.statement.total)}")
+        table.add_row(
+            sid, owners_id, "[bold]all", *blank, "", f"[bold]{credits(item.statement.total)}"
+        )
     return table

@@ -265,3 +265,39 @@ def test_a_question_asked_again_of_the_same_sketches_is_answered_from_the_kept_o
     assert np.array_equal(renewed.answer.values, explore(catalogue, cdf).answer.values)
     kept.clear()
     assert len(kept) == 0 and explore(catalogue, cdf, answers=kept) is not renewed
+
+
+def test_a_named_spec_is_said_to_be_chosen_and_best_available_skips_the_m2m_fit() -> None:
+    """A question naming one spec is answered from it, and its reason says it was chosen, not
+    that it is the only sketch expressing the question (the RFF spec below is not: the
+    histogram expresses a covariance too). Naming none, "best available" reads the histogram's
+    covariance, whose bounds say something, and says the RFF answer was not computed."""
+    drawn = {
+        s.kind: s
+        for s in _specs(
+            "clinics", COLUMNS, {"hist": {"bins": 5}, "rff": {"frequencies": 20, "sigma": 0.5}}
+        )
+    }
+    hist, rff = drawn["hist"], drawn["rff"]
+    rng = np.random.default_rng(4)
+    records = np.column_stack(
+        [rng.uniform(0, 120, 500), rng.uniform(10, 70, 500), rng.integers(0, 2, 500)]
+    )
+    noise = SeededNoise(np.random.default_rng(5))
+    catalogue = _Published(
+        [hist, rff],
+        None,
+        [
+            PublishedSketch("young", s.name, 1.0, sketch_mechanism(s, 1.0).release(records, noise))
+            for s in (hist, rff)
+        ],
+    )
+    cov = Query("covariance", columns=("age", "bmi"))
+    options = ExploreOptions(synthetic=300)
+    named = explore(catalogue, cov, spec=rff.name, options=options)
+    assert named.spec.name == rff.name
+    assert (
+        named.reason == f"{rff.name}: the sketch chosen for this question (no other was compared)"
+    )
+    best = explore(catalogue, cov, options=options)
+    assert best.spec.name == hist.name and f"{rff.name} not computed" in best.reason

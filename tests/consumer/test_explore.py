@@ -324,6 +324,29 @@ def test_marginals_answers_track_the_truth_with_their_errors(mspecs: dict[str, S
         explorer.answer(Query("mean", columns=("a",)), sketches)
 
 
+def test_a_marginals_interval_spanning_what_the_value_can_be_is_flagged_uninformative(
+    mspecs: dict[str, SketchSpec],
+) -> None:
+    """Twenty records at epsilon 0.1: the marginals' CDF intervals span [0, 1] (the noise swamps
+    every cell), and each is flagged ``uninformative`` on the value, as an M2M or histogram
+    answer's is; its interval is still trusted (the flag is on the value). Control: 5,000
+    records at epsilon 1 give narrow intervals with no such flag."""
+    spec = mspecs["marginals"]
+    explorer = MarginalsExplorer(spec, bootstrap=4, seed=0, cache=None)
+    cdf = Query("cdf", columns=("a",), points=(0.3,))
+    rng = np.random.default_rng(5)
+    few = marginals_mechanism(spec, 0.1).release(_records(20), SeededNoise(rng), rng=rng)
+    wide = explorer.answer(cdf, [few])
+    (low,), (high,) = wide.interval()
+    assert high - low > 0.5, (low, high)
+    assert "uninformative" in wide.codes("value")[0] and wide.trusted().all()
+    assert "spans more than 50 %" in wide.rows()[0]["flags"][-1]["reason"]
+    many = marginals_mechanism(spec, 1.0).release(_records(5000), SeededNoise(rng), rng=rng)
+    narrow = explorer.answer(cdf, [many])
+    (low,), (high,) = narrow.interval()
+    assert high - low < 0.5 and "uninformative" not in narrow.codes()[0], (low, high)
+
+
 def test_choose_source_follows_the_rule(mspecs: dict[str, SketchSpec]) -> None:
     specs = list(mspecs.values())
     count = Query("count", where=(("a", 0.0, 0.5),))
@@ -339,6 +362,43 @@ def test_choose_source_follows_the_rule(mspecs: dict[str, SketchSpec]) -> None:
     )
     with pytest.raises(InvalidArgumentError, match="no published sketch answers marginal"):
         choose_source(Query("marginal", columns=("a",)), [mspecs["rff"]])
+
+
+def test_best_available_fits_m2m_only_when_no_read_answer_says_anything(
+    mspecs: dict[str, SketchSpec],
+) -> None:
+    """Best available computes the histogram's and the marginals' answers (read from the
+    release) and fits the RFF spec's M2M answer only when none of them is narrower than an
+    answer whose every interval is untrusted: a covariance the histogram bounds is answered
+    without asking the RFF spec (the reason says it was not computed); one the histogram
+    cannot bound (its honest half-width is the uninformed one) asks it, and the RFF spec wins
+    when narrower. A logistic regression compares every spec (its widths compute no answer)."""
+    from dpmarket.consumer.explore import uninformed_half_width
+
+    specs = list(mspecs.values())
+    cov = Query("covariance", columns=("a", "b"))
+    uninformed = uninformed_half_width(cov, mspecs["hist"].domain)
+    asked: list[str] = []
+
+    def errors(table: dict[str, float]) -> Any:
+        def of(spec: SketchSpec) -> float:
+            asked.append(spec.name)
+            return table[spec.name]
+
+        return of
+
+    chosen, why = choose_source(cov, specs, errors({"toym/hist": 0.5 * uninformed}))
+    assert chosen.name == "toym/hist" and asked == ["toym/hist"]
+    assert "toym/rff not computed" in why
+    asked.clear()
+    wide = {"toym/hist": uninformed, "toym/rff": 0.9 * uninformed}
+    chosen, why = choose_source(cov, specs, errors(wide))
+    assert chosen.name == "toym/rff" and sorted(asked) == ["toym/hist", "toym/rff"]
+    assert "not computed" not in why
+    asked.clear()
+    logreg = Query("logreg", target="y")
+    choose_source(logreg, specs, errors({"toym/hist": 0.01, "toym/rff": 0.02}))
+    assert sorted(asked) == ["toym/hist", "toym/rff"]
 
 
 def _same(a: Answer, b: Answer) -> bool:

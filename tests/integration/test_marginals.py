@@ -160,7 +160,7 @@ def test_explore_chooses_per_query_and_equals_the_in_process_answer(
     assert low <= row["value"] <= high and [low, high] == [local.low[0], local.high[0]]
     assert row["basis"] in ("measured", "bounds") and isinstance(row["flags"], list)
     assert all(set(f) == {"code", "on", "reason"} and f["reason"] for f in row["flags"])
-    guess = [f for f in row["flags"] if f["on"] == "value"]
+    guess = [f for f in row["flags"] if f["code"] == "model-guess"]
     assert bool(guess) == (row["basis"] == "bounds")
     assert not guess or "guess" in guess[0]["reason"]
     assert count["answer"]["count_interval"][0] <= count["answer"]["count"]

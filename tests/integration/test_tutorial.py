@@ -80,6 +80,24 @@ def test_every_command_of_the_tutorial_runs_on_a_fresh_directory(tmp_path: Path)
     said = " ".join((done.stdout + done.stderr).split())
     assert "published the allocation sketch clinics-allocation/rff, charged epsilon 1" in said
     assert "allocation: sketch (the owners' published sketches; no charge to them)" in said
-    # The count came from the drafted marginals spec, with its interval.
-    assert "clinics/marginals" in done.stdout and "95 % interval" in done.stdout
+    # The count came with its interval from the sketch its last line names, as the tutorial
+    # says: the narrowest of the half-widths listed (the marginals sketch's among them, or the
+    # histogram's when every clinic measured the pair).
+    assert "95 % interval" in done.stdout
+    chosen, widths = answered_from(said)  # (explore says it on stderr)
+    assert "clinics/marginals" in widths and "clinics/hist" in widths, widths
+    assert widths[chosen] == min(widths.values()), (chosen, widths)
     assert "left" in done.stdout or "left" in done.stderr
+
+
+def answered_from(output: str) -> tuple[str, dict[str, float]]:
+    """The spec a best-available answer names on its last line and the mean half-width it
+    lists per spec (``answered from clinics/hist: narrowest ... (mean half-width: clinics/hist
+    0.273, clinics/marginals 0.5; ...)``)."""
+    found = re.search(r"answered from (\S+): narrowest .*?\(mean half-width: ([^;)]*)", output)
+    assert found, output[-2000:]
+    widths = {}
+    for part in found.group(2).split(","):
+        name, width = part.split()
+        widths[name] = float(width)
+    return found.group(1), widths

@@ -90,3 +90,39 @@ def test_consumer_statements_table_fits_80_columns_and_wide_keeps_every_column()
     assert max(len(line.rstrip()) for line in narrow.splitlines()) <= 80, narrow
     wide = _render(statements_table([settled], wide=True), 200)
     assert SID in wide and OWNERS[1] in wide and "quoted" in wide
+
+
+def test_the_consumers_statement_names_the_id_the_owners_ledger_lists_the_session_by(
+    tmp_path: Path,
+) -> None:
+    """The curator opens a session at its owners under an id of its own (the statement's,
+    signed), not the consumer's session id. The owner's ledger lists the session by that id
+    only (the control: the consumer's id appears nowhere in it); the consumer's statements —
+    the table, ``--json``, ``--csv`` and the console's statements page — show it beside the
+    consumer's own, so the two parties can match the row."""
+    from dpmarket.console.consumer import statement_view
+    from dpmarket.consumer.cli import _write_statements_csv
+    from dpmarket.consumer.market import statement_json
+
+    statement, _, _ = _statement()  # settled under SID, the owners' id
+    mine = "c0ffee0000000000000000000000beef"  # the consumer's session id
+    with OwnerLedger.create(tmp_path, OwnerPolicy(prices=PRICES)) as ledger:
+        ledger.charge(session=SID, consumer=CONSUMER, curator=CURATOR, mechanism="candidates",
+                      epsilon=1.0, delta=0.0, points=18)  # fmt: skip
+    shown = CliRunner().invoke(
+        main, ["owner", "ledger", "--data-dir", str(tmp_path)], env={"COLUMNS": "80"}
+    )
+    assert shown.exit_code == 0, shown.output
+    assert SID[:8] in shown.output and mine[:8] not in shown.output
+    settled = SettledStatement(mine, 1_714_564_800.0, statement, b"sig", len(OWNERS))
+    narrow = _render(statements_table([settled]), 80)
+    assert max(len(line.rstrip()) for line in narrow.splitlines()) <= 80, narrow
+    assert "at owners" in narrow and mine[:8] in narrow and SID[:8] in narrow
+    assert SID in _render(statements_table([settled], wide=True), 300)
+    assert statement_json(settled)["owner_session_id"] == SID
+    assert statement_json(settled)["session_id"] == mine
+    _write_statements_csv([settled], str(tmp_path / "s.csv"))
+    header, first = (tmp_path / "s.csv").read_text().splitlines()[:2]
+    assert header.startswith("session_id,owner_session_id,") and first.startswith(f"{mine},{SID},")
+    view = statement_view(settled)
+    assert (view["short"], view["owner_short"]) == (mine[:8], SID[:8])

@@ -1,0 +1,85 @@
+"""Answers computed off the request: a slow explore answer is not waited for; its page says it
+is computing and reloads itself until the answer (or its error) is there."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from dpmarket.console.app import create_app
+from dpmarket.console.auth import ConsoleToken
+from dpmarket.console.background import Background
+from dpmarket.console.consumer import ConsumerConsole, UserError
+from dpmarket.consumer.client import CuratorClient
+from dpmarket.runtime.identity import Identity
+from dpmarket.runtime.transport import TransportSecurity
+
+
+def test_a_computation_runs_once_per_key_and_its_result_is_read_once() -> None:
+    """While it runs, asking again for its key returns None and starts nothing new; once done
+    its result is returned, once; an exception is raised to the one that reads it."""
+    background: Background[int] = Background("test")
+    release = threading.Event()
+    runs: list[int] = []
+
+    def slow() -> int:
+        runs.append(1)
+        release.wait(30)
+        return 42
+
+    assert background.result("q", slow, 0.0)[0] is None
+    assert background.result("q", slow, 0.0)[0] is None and len(background) == 1
+    release.set()
+    assert background.result("q", slow, 30.0)[0] == 42 and runs == [1]
+    assert len(background) == 0  # read: forgotten
+
+    def failing() -> int:
+        raise ValueError("no such column")
+
+    with pytest.raises(ValueError, match="no such column"):
+        background.result("bad", failing, 30.0)
+    assert len(background) == 0
+    background.shutdown()
+
+
+def test_an_answer_that_takes_long_is_computed_off_the_request(tmp_path: Path) -> None:
+    """A curator that takes the connection and never answers (a listening socket nobody
+    accepts on; the client's deadline 1.5 s): the explore page does not wait for the catalogue's
+    read. It answers 202 with a page that says it is computing and reloads itself; a reload
+    once the read has failed shows the failure as the form's error (400). The control: the
+    same question waited on (as the page did before) is answered in the request, the error
+    raised there."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    client = CuratorClient(
+        f"127.0.0.1:{port}", TransportSecurity.plaintext(), timeout=1.5, connect_timeout=None
+    )
+    party = ConsumerConsole(client, tmp_path, None)
+    token = ConsoleToken.load_or_create(tmp_path)
+    app = create_app(party, Identity("consumer", "alice"), token, port=8474)
+    web = TestClient(app, follow_redirects=False)
+    bearer = {"Authorization": f"Bearer {token.value}"}
+    address = f"{token.prefix}/consumer/explore?query=mean&column=bmi"
+    try:
+        first = web.get(address, headers=bearer)
+        assert first.status_code == 202, first.text
+        assert '<meta http-equiv="refresh" content="1">' in first.text
+        assert "Computing the mean" in first.text and 'id="computing-bar"' in first.text
+        for _ in range(120):
+            again = web.get(address, headers=bearer)
+            if again.status_code != 202:
+                break
+        assert again.status_code == 400, again.text
+        assert "refresh" not in again.text and "curator" in again.text
+        question = {"query": "mean", "spec": "", "owners": [], "columns": ["bmi"],
+                    "points": [], "where": [], "target": ""}  # fmt: skip
+        with pytest.raises(UserError):
+            party.explore_soon(question, 60.0)
+    finally:
+        listener.close()
