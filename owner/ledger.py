@@ -95,9 +95,11 @@ from dpmarket.owner.ledger_resolutions import (
     SUPERSEDED_PREFIX,
     beyond_replaced,
     dismissal_session,
+    listed_signature,
     open_rollbacks,
     owed,
     parse_state,
+    receipt_genuine,
     receipt_resolved,
     rollback_session,
     supersession_session,
@@ -107,11 +109,8 @@ from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.receipts import (
     ReceiptError,
     SealedTotals,
-    open_receipt,
-    receipt_certificate_key,
     seal_totals,
     sign_receipt,
-    unseal_totals,
 )
 from dpmarket.runtime.database import (
     DatabaseMissingError,
@@ -1543,6 +1542,7 @@ class OwnerLedger:
             ledger_id=state.ledger_id,
             sequence=sequence,
             head=digest,
+            signed_at=state.signed_at,
         )
         return sign_receipt(self._signer, state)
 
@@ -1551,72 +1551,6 @@ class OwnerLedger:
         """The owner's certificate (PEM) whose key signs :meth:`receipt`: the curator keeps it
         with the receipt and presents both (:meth:`check_receipt`). None without one."""
         return self._certificate if self._signer is not None else None
-
-    def _genuine_key(
-        self, receipt: privacy_pb2.LedgerReceipt, certificate: bytes | None, curator: str
-    ) -> dict[str, bytes]:
-        """``{fingerprint: DER}`` of ``certificate`` when it is a CA-issued certificate of this
-        owner whose key signed ``receipt`` (expired or replaced accepted:
-        :func:`~dpmarket.owner.receipts.receipt_certificate_key`) *and* the receipt's totals
-        open under a sealing key this ledger holds (its own, or a ledger's it replaced:
-        ``replaced_ledgers``), else empty (logged).
-
-        The owner knows its own sealing keys: a receipt sealed under a key this ledger never
-        held was not sealed by it, whatever certificate signed it (a certificate named like
-        this owner, issued by whoever holds the CA's key, signs anything). Such a key is never
-        added to ``ledger_keys``; the receipt stays unverified, which its operator may dismiss
-        on record.
-        """
-        if not certificate or self._ca_pem is None or self._identity.owner is None:
-            return {}
-        try:
-            fingerprint, der = receipt_certificate_key(
-                certificate, self._ca_pem, self._identity.owner
-            )
-            state, _ = open_receipt(receipt, {fingerprint: der})
-        except ReceiptError as exc:
-            logger.warning("%s presented a receipt with a certificate: %s", curator, exc)
-            return {}
-        if not self._sealed_here(state):
-            logger.warning(
-                "%s presented a receipt (ledger %s, up to charge %d) signed by a certificate "
-                "the CA issued to this owner (key %s), whose totals open under no sealing key "
-                "ledger %s holds: this owner did not seal it, so the key is not listed and the "
-                "receipt is unverified",
-                curator,
-                state.ledger_id,
-                state.sequence,
-                fingerprint[:16],
-                self._identity.ledger_id,
-            )
-            return {}
-        return {fingerprint: der}
-
-    def _sealed_here(self, state: privacy_pb2.LedgerState) -> bool:
-        """Whether the totals of the receipt ``state`` open under this ledger's sealing key (a
-        receipt of this ledger) or under the kept key of the ledger it names (one this ledger
-        replaced by restore)."""
-        if state.ledger_id == self._identity.ledger_id:
-            key: bytes | None = self._seal_key()
-        else:
-            row = self._conn.execute(
-                "SELECT seal_key FROM replaced_ledgers WHERE ledger_id = ?",
-                (str(state.ledger_id),),
-            ).fetchone()
-            key = None if row is None else bytes(row[0])
-        if key is None:
-            return False
-        try:
-            unseal_totals(
-                key,
-                state.sealed_totals,
-                ledger_id=state.ledger_id,
-                sequence=state.sequence,
-                head=bytes(state.head),
-            )
-        except ReceiptError:
-            return False
-        return True
 
     def check_receipt(
         self,
@@ -1666,13 +1600,13 @@ class OwnerLedger:
             Its identity, for the owner's log and the rollback's record.
         certificate : bytes, optional
             The owner certificate (PEM) the curator keeps with the receipt (:attr:`certificate`
-            when the owner returned it). When no key of the ledger verifies the receipt but this
-            certificate is issued by the owner's CA to this owner (expired or replaced since
-            accepted), its key does, and the receipt's totals open under a sealing key this
-            ledger holds, the receipt is *genuine*: the key is added to ``ledger_keys``
-            (append-only), so the receipt counts as verified from then on and is never
-            dismissed as forged (:mod:`dpmarket.owner.ledger_resolutions`). A receipt this
-            ledger never sealed stays unverified whatever certificate signed it.
+            when the owner returned it). Not evidence of anything: whoever holds the CA's key
+            issues a certificate named like this owner. A receipt is *genuine* when its totals
+            open under a sealing key this ledger holds (its own, or a replaced ledger's kept by
+            restore), whoever signed it, and only a receipt of a ledger whose sealing key is not
+            held here is judged by its signature (a key ``ledger_keys`` lists):
+            :func:`~dpmarket.owner.ledger_resolutions.receipt_genuine`. No key is ever listed
+            from a receipt.
 
         Raises
         ------
@@ -1688,14 +1622,12 @@ class OwnerLedger:
 
         Notes
         -----
-        A receipt that none of this ledger's keys verifies is ignored (logged) only when it
-        names no ledger of this owner. One that names this owner and is not consistent with
-        this ledger (another ledger, or a chain head this ledger does not hold) is recorded as
-        *unverified* and refused like a rollback: a ledger restored from an older copy whose
-        keys were edited (the receipt's key removed, a new certificate issued) cannot hide the
-        rollback behind it. The price: a curator presenting a forged receipt
-        makes the owner refuse until its operator resolves it, a denial of service a curator
-        has anyway by not calling the owner; it cannot hide a rollback with one.
+        A receipt naming another owner (or unreadable) is ignored (logged). One naming this
+        owner that is not genuine (above) is recorded as *unverified* and refused like a
+        rollback, until its operator dismisses it on record: a curator presenting forged
+        receipts makes the owner wait for its operator, a denial of service a curator has
+        anyway by not calling the owner; it cannot hide a rollback with one (a genuine receipt
+        opens under the ledger's own key, which no edit of the keys' list changes).
         A receipt the ledger's chain resolves is accepted: one whose charge-back entry
         (:meth:`resolve_rollbacks`) charges what it shows lost, one of a ledger this one
         records replacing in an entry (``restore --replace-other-ledger``, ``resolve
@@ -1711,30 +1643,26 @@ class OwnerLedger:
         with self._lock, _unavailable_when_busy(self._path), transaction(self._conn):
             self._refuse_if_rolled_back()
             keys = self._keys()
-            verified = True
-            try:
-                try:
-                    state, _ = open_receipt(receipt, keys)
-                except ReceiptError:
-                    genuine = self._genuine_key(receipt, certificate, curator)
-                    if not genuine:
-                        raise
-                    state, _ = open_receipt(receipt, genuine)
-                    self._add_receipt_key(curator, *next(iter(genuine.items())))
-                    keys = self._keys()
-            except ReceiptError as exc:
-                unverified = _unverified_state(receipt)
-                if unverified is None or unverified.owner != self._identity.owner:
-                    logger.warning(
-                        "%s presented a ledger receipt this owner did not sign (%s), naming "
-                        "no ledger of this owner: ignored",
-                        curator,
-                        exc,
-                    )
-                    return
-                state, verified = unverified, False
-            other = state.ledger_id != self._identity.ledger_id
+            state = _unverified_state(receipt)
+            if state is None or state.owner != self._identity.owner:
+                logger.warning(
+                    "%s presented a ledger receipt naming no ledger of this owner (%s): this "
+                    "owner did not sign it for a ledger of its own; ignored",
+                    curator,
+                    "unreadable" if state is None else f"owner {state.owner!r}",
+                )
+                return
             blob = receipt.SerializeToString()
+            # Genuine by its seal (or, for a ledger whose sealing key is not held here, by a
+            # listed key's signature); a presented certificate is never trusted for it.
+            verified = receipt_genuine(
+                self._conn,
+                blob,
+                ledger_id=self._identity.ledger_id,
+                key=self._seal_key(),
+                keys=keys,
+            )
+            other = state.ledger_id != self._identity.ledger_id
             if receipt_resolved(
                 self._conn,
                 blob,
@@ -1789,15 +1717,15 @@ class OwnerLedger:
         """
         if not verified:
             logger.error(
-                "%s presented a receipt naming this owner (ledger %s, up to charge %d) that no "
-                "key of ledger %s (%s) verifies; the ledger %s. Either this ledger was "
-                "restored from an older copy and the keys it lists were changed (the receipt "
-                "was signed by a key it no longer lists), or the curator presents a forged "
-                "receipt. The owner refuses every session and job until its operator restores "
-                "the latest backup that verifies, or runs: dpmarket owner ledger resolve "
-                "--data-dir %s (it charges back what the receipt shows lost when the receipt's "
-                "totals open under this ledger's own key; a receipt they do not open is "
-                "dismissed only with --dismiss-unverified-receipts) (docs/howto-ledger.md)",
+                "%s presented a receipt naming this owner (ledger %s, up to charge %d) whose "
+                "totals open under no sealing key ledger %s (%s) holds, and that no key it "
+                "lists signed for a ledger whose key it does not hold; the ledger %s. This "
+                "owner did not seal it, whatever certificate signed it: the curator presents a "
+                "forged receipt, or this file is not the ledger that sealed it. The owner "
+                "refuses every session and job until its operator restores the latest backup "
+                "that verifies, or, if the receipt is forged, dismisses it on record: dpmarket "
+                "owner ledger resolve --dismiss-unverified-receipts --data-dir %s "
+                "(docs/howto-ledger.md)",
                 curator,
                 state.ledger_id,
                 state.sequence,
@@ -1837,26 +1765,6 @@ class OwnerLedger:
             self._path.parent,
         )
         raise LedgerRollbackError(ROLLBACK_MESSAGE)
-
-    def _add_receipt_key(self, curator: str, fingerprint: str, der: bytes) -> None:
-        """Record in ``ledger_keys`` the key of a CA-issued certificate of this owner that signed
-        a receipt ``curator`` presents, which the ledger did not list (its keys were edited)."""
-        self._conn.execute(
-            "INSERT OR IGNORE INTO ledger_keys (fingerprint, public_key, added_at) "
-            "VALUES (?, ?, ?)",
-            (fingerprint, der, float(self._clock())),
-        )
-        logger.error(
-            "%s presented a receipt signed by key %s of a certificate the CA issued to this "
-            "owner, which ledger %s (%s) did not list, and sealed by this ledger (its totals "
-            "open under its sealing key): the ledger was restored from a copy older than that "
-            "certificate, or its keys were edited. The key is listed again; the receipt is "
-            "genuine and cannot be dismissed",
-            curator,
-            fingerprint[:16],
-            self._identity.ledger_id,
-            self._path,
-        )
 
     def _keys(self) -> dict[str, bytes]:
         """The ledger's certificate keys: fingerprint -> DER public key."""
@@ -1915,12 +1823,14 @@ class OwnerLedger:
         charging nothing, :func:`record_superseded`): its receipts are accepted from then on,
         and what it charged is lost to the budget, on the operator's record.
 
-        A receipt no key of this ledger verifies (*unverified*: the ledger's keys were changed,
-        or the curator forged it) is charged back as above when its sealed totals open under
-        this ledger's own sealing key, which only this ledger and its copies hold (AES-GCM
-        authenticates them, bound to the receipt's ledger, charge and chain head): it is this
-        ledger's own receipt. One whose totals do not open is resolved only with
-        ``dismiss_unverified``, which records an entry dismissing it and charges nothing.
+        A receipt's genuineness is decided from its seal
+        (:func:`~dpmarket.owner.ledger_resolutions.receipt_genuine`): one whose totals open
+        under this ledger's own sealing key, which only this ledger and its copies hold
+        (AES-GCM authenticates them, bound to the receipt's ledger, charge, chain head and
+        signing time), is this ledger's own receipt and charged back as above, whoever signed
+        it. One that is not genuine (*unverified*: forged, even if signed by a key the ledger
+        lists) is resolved only with ``dismiss_unverified``, which records an entry dismissing
+        it and charges nothing.
 
         Parameters
         ----------
@@ -1969,11 +1879,9 @@ class OwnerLedger:
                 ):
                     continue  # resolved already, or by an entry written for an earlier one
                 state = parse_state(blob)
-                try:
-                    open_receipt(privacy_pb2.LedgerReceipt.FromString(blob), keys)
-                    verified = True
-                except ReceiptError:
-                    verified = False
+                verified = receipt_genuine(
+                    self._conn, blob, ledger_id=self._identity.ledger_id, key=key, keys=keys
+                )
                 detection = (int(number), str(curator), state, int(ledger_sequence), now)
                 if not verified:
                     out.append(
@@ -1984,7 +1892,8 @@ class OwnerLedger:
                 elif state.ledger_id != self._identity.ledger_id:
                     out.append(self._resolve_replaced(*detection, accept=accept_replaced_ledger))
                 else:
-                    out.append(self._resolve_lost(*detection, key=key))
+                    signed = listed_signature(blob, keys)
+                    out.append(self._resolve_lost(*detection, key=key, signed=signed))
         self._rollback_cache = None
         return out
 
@@ -2099,20 +2008,16 @@ class OwnerLedger:
         receipt: bytes,
         dismiss: bool,
     ) -> Resolution:
-        """Resolve rollback ``number``, a receipt no key of this ledger verifies: charge back
-        what it shows lost if its totals open under this ledger's key (its own receipt), else
-        dismiss it (``dismiss``) or raise ``ValueError`` saying what to do."""
-        if state.ledger_id == self._identity.ledger_id:
-            try:
-                return self._resolve_lost(number, curator, state, ledger_sequence, now, key=key)
-            except ValueError:
-                pass
+        """Resolve rollback ``number``, a receipt that is not genuine (its totals open under
+        no sealing key this ledger holds): dismiss it (``dismiss``) or raise ``ValueError``
+        saying what to do."""
         if not dismiss:
             raise ValueError(
                 f"rollback {number}: {curator} presented a receipt naming this owner (ledger "
-                f"{state.ledger_id}, up to charge {state.sequence}) that no key of this ledger "
-                "verifies and whose totals do not open under this ledger's key: it was forged, "
-                "or this ledger is not the one that signed it. Restore this owner's latest "
+                f"{state.ledger_id}, up to charge {state.sequence}) whose totals do not open "
+                "under any sealing key this ledger holds (its own, or a replaced ledger's): this "
+                "owner did not seal it, whatever certificate signed it; it was forged, or this "
+                "ledger is not the one that sealed it. Restore this owner's latest "
                 "backup that verifies (dpmarket owner ledger restore); if you are sure the "
                 "receipt is forged, dismiss it on record: dpmarket owner ledger resolve "
                 "--dismiss-unverified-receipts"
@@ -2149,27 +2054,20 @@ class OwnerLedger:
         now: float,
         *,
         key: bytes,
+        signed: bool,
     ) -> Resolution:
         """Resolve rollback ``number``, a receipt of this ledger, for :meth:`resolve_rollbacks`
         (inside its transaction): charge again what it shows was lost, as the chained entry
         that resolves it (:func:`~dpmarket.owner.ledger_resolutions.rollback_session`; zero
         when nothing is missing)."""
         try:
-            due = owed(self._conn, key, state, before=head(self._conn)[0] + 1)
-        except ReceiptError as exc:
+            due = owed(self._conn, key, state, before=head(self._conn)[0] + 1, signed=signed)
+        except ReceiptError as exc:  # genuine means its totals open: a ledger edited meanwhile
             raise ValueError(
-                f"rollback {number}: {curator} presented a receipt this owner signed (a key of "
-                f"this ledger or of a certificate the CA issued to this owner verifies it) for "
-                f"this ledger {state.ledger_id}, up to charge {state.sequence}, and {exc}: "
-                "either the ledger's sealing key was replaced, so what it lost cannot be known, "
-                "or the key that signed it was listed from a receipt this ledger never sealed "
-                "(a release before schema 8 listed the key of a certificate the CA issued to "
-                "this owner from a forged receipt). It is not resolved and cannot be dismissed; "
-                "nothing was written. Restore a ledger that opens this receipt (its latest "
-                "backup: dpmarket owner ledger restore), or the latest backup from before that "
-                "key was listed (dpmarket owner ledger verify --json lists the ledger's keys): "
-                "the receipt is then unverified, and dpmarket owner ledger resolve "
-                "--dismiss-unverified-receipts dismisses it on record if it is forged"
+                f"rollback {number}: the receipt {curator} presented for this ledger "
+                f"{state.ledger_id}, up to charge {state.sequence}: {exc}. Nothing was written; "
+                "run dpmarket owner ledger verify and restore the latest backup that verifies "
+                "(dpmarket owner ledger restore)"
             ) from None
         charge_id = self._insert(
             _Request(

@@ -9,19 +9,19 @@ same steps on a ledger the defence does not concern).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
 import sqlite3
 from contextlib import closing
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from dpmarket.deploy.pki import init_ca, issue, issue_all
-from dpmarket.owner.cli import ledger as ledger_cli
 from dpmarket.owner.ledger import (
     MIGRATIONS,
     LedgerRollbackError,
@@ -31,8 +31,16 @@ from dpmarket.owner.ledger import (
 )
 from dpmarket.owner.ledger_admin import backup_ledger, init_ledger, restore_ledger, verify_file
 from dpmarket.owner.ledger_chain import LedgerOwner
+from dpmarket.owner.ledger_resolutions import listed_signature
 from dpmarket.owner.policy import OwnerPolicy
-from dpmarket.owner.receipts import Signer, sign_receipt
+from dpmarket.owner.receipts import (
+    SealedTotals,
+    Signer,
+    public_key_der,
+    public_key_fingerprint,
+    seal_totals,
+    sign_receipt,
+)
 from dpmarket.runtime.identity import Identity, identity_files
 from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import privacy_pb2
@@ -264,59 +272,138 @@ def test_a_ledger_of_another_owner_is_never_restored_over_this_owners(
 
 
 # ------------------------------------------------------------------ 4. a forged "genuine" receipt
-def test_a_receipt_this_ledger_never_sealed_is_dismissable_whatever_certificate_signed_it(
-    tmp_path: Path,
+def _listed_signature_rule(
+    conn: sqlite3.Connection,
+    receipt: bytes,
+    *,
+    ledger_id: str,
+    key: bytes,
+    keys: dict[str, bytes],
+) -> bool:
+    """The rule this one replaced: a receipt is genuine when a key the ledger lists signed it."""
+    return listed_signature(receipt, keys)
+
+
+def _list_key(data_dir: Path, cert_pem: bytes) -> None:
+    """List a certificate's key in the ledger, as a release before this one did for the
+    certificate a curator presented with a receipt whose totals opened."""
+    der = public_key_der(x509.load_pem_x509_certificate(cert_pem).public_key())  # type: ignore[arg-type]
+    with closing(sqlite3.connect(ledger_path(data_dir))) as conn, conn:
+        conn.execute(
+            "INSERT INTO ledger_keys (fingerprint, public_key, added_at) VALUES (?, ?, 2e9)",
+            (public_key_fingerprint(der), der),
+        )
+
+
+@pytest.mark.parametrize("defence", [True, False], ids=["seal-decides", "control-listed-key"])
+def test_a_ca_key_holder_neither_gets_its_key_listed_nor_locks_the_owner_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, defence: bool
 ) -> None:
-    """A curator holding the CA's key forges a receipt of Alice's ledger (its real id, a charge
-    far ahead, garbage totals) signed by a certificate the CA issued named ``alice``: the owner
-    refuses it (a rollback to look at) but never lists that key, and the operator dismisses it
-    on record; Alice's budget is untouched. Control: a genuine receipt, sealed by this ledger
-    and signed by Alice's renewed certificate, which the ledger (restored from a copy older
-    than the renewal) does not list: its key is listed again and what it shows lost is charged
-    back, never dismissed."""
+    """The stranger's two steps, by a curator holding the CA's key. (1) After a real rollback
+    (a backup restored, 2 epsilon lost), it re-signs its genuine receipt's state (totals sealed
+    by the owner) with a fresh CA-issued certificate named ``alice``: the receipt is genuine by
+    its seal, charged back (2 epsilon), and the forger's key is not listed. (2) It signs a
+    receipt of its own (charge 999, random head and totals) with that key, listed in the ledger
+    as a release before this one listed it: the seal does not open, so the receipt is
+    unverified and dismissed on record, nothing charged. Control (the rule this one replaced: a
+    listed key's signature makes a receipt genuine): ``resolve`` refuses it with every option,
+    and the owner serves nothing."""
+    if not defence:
+        monkeypatch.setattr("dpmarket.owner.ledger.receipt_genuine", _listed_signature_rule)
+        monkeypatch.setattr(
+            "dpmarket.owner.ledger_resolutions.receipt_genuine", _listed_signature_rule
+        )
     root = tmp_path / "pki"
     init_ca(root)
     issue_all(root, [ALICE])
-    before_renewal = owner(root)
+    alice = owner(root)
     data_dir, backup = tmp_path / "alice", tmp_path / "backup.sqlite3"
     init_ledger(data_dir, "alice", security(root))
-    with OwnerLedger(data_dir, None, owner=before_renewal) as ledger:
+    with OwnerLedger(data_dir, None, owner=alice) as ledger:
         charge(ledger, "a1")
         backup_ledger(data_dir, backup)
         keys_before = set(ledger.identity.keys)
-    issue(root, "owner", "alice", force=True)  # Alice's certificate renewed
-    renewed = security(root)
-    with OwnerLedger(data_dir, None, owner=owner(root)) as ledger:
         charge(ledger, "a2")
+        charge(ledger, "a3")
         genuine = ledger.receipt()
-        state = privacy_pb2.LedgerState.FromString(genuine.state)  # type: ignore[union-attr]
+        assert genuine is not None
+    restore_ledger(data_dir, backup)  # the real rollback: 2 epsilon lost
     issue(root, "owner", "alice", force=True)  # the forger's CA-issued "alice"
     forger = security(root)
-    state.sequence, state.head, state.sealed_totals = 90, os.urandom(32), os.urandom(60)
-    forged = sign_receipt(Signer.from_pem(forger.key_pem or b""), state)
-    restore_ledger(data_dir, backup)
-    with OwnerLedger(data_dir, None, owner=before_renewal) as ledger:
+    sign = Signer.from_pem(forger.key_pem or b"")
+    replayed = privacy_pb2.LedgerReceipt(state=genuine.state, signature=sign.sign(genuine.state))
+    with OwnerLedger(data_dir, None, owner=alice) as ledger:
+        with pytest.raises(LedgerRollbackError):
+            ledger.check_receipt(replayed, curator=CURATOR, certificate=forger.cert_pem)
+        assert set(ledger.identity.keys) == keys_before  # (1) never listed from a receipt
+        if defence:
+            (charged,) = ledger.resolve_rollbacks()
+            assert not charged.dismissed and charged.epsilon == pytest.approx(2.0)
+            assert ledger.window_totals().epsilon == pytest.approx(3.0)
+            ledger.check_receipt(replayed, curator=CURATOR)
+    if not defence:
+        _list_key(data_dir, forger.cert_pem or b"")  # what the earlier rule did at step (1)
+        with OwnerLedger(data_dir, None, owner=alice) as ledger:
+            ledger.resolve_rollbacks()
+            ledger.check_receipt(replayed, curator=CURATOR)
+    else:
+        _list_key(data_dir, forger.cert_pem or b"")  # listed by an earlier release
+    state = privacy_pb2.LedgerState.FromString(genuine.state)
+    state.sequence, state.head, state.sealed_totals = 999, os.urandom(32), os.urandom(60)
+    forged = sign_receipt(sign, state)
+    with OwnerLedger(data_dir, None, owner=alice) as ledger:
         with pytest.raises(LedgerRollbackError):
             ledger.check_receipt(forged, curator=CURATOR, certificate=forger.cert_pem)
-        assert set(ledger.identity.keys) == keys_before
-        with pytest.raises(ValueError, match="--dismiss-unverified-receipts") as refused:
+        if not defence:  # locked out: no option resolves it
+            for options in ({}, {"dismiss_unverified": True}, {"accept_replaced_ledger": True}):
+                with pytest.raises(ValueError, match="rollback"):
+                    ledger.resolve_rollbacks(**options)
+            with pytest.raises(LedgerRollbackError):
+                charge(ledger, "a4")
+            return
+        with pytest.raises(ValueError, match="--dismiss-unverified-receipts"):
             ledger.resolve_rollbacks()
-        assert "sealing key was replaced" not in str(refused.value)
         (dismissal,) = ledger.resolve_rollbacks(dismiss_unverified=True)
-        assert dismissal.dismissed and ledger.window_totals().epsilon == pytest.approx(1.0)
-        ledger.check_receipt(forged, curator=CURATOR, certificate=forger.cert_pem)
-        listed = CliRunner().invoke(ledger_cli, ["verify", "--file", str(ledger.path), "--json"])
-        assert listed.exit_code == 0, listed.output
-        assert set(json.loads(listed.output)["keys"]) == keys_before  # what an operator checks
-        # Control: the genuine receipt of the renewed certificate.
-        with pytest.raises(LedgerRollbackError):
-            ledger.check_receipt(genuine, curator=CURATOR, certificate=renewed.cert_pem)
-    with OwnerLedger(data_dir, None, owner=before_renewal) as ledger:
-        assert set(ledger.identity.keys) > keys_before  # the renewed key, listed again
-        (charged,) = ledger.resolve_rollbacks(dismiss_unverified=True)
-        assert not charged.dismissed and charged.epsilon == pytest.approx(1.0)
-        ledger.check_receipt(genuine, curator=CURATOR, certificate=renewed.cert_pem)
-        assert ledger.window_totals().epsilon == pytest.approx(2.0)
+        assert dismissal.dismissed and dismissal.epsilon == 0
+        ledger.check_receipt(forged, curator=CURATOR)
+        charge(ledger, "a4")
+        assert ledger.window_totals().epsilon == pytest.approx(4.0)
+
+
+def test_a_receipt_of_an_earlier_release_re_signed_by_another_key_owes_its_whole_totals(
+    pki: Path, tmp_path: Path
+) -> None:
+    """A receipt sealed by an earlier release (the seal does not cover its signing time),
+    re-signed by a key the ledger does not list with its time moved later: the time is not
+    read, and the charge-back owes its whole sealed totals (never less than lost). Control: the
+    same receipt signed by the owner's listed key owes only what the restore lost."""
+    data_dir, backup = tmp_path / "alice", tmp_path / "backup.sqlite3"
+    init_ledger(data_dir, "alice", security(pki))
+    with OwnerLedger(data_dir, None, owner=owner(pki)) as ledger:
+        charge(ledger, "a1")
+        backup_ledger(data_dir, backup)
+        charge(ledger, "a2")
+        state = privacy_pb2.LedgerState.FromString(ledger.receipt().state)  # type: ignore[union-attr]
+        key = bytes(
+            ledger.read(lambda c: c.execute("SELECT seal_key FROM ledger_identity").fetchone()[0])
+        )
+    state.sealed_totals = seal_totals(  # v1: the time not sealed
+        key,
+        SealedTotals(Fraction(2), Fraction(0), 2),
+        ledger_id=state.ledger_id,
+        sequence=state.sequence,
+        head=bytes(state.head),
+    )
+    state.signed_at += 10 * 86_400  # a time moved later would count later charges as shared
+    stranger = Signer(ec.generate_private_key(ec.SECP256R1()))
+    for signer, owes in ((stranger, 2.0), (Signer.from_pem(security(pki).key_pem or b""), 1.0)):
+        shutil.rmtree(data_dir)
+        restore_ledger(data_dir, backup)
+        with OwnerLedger(data_dir, None, owner=owner(pki)) as ledger:
+            with pytest.raises(LedgerRollbackError):
+                ledger.check_receipt(sign_receipt(signer, state), curator=CURATOR)
+            (charged,) = ledger.resolve_rollbacks()
+            assert charged.epsilon == pytest.approx(owes)
 
 
 # ------------------------------------------------------------------ 3. a clock set back
