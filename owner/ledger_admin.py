@@ -39,6 +39,7 @@ import os
 import sqlite3
 from contextlib import closing
 from datetime import UTC, datetime
+from fractions import Fraction
 from pathlib import Path
 
 from google.protobuf.message import DecodeError
@@ -63,7 +64,7 @@ from dpmarket.owner.ledger_chain import (
     Verification,
     verify_ledger,
 )
-from dpmarket.owner.ledger_resolutions import open_rollbacks, parse_state
+from dpmarket.owner.ledger_resolutions import open_rollbacks, parse_state, superseded_ledgers
 from dpmarket.owner.policy import data_dir_policy
 from dpmarket.runtime.database import backup_database, open_read_only, transaction
 from dpmarket.runtime.transport import TransportSecurity
@@ -301,14 +302,40 @@ def _refuse_uncounted(target: Path, current: Verification, restored_id: str) -> 
         )
 
 
-def _seal_key_of(path: Path) -> bytes:
-    """The sealing key of the ledger at ``path`` (verified already): kept by the ledger that
-    replaces it, so that a receipt of a later charge of it opens there."""
+#: One ledger a restore records as replaced: its id, its sealing key (None: not kept), what
+#: the restored ledger charges of it (exact epsilon, delta, points) and its last charge counted.
+Replaced = tuple[str, bytes | None, tuple[Fraction, Fraction, int], int]
+
+
+def _replaced_chain(path: Path, current: Verification, restored_id: str) -> list[Replaced]:
+    """What a restore of ledger ``restored_id`` over the ledger ``current`` at ``path`` records
+    in the restored ledger: ``current`` itself (its sealing key, its lifetime totals less what
+    it counted of the ledgers it replaced, its last charge), then every ledger ``current``
+    replaced (its kept key, what its supersession entries charged of it, the charge they
+    cover), so that a receipt of any ledger of the chain is charged what it shows beyond what
+    was counted, wherever the chain ends. A ledger of the chain that is ``restored_id`` itself
+    stays counted inside ``current``'s entry (more, never less)."""
+    assert current.identity is not None
     conn = open_read_only(path, application=APPLICATION, schema_version=len(MIGRATIONS))
     try:
-        return bytes(conn.execute("SELECT seal_key FROM ledger_identity").fetchone()[0])
+        own = bytes(conn.execute("SELECT seal_key FROM ledger_identity").fetchone()[0])
+        keys = {
+            str(i): bytes(k)
+            for i, k in conn.execute("SELECT ledger_id, seal_key FROM replaced_ledgers")
+        }
+        superseded = superseded_ledgers(conn)
     finally:
         conn.close()
+    epsilon, delta, points = current.totals
+    chain: list[Replaced] = []
+    for ledger_id in sorted(set(keys) | set(superseded)):
+        if ledger_id in (restored_id, current.identity.ledger_id):
+            continue
+        spent, through = superseded.get(ledger_id, ((Fraction(0), Fraction(0), 0), -1))
+        epsilon, delta, points = epsilon - spent[0], delta - spent[1], points - spent[2]
+        chain.append((ledger_id, keys.get(ledger_id), spent, through))
+    mine = (max(epsilon, Fraction(0)), max(delta, Fraction(0)), max(points, 0))
+    return [(current.identity.ledger_id, own, mine, current.sequence), *chain]
 
 
 def _receipt_ledger(receipt: bytes) -> str | None:
@@ -339,7 +366,9 @@ def restore_ledger(
         charges its lifetime epsilon, delta and points (``record_superseded`` of
         :mod:`dpmarket.owner.ledger`): its receipts up to its last charge are recognised as
         replaced, not refused, what it spent stays spent, and its sealing key is kept
-        (``replaced_ledgers``).
+        (``replaced_ledgers``). So is every ledger the replaced one had replaced (the whole
+        chain: an entry per ledger, charging what the replaced ledger had counted of it, with
+        its kept key), the replaced ledger's own entry charging the rest of its totals.
 
     Returns
     -------
@@ -384,7 +413,11 @@ def restore_ledger(
             "this owner's backup, or pass --replace-other-ledger (what that ledger charged is "
             "then not counted in the restored one)"
         )
-    replaced_key = _seal_key_of(target) if other else None
+    chain = (
+        _replaced_chain(target, current, found.identity.ledger_id)
+        if other and current is not None and found.identity is not None
+        else []
+    )
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     moved: list[Path] = []
     for path in (
@@ -406,13 +439,17 @@ def restore_ledger(
             closing(sqlite3.connect(target, isolation_level=None)) as conn,
             transaction(conn),
         ):
-            record_superseded(
-                conn,
-                current.identity.ledger_id,
-                "restore --replace-other-ledger",
-                datetime.now(UTC).timestamp(),
-                current.totals,
-                through=current.sequence,
-                seal_key=replaced_key,
-            )
+            for ledger_id, seal_key, spent, through in chain:
+                record_superseded(
+                    conn,
+                    ledger_id,
+                    "restore --replace-other-ledger"
+                    if ledger_id == current.identity.ledger_id
+                    else f"restore --replace-other-ledger, as ledger {current.identity.ledger_id} "
+                    "had replaced it",
+                    datetime.now(UTC).timestamp(),
+                    spent,
+                    through=max(through, 0),
+                    seal_key=seal_key,
+                )
     return verify_file(target), moved

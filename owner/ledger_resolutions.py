@@ -84,6 +84,8 @@ __all__ = [
     "receipt_resolved",
     "rollback_session",
     "sealing_key",
+    "superseded_ledgers",
+    "superseded_through",
     "supersession_session",
     "supersession_through_session",
 ]
@@ -105,7 +107,7 @@ def supersession_through_session(ledger_id: str, sequence: int) -> str:
     return f"{SUPERSEDED_PREFIX}{ledger_id}-through-{int(sequence)}"
 
 
-def _superseded_through(conn: sqlite3.Connection, ledger_id: str) -> int:
+def superseded_through(conn: sqlite3.Connection, ledger_id: str) -> int:
     """The furthest charge of ledger ``ledger_id`` a chained supersession entry covers (-1:
     none): the charge its session names (``restore --replace-other-ledger``, ``resolve
     --accept-replaced-ledger``), or, for an entry without one (``ledger-superseded-<id>``,
@@ -125,6 +127,25 @@ def _superseded_through(conn: sqlite3.Connection, ledger_id: str) -> int:
         elif not tail:
             found = max(found, _legacy_bound(conn, ledger_id, float(at)))
     return found
+
+
+def superseded_ledgers(
+    conn: sqlite3.Connection,
+) -> dict[str, tuple[tuple[Fraction, Fraction, int], int]]:
+    """Every ledger this one records replacing (its chained supersession entries), with what
+    those entries charged of it (exact epsilon and delta, points) and the furthest charge of it
+    they cover (:func:`superseded_through`): what a restore that replaces this ledger carries
+    over into the restored one, so that the whole chain of replaced ledgers stays counted."""
+    sums: dict[str, tuple[Fraction, Fraction, int]] = {}
+    for session, eps, dlt, points in conn.execute(
+        "SELECT c.session, c.epsilon, c.delta, c.points FROM charges c JOIN charge_chain k "
+        "ON k.charge = c.id WHERE substr(c.session, 1, ?) = ?",
+        (len(SUPERSEDED_PREFIX), SUPERSEDED_PREFIX),
+    ):
+        ledger_id = str(session)[len(SUPERSEDED_PREFIX) :].split("-through-")[0]
+        e, d, n = sums.get(ledger_id, (Fraction(0), Fraction(0), 0))
+        sums[ledger_id] = (e + Fraction(float(eps)), d + Fraction(float(dlt)), n + int(points))
+    return {lid: (spent, superseded_through(conn, lid)) for lid, spent in sums.items()}
 
 
 def _legacy_bound(conn: sqlite3.Connection, ledger_id: str, at: float) -> int:
@@ -456,7 +477,7 @@ def receipt_resolved(
         verified = receipt_genuine(conn, receipt, ledger_id=ledger_id, key=key, keys=keys)
     dismissed = not verified and bool(_entries(conn, [dismissal_session(receipt)]))
     if not mine:
-        if dismissed or _superseded_through(conn, state.ledger_id) >= int(state.sequence):
+        if dismissed or superseded_through(conn, state.ledger_id) >= int(state.sequence):
             return True
         beyond = beyond_replaced(conn, state)  # its totals counted here already
         return beyond is not None and beyond.covered_by(0.0, 0.0, 0)

@@ -224,6 +224,34 @@ def test_accepting_a_receipt_beyond_a_replaced_stale_ledger_charges_what_it_show
         assert not resolution.counted_replaced and resolution.epsilon == 0
 
 
+@pytest.mark.parametrize("replacements", [1, 2], ids=["control-two-ledgers", "three-ledgers"])
+def test_a_chain_of_restores_keeps_every_replaced_ledgers_key_and_count(
+    pki: Path, tmp_path: Path, replacements: int
+) -> None:
+    """The stale ledger X (1 of its 3 epsilon) replaced by a new ledger Y, and Y by Z (each
+    ``restore --replace-other-ledger``): the receipt of X's third charge, accepted in Z,
+    charges the 2 epsilon it shows beyond what was counted (Z keeps X's key, carried over from
+    Y with what Y counted of X), never the 1 counted twice. Control: one replacement (Y only),
+    as it was. Before the carry-over, Z kept only Y's key and the acceptance charged nothing."""
+    x_dir, late, x_id = _stale(pki, tmp_path)
+    for name in ("y", "z")[:replacements]:
+        new = tmp_path / name
+        init_ledger(new, "alice", security(pki))
+        restore_ledger(x_dir, ledger_path(new), replace_other=True)
+    with OwnerLedger(x_dir, None, owner=owner(pki)) as last:
+        assert last.window_totals().epsilon == pytest.approx(1.0)  # X as found
+        superseded = [e.session for e in last.entries() if e.session.startswith("ledger-sup")]
+        assert f"ledger-superseded-{x_id}-through-1" in superseded
+        with pytest.raises(LedgerRollbackError):
+            last.check_receipt(late, curator=CURATOR)
+        (resolution,) = last.resolve_rollbacks(accept_replaced_ledger=True)
+        assert resolution.counted_replaced and resolution.replaced_ledger == x_id
+        assert resolution.epsilon == pytest.approx(2.0)
+        assert last.window_totals().epsilon == pytest.approx(3.0)  # all X spent, once
+        last.check_receipt(late, curator=CURATOR)
+    assert verify_file(ledger_path(x_dir)).ok
+
+
 def test_a_ledger_of_the_previous_schema_opens_and_keeps_its_supersessions(
     pki: Path, tmp_path: Path
 ) -> None:
