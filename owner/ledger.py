@@ -345,6 +345,9 @@ CHAIN_SCHEMA = 4
 RELATIVE_SLACK = 1e-12
 #: Seconds in a day: the running totals' unit of time (UTC days since the epoch).
 DAY = 86_400.0
+#: Seconds the clock may run ahead of the monotonic clock, within one process, before the
+#: owner takes it for a jump ahead (:meth:`OwnerLedger._window_end`): above an NTP slew's.
+CLOCK_JUMP_SLACK = 60.0
 #: Longest session, consumer, curator or mechanism name accepted, in characters.
 MAX_NAME_LENGTH = 256
 
@@ -816,6 +819,10 @@ class OwnerLedger:
         in-process runs).
     clock : callable returning float
         Unix time in seconds; the time of each charge and the end of the rolling window.
+    monotonic : callable returning float, optional
+        Seconds of a clock that never jumps: what detects the clock jumping ahead within this
+        process (:meth:`_window_end`). Default: ``time.monotonic`` with the default ``clock``;
+        none (no detection) with another ``clock``.
 
     Raises
     ------
@@ -849,8 +856,9 @@ class OwnerLedger:
     data directory: each check-and-insert runs in one ``BEGIN IMMEDIATE`` transaction, so SQLite
     serialises them and the budgets hold across all of them.
 
-    The budgets of the window count every charge made less than ``policy.window_days`` before
-    now (all charges for a lifetime budget); the session limits count every charge of the
+    The budgets of the window count every charge stamped at or after ``policy.window_days``
+    before now, later stamps included (all charges for a lifetime budget; the clock's jumps:
+    :meth:`_now`, :meth:`_window_end`); the session limits count every charge of the
     session. A policy change applies to everything already charged: tightening it below what is
     spent refuses every further step that asks for more.
 
@@ -867,8 +875,9 @@ class OwnerLedger:
         *,
         owner: LedgerOwner | None = None,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
-        self._open(data_dir, policy, owner, clock, create=False)
+        self._open(data_dir, policy, owner, clock, create=False, monotonic=monotonic)
 
     def _open(
         self,
@@ -879,10 +888,15 @@ class OwnerLedger:
         *,
         create: bool,
         upgrade: bool = False,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
         self._path = ledger_path(data_dir)
         self._clock = clock
+        # An injected clock without a monotonic one is the time itself (tests, simulations).
+        self._monotonic = monotonic or (time.monotonic if clock is time.time else None)
+        self._reference: tuple[float, float] | None = None
         self._clock_behind = False
+        self._clock_ahead = False
         self._lock = threading.Lock()
         self._pending: list[tuple[tuple[Any, ...], bytes]] = []
         self._rollback_cache: tuple[tuple[int, int, Any], list[int]] | None = None
@@ -1231,8 +1245,9 @@ class OwnerLedger:
         )
 
     def _window_spent(self, now: float) -> _Spent:
-        """Totals of the charges made after ``now - window`` (all of them for a lifetime): the
-        running totals of every UTC day wholly inside the window, and the charges of the part
+        """Totals of the charges stamped at or after ``now - window`` (all of them for a
+        lifetime), charges stamped later than ``now`` (while the clock was ahead) included: the
+        running totals of every UTC day from the window's first on, and the charges of the part
         of a day at its start, found by their time index."""
         seconds = self._policy.window_seconds
         first_day = 1 if math.isinf(seconds) else max(1, math.floor((now - seconds) / DAY) + 1)
@@ -1247,7 +1262,7 @@ class OwnerLedger:
         start = -math.inf if math.isinf(seconds) else now - seconds
         part = self._conn.execute(
             "SELECT epsilon, delta, non_private, COUNT(*), SUM(points) FROM charges "
-            "WHERE at > ? AND at < ? GROUP BY epsilon, delta, non_private",
+            "WHERE at >= ? AND at < ? GROUP BY epsilon, delta, non_private",
             (start, first_day * DAY),
         ).fetchall()
         return _from_groups(whole_days + part)
@@ -1257,7 +1272,8 @@ class OwnerLedger:
 
     # ------------------------------------------------------------------ decision
     def _refusals(self, request: _Request, now: float) -> list[str]:
-        """Every limit ``request`` would exceed, as phrases; empty when it is allowed."""
+        """Every limit ``request`` would exceed, as phrases, with the window ending at ``now``
+        (:meth:`_window_end`); empty when it is allowed."""
         policy = self._policy
         if request.non_private and not policy.allow_non_private:
             return [
@@ -1298,10 +1314,10 @@ class OwnerLedger:
                     )
         return out
 
-    def _refuse(self, request: _Request, now: float) -> None:
+    def _refuse(self, request: _Request) -> None:
         self._refuse_if_rolled_back()
         self._guard.sync(self._conn)
-        refusals = self._refusals(request, now)
+        refusals = self._refusals(request, self._window_end())
         if refusals:
             raise OwnerBudgetError("owner budget exceeded: " + "; ".join(refusals))
 
@@ -1385,6 +1401,49 @@ class OwnerLedger:
             self._clock_behind = True
         return float(latest)
 
+    def _window_end(self) -> float:
+        """The time the rolling window ends at: the clock, but never later than the time the
+        monotonic clock says has passed since this ledger last saw its clock consistent.
+
+        The window counts every charge stamped at or after ``end - window``, later ones
+        included (:meth:`_window_spent`): charges stamped while the clock was ahead count once
+        it is fixed, and so do those made before it jumped. Within this process a jump ahead is
+        detected (the clock advanced more than :data:`CLOCK_JUMP_SLACK` seconds beyond
+        ``time.monotonic`` since the reference): the window then ends at the monotonic-consistent
+        time, and a warning says so once. The reference is the first reading (at the ledger's
+        first use in this process), moved with the clock while it does not run ahead of it and
+        back with it when it is set back. Across a restart nothing is known of a jump: a clock
+        set ahead before the owner starts is taken as it is (its charges count after it is fixed).
+        A host suspended keeps its monotonic clock still: after it resumes the window starts
+        earlier (counts more), never later.
+        """
+        clock = float(self._clock())
+        if self._monotonic is None:
+            return clock
+        tick = float(self._monotonic())
+        if self._reference is None:
+            self._reference = (clock, tick)
+            return clock
+        wall, then = self._reference
+        expected = wall + (tick - then)
+        self._reference = (min(clock, expected), tick)
+        if clock <= expected + CLOCK_JUMP_SLACK:
+            self._clock_ahead = False
+            return min(clock, expected)
+        if not self._clock_ahead:
+            logger.warning(
+                "ledger %s: the clock (%s) jumped %.0f s ahead of the time this process has "
+                "measured since (%s): the rolling window is counted from the measured time, so "
+                "that the charges before the jump still count. Fix this host's clock (NTP); "
+                "after a restart the jump is no longer known",
+                self._path,
+                datetime.fromtimestamp(clock, UTC).isoformat(timespec="seconds"),
+                clock - expected,
+                datetime.fromtimestamp(expected, UTC).isoformat(timespec="seconds"),
+            )
+            self._clock_ahead = True
+        return expected
+
     def _insert(self, request: _Request, now: float) -> int:
         """Insert and chain one charge (inside the caller's write transaction); its id."""
         row_id, values, digest = _append_entry(self._conn, request, now)
@@ -1410,7 +1469,8 @@ class OwnerLedger:
         """
         request = self._request(session, consumer, curator, mechanism, epsilon, delta, points)
         with self._lock, _unavailable_when_busy(self._path), snapshot(self._conn):
-            self._refuse(request, self._now())
+            self._now()  # warns while the clock is behind
+            self._refuse(request)
 
     def charge(
         self,
@@ -1484,7 +1544,7 @@ class OwnerLedger:
         request = self._request(session, consumer, curator, mechanism, epsilon, delta, points)
         with self._lock, _unavailable_when_busy(self._path), self._writing():
             now = self._now()
-            self._refuse(request, now)
+            self._refuse(request)
             row_id = self._insert(request, now)
             if record is not None:
                 record(self._conn, row_id)
@@ -2133,7 +2193,7 @@ class OwnerLedger:
     def window_totals(self) -> Totals:
         """What the charges of the current window have spent (every charge for a lifetime)."""
         with self._lock, snapshot(self._conn):
-            return self._window_spent(self._now()).totals()
+            return self._window_spent(self._window_end()).totals()
 
     def session_totals(self, session: str) -> Totals:
         """What ``session`` has spent over its whole life (zero for an unknown session)."""

@@ -467,3 +467,52 @@ def test_a_clock_set_back_does_not_move_a_charge_out_of_a_rolling_window(
     assert run(tmp_path / "o", monotone=True) == (1.8e9, 4.0)  # the third refused
     assert "behind the ledger's latest charge" in caplog.text
     assert run(tmp_path / "c", monotone=False) == (1.8e9 - 2 * 86_400, 5.0)  # control
+
+
+# ------------------------------------------------------------------ a clock set ahead
+@pytest.mark.parametrize("defence", [True, False], ids=["window-from-clock", "control-stamp"])
+def test_a_clock_set_ahead_then_fixed_counts_every_charge_in_the_window(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, defence: bool
+) -> None:
+    """Window of one day, 23 epsilon; 19 spent in the last hour. Within one process, the clock
+    set 1.1 days ahead is found against the monotonic clock: the window still counts the 19, and
+    5 more are refused (a warning says the clock jumped). Across a restart the jump is not known:
+    5 are charged (stamped in the future); once the clock is fixed the window counts the 19 and
+    the 5 (24 of 23), and 3 more are refused. Control (the window summed at the latest charge's
+    stamp, the rule this one replaced): 3 more charged once the clock is fixed, the window
+    showing 8 of 23: 27 epsilon within one real hour."""
+    now, tick = [1.8e9], [0.0]
+    policy = OwnerPolicy(epsilon_total=23.0, epsilon_per_session=23.0, window_days=1)
+    init_ledger(tmp_path, "o", TransportSecurity.plaintext())
+
+    def opened(*, monotonic: bool) -> OwnerLedger:
+        ledger = OwnerLedger(
+            tmp_path,
+            policy,
+            clock=lambda: now[0],
+            monotonic=(lambda: tick[0]) if monotonic else None,
+        )
+        if not defence:
+            ledger._window_end = ledger._now  # type: ignore[method-assign]
+        return ledger
+
+    caplog.set_level(logging.WARNING)
+    with opened(monotonic=True) as ledger:
+        charge(ledger, "s1", epsilon=19.0)
+        now[0] += 1.1 * 86_400  # the clock set ahead; a second passes
+        tick[0] += 1.0
+        if defence:
+            with pytest.raises(OwnerBudgetError):
+                charge(ledger, "s2", epsilon=5.0)
+            assert "jumped" in caplog.text
+    with opened(monotonic=False) as ledger:  # restarted: the jump is not known
+        charge(ledger, "s2", epsilon=5.0)
+        now[0] -= 1.1 * 86_400 - 60  # the clock fixed, a minute after the first charge
+        if defence:
+            with pytest.raises(OwnerBudgetError):
+                charge(ledger, "s3", epsilon=3.0)
+            assert ledger.window_totals().epsilon == pytest.approx(24.0)
+        else:
+            charge(ledger, "s3", epsilon=3.0)
+            assert ledger.window_totals().epsilon == pytest.approx(8.0)
+        assert sum(e.epsilon for e in ledger.entries()) == pytest.approx(24.0 if defence else 27.0)
