@@ -37,7 +37,9 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from contextlib import closing
+import tempfile
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
@@ -46,7 +48,9 @@ from google.protobuf.message import DecodeError
 
 from dpmarket.owner.ledger import (
     APPLICATION,
+    CHAIN_SCHEMA,
     GUARD_TRIGGERS,
+    LEDGER_FILE,
     MIGRATIONS,
     TABLES,
     LedgerUpgradeRequiredError,
@@ -54,7 +58,6 @@ from dpmarket.owner.ledger import (
     Upgrade,
     ledger_path,
     record_superseded,
-    upgrade_message,
 )
 from dpmarket.owner.ledger_chain import (
     ChainProblem,
@@ -66,11 +69,17 @@ from dpmarket.owner.ledger_chain import (
 )
 from dpmarket.owner.ledger_resolutions import open_rollbacks, parse_state, superseded_ledgers
 from dpmarket.owner.policy import data_dir_policy
-from dpmarket.runtime.database import backup_database, open_read_only, transaction
+from dpmarket.runtime.database import (
+    backup_database,
+    open_database,
+    open_read_only,
+    transaction,
+)
 from dpmarket.runtime.transport import TransportSecurity
 
 __all__ = [
     "backup_ledger",
+    "current_schema",
     "init_ledger",
     "replaced_ledger",
     "restore_ledger",
@@ -139,6 +148,54 @@ def replaced_ledger(data_dir: str | os.PathLike[str]) -> Verification | None:
         return None
 
 
+def _schema_of(path: Path) -> int:
+    """The ``user_version`` of the SQLite file ``path`` (read-only; 0 for a missing file)."""
+    if not path.is_file():
+        return 0
+    with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
+        return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+@contextmanager
+def current_schema(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """``path`` itself, or, for a ledger at an earlier schema the owner migrates on start
+    (:data:`~dpmarket.owner.ledger.CHAIN_SCHEMA` or later), a temporary copy of it migrated to
+    this build's schema, removed on exit. The file at ``path`` is never written.
+
+    Raises
+    ------
+    LedgerUpgradeRequiredError
+        If the file is below :data:`~dpmarket.owner.ledger.CHAIN_SCHEMA` (no identity or chain
+        yet): only an explicit ``dpmarket owner ledger upgrade`` of a data directory gives it
+        one.
+    """
+    path = Path(path)
+    version = _schema_of(path)
+    if not 0 < version < len(MIGRATIONS):
+        yield path
+        return
+    if version < CHAIN_SCHEMA:
+        raise LedgerUpgradeRequiredError(
+            f"{path} is an owner ledger of schema {version}, before the ledger's identity and "
+            f"chain (schema {CHAIN_SCHEMA}; this build uses {len(MIGRATIONS)}): it is not "
+            "migrated on a copy. If it is the ledger this owner ran until now, put it in a data "
+            "directory of its own and run dpmarket owner ledger upgrade --data-dir DIR there, "
+            "then verify or restore that directory's owner.sqlite3 (docs/howto-ledger.md)"
+        )
+    with tempfile.TemporaryDirectory(prefix="dpmarket-ledger-") as scratch:
+        copy = backup_database(path, Path(scratch) / LEDGER_FILE, application=APPLICATION)
+        conn = open_database(
+            copy,
+            MIGRATIONS,
+            application=APPLICATION,
+            create=False,
+            journal="rollback",
+            auto_upgrade_from=CHAIN_SCHEMA,
+        )
+        conn.close()
+        yield copy
+
+
 def verify_file(path: str | os.PathLike[str], *, owner: LedgerOwner | None = None) -> Verification:
     """Verify an owner ledger file (a data directory's, or a backup), read-only.
 
@@ -162,30 +219,27 @@ def verify_file(path: str | os.PathLike[str], *, owner: LedgerOwner | None = Non
     ValueError
         If the file is not an owner ledger.
     RuntimeError
-        If its schema is not this build's (the message says whether to upgrade dpmarket, or
-        to upgrade the ledger explicitly or restore it: :class:`LedgerUpgradeRequiredError`).
+        If it was written by a newer dpmarket, or is at a schema before the ledger's identity
+        and chain (:class:`LedgerUpgradeRequiredError`, saying what to do). A file at a later
+        earlier schema (one the owner migrates on start) is verified as a migrated temporary
+        copy (:func:`current_schema`); the file itself is not written.
     sqlite3.DatabaseError
         If it is not an SQLite database.
     """
     path = Path(path)
     if path.is_file() and path.stat().st_size == 0:
         raise ValueError(f"{path} is empty (0 bytes): not an owner ledger")
-    if path.is_file():
-        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as c:
-            version = int(c.execute("PRAGMA user_version").fetchone()[0])
-        if 0 < version < len(MIGRATIONS):
-            # Not "start the owner to migrate it": the owner never does (ledger.upgrade).
-            raise LedgerUpgradeRequiredError(upgrade_message(path, version, len(MIGRATIONS)))
-    conn = open_read_only(path, application=APPLICATION, schema_version=len(MIGRATIONS))
-    try:
-        found = verify_ledger(
-            conn,
-            expected_tables=TABLES,
-            expected_triggers=GUARD_TRIGGERS,
-            rollbacks=lambda c: len(open_rollbacks(c)),
-        )
-    finally:
-        conn.close()
+    with current_schema(path) as current:  # an earlier schema: a migrated copy is verified
+        conn = open_read_only(current, application=APPLICATION, schema_version=len(MIGRATIONS))
+        try:
+            found = verify_ledger(
+                conn,
+                expected_tables=TABLES,
+                expected_triggers=GUARD_TRIGGERS,
+                rollbacks=lambda c: len(open_rollbacks(c)),
+            )
+        finally:
+            conn.close()
     if owner is not None and found.identity is not None:
         try:
             owner.check(found.identity, str(path))
@@ -359,7 +413,9 @@ def restore_ledger(
     data_dir : path
         The owner's data directory.
     backup : path
-        A backup (:func:`backup_ledger`), or any copy of an owner ledger.
+        A backup (:func:`backup_ledger`), or any copy of an owner ledger. One of an earlier
+        schema that the owner migrates on start is restored as a migrated copy
+        (:func:`current_schema`); the backup file itself is never written.
     replace_other : bool
         Allow replacing a readable ledger with a backup of *another* ledger (another ledger id).
         The replaced ledger is then recorded in the restored one as a chained entry that
@@ -386,8 +442,20 @@ def restore_ledger(
     FileNotFoundError
         If ``backup`` does not exist.
     """
+    with current_schema(backup) as source:  # an earlier schema: a migrated copy is restored
+        return _restore(data_dir, source, backup, replace_other=replace_other)
+
+
+def _restore(
+    data_dir: str | os.PathLike[str],
+    source: Path,
+    backup: str | os.PathLike[str],
+    *,
+    replace_other: bool,
+) -> tuple[Verification, list[Path]]:
+    """:func:`restore_ledger` of the file ``source`` (``backup`` at this build's schema)."""
     target = ledger_path(data_dir)
-    found = verify_file(backup)
+    found = verify_file(source)
     if found.problems:
         raise ValueError(
             f"{backup} does not verify, so it was not restored: "
@@ -429,7 +497,7 @@ def restore_ledger(
             os.replace(path, aside)
             moved.append(aside)
     target.parent.mkdir(parents=True, exist_ok=True)
-    backup_database(backup, target, application=APPLICATION)
+    backup_database(source, target, application=APPLICATION)
     if other:
         # The operator's explicit act, on the restored ledger's record (a chained entry that
         # charges what the replaced ledger spent): the receipts of the ledger it replaced are

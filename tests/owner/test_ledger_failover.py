@@ -25,6 +25,7 @@ from dpmarket.deploy.pki import init_ca, issue, issue_all
 from dpmarket.owner.ledger import (
     MIGRATIONS,
     LedgerRollbackError,
+    LedgerUpgradeRequiredError,
     OwnerBudgetError,
     OwnerLedger,
     ledger_path,
@@ -44,7 +45,7 @@ from dpmarket.owner.receipts import (
 from dpmarket.runtime.identity import Identity, identity_files
 from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import privacy_pb2
-from tests.owner.ledger_attacks import append_entry, before_schema_8
+from tests.owner.ledger_attacks import append_entry, before_schema_8, downgrade
 
 ALICE, BOB = Identity("owner", "alice"), Identity("owner", "bob")
 CURATOR = "curator:curator"
@@ -516,3 +517,37 @@ def test_a_clock_set_ahead_then_fixed_counts_every_charge_in_the_window(
             charge(ledger, "s3", epsilon=3.0)
             assert ledger.window_totals().epsilon == pytest.approx(8.0)
         assert sum(e.epsilon for e in ledger.entries()) == pytest.approx(24.0 if defence else 27.0)
+
+
+# ------------------------------------------------------------------ a backup of schema 7
+def test_a_backup_of_an_earlier_schema_verifies_and_restores_through_a_migrated_copy(
+    pki: Path, tmp_path: Path
+) -> None:
+    """A backup taken at schema 7 (what the owner migrates on start): ``verify --file`` and
+    ``restore --from`` migrate a temporary copy (the backup file itself is never written), and
+    the restored ledger is at this build's schema with the backup's charges. (They refused it
+    before, saying to upgrade or restore it.) Control: a file from before the chain (schema 3)
+    is still refused, with what to do."""
+    source, backup = tmp_path / "alice", tmp_path / "backup.sqlite3"
+    init_ledger(source, "alice", security(pki))
+    with OwnerLedger(source, None, owner=owner(pki)) as ledger:
+        charge(ledger, "a1", epsilon=1.5)
+        x_id = ledger.identity.ledger_id
+    backup_ledger(source, backup)
+    with closing(sqlite3.connect(backup)) as conn, conn:
+        before_schema_8(conn)
+        conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) - 1}")
+    kept = backup.read_bytes()
+    found = verify_file(backup)
+    assert found.ok and found.charges == 1 and found.identity.ledger_id == x_id  # type: ignore[union-attr]
+    data_dir = tmp_path / "restored"
+    restored, _ = restore_ledger(data_dir, backup)
+    assert restored.ok and restored.totals[0] == pytest.approx(1.5)
+    assert backup.read_bytes() == kept  # the backup untouched
+    with closing(sqlite3.connect(ledger_path(data_dir))) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+    with OwnerLedger(data_dir, None, owner=owner(pki)) as ledger:
+        assert ledger.window_totals().epsilon == pytest.approx(1.5)
+    downgrade(source)  # control: schema 3, before the identity and chain
+    with pytest.raises(LedgerUpgradeRequiredError, match="owner ledger upgrade --data-dir"):
+        verify_file(ledger_path(source))
