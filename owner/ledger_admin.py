@@ -321,6 +321,59 @@ def _refuse_another_owner(
         )
 
 
+def _aside_identity(target: Path) -> LedgerIdentity | None:
+    """The identity of the newest ledger a restore moved aside beside ``target``
+    (``owner.sqlite3.replaced-<UTC time>``), or None if there is none that reads."""
+    for aside in sorted(target.parent.glob(f"{target.name}.replaced-*"), reverse=True):
+        if aside.name.endswith(("-journal", "-wal", "-shm")):
+            continue
+        try:
+            return verify_file(aside).identity
+        except (OSError, ValueError, RuntimeError, sqlite3.DatabaseError):
+            continue
+    return None
+
+
+def _refuse_unknown_owner(
+    target: Path,
+    current: Verification | None,
+    backup: str | os.PathLike[str],
+    found: Verification,
+    owner: LedgerOwner | None,
+) -> None:
+    """Raise ``ValueError`` if ``backup`` (verified: ``found``) is a ledger of another owner or
+    deployment than ``owner`` (the operator's ``--config``), or, without ``owner`` and with no
+    ledger in place at ``target``, than the newest ledger moved aside there: an empty data
+    directory is no reason to take another owner's ledger."""
+    if found.identity is None:
+        return
+    if owner is not None:
+        try:
+            owner.check(found.identity, str(backup))
+        except ForeignLedgerError as exc:
+            raise ValueError(
+                f"{exc}. Nothing was restored into {target.parent}: restore a backup of "
+                f"{owner.name}'s own ledger (dpmarket owner ledger verify --file BACKUP names "
+                "its owner)"
+            ) from None
+        return
+    if current is not None and current.identity is not None:
+        return  # _refuse_another_owner decided
+    before = _aside_identity(target)
+    if before is None or before.owner is None or found.identity.owner is None:
+        return
+    if before.owner != found.identity.owner or (
+        before.ca is not None and found.identity.ca != before.ca
+    ):
+        raise ValueError(
+            f"{backup} is a ledger of owner {found.identity.owner} (CA "
+            f"{str(found.identity.ca)[:16]}), but the ledger last in {target.parent} (moved aside "
+            f"by a restore) was of owner {before.owner} (CA {str(before.ca)[:16]}): nothing was "
+            "restored. Restore that owner's own backup, or name the owner with --config (its "
+            "certificate decides)"
+        )
+
+
 def _refuse_uncounted(target: Path, current: Verification, restored_id: str) -> None:
     """Raise ``ValueError`` if the ledger ``current`` in place at ``target``, which a restore
     of ledger ``restored_id`` would replace, does not verify, or has a rollback open whose
@@ -405,6 +458,7 @@ def restore_ledger(
     backup: str | os.PathLike[str],
     *,
     replace_other: bool = False,
+    owner: LedgerOwner | None = None,
 ) -> tuple[Verification, list[Path]]:
     """Put ``backup`` in place of the owner's ledger; run it with the owner stopped.
 
@@ -416,6 +470,11 @@ def restore_ledger(
         A backup (:func:`backup_ledger`), or any copy of an owner ledger. One of an earlier
         schema that the owner migrates on start is restored as a migrated copy
         (:func:`current_schema`); the backup file itself is never written.
+    owner : LedgerOwner, optional
+        The owner whose data directory this is (``--config`` or ``--pki-dir``/``--name``): a
+        backup of another owner or deployment is refused, even into an empty directory.
+        Without it, the owner is the one of the ledger in place or, when there is none, of the
+        newest ledger a restore moved aside in the directory (``owner.sqlite3.replaced-*``).
     replace_other : bool
         Allow replacing a readable ledger with a backup of *another* ledger (another ledger id).
         The replaced ledger is then recorded in the restored one as a chained entry that
@@ -443,7 +502,7 @@ def restore_ledger(
         If ``backup`` does not exist.
     """
     with current_schema(backup) as source:  # an earlier schema: a migrated copy is restored
-        return _restore(data_dir, source, backup, replace_other=replace_other)
+        return _restore(data_dir, source, backup, replace_other=replace_other, owner=owner)
 
 
 def _restore(
@@ -452,6 +511,7 @@ def _restore(
     backup: str | os.PathLike[str],
     *,
     replace_other: bool,
+    owner: LedgerOwner | None,
 ) -> tuple[Verification, list[Path]]:
     """:func:`restore_ledger` of the file ``source`` (``backup`` at this build's schema)."""
     target = ledger_path(data_dir)
@@ -463,6 +523,7 @@ def _restore(
         )
     current = replaced_ledger(data_dir)  # None: damaged or unreadable, the backup replaces it
     _refuse_another_owner(target, current, backup, found)
+    _refuse_unknown_owner(target, current, backup, found, owner)
     other = (
         current is not None
         and current.identity is not None

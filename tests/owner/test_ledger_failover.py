@@ -18,10 +18,12 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from dpmarket.deploy.pki import init_ca, issue, issue_all
+from dpmarket.owner.cli import ledger as ledger_cli
 from dpmarket.owner.ledger import (
     MIGRATIONS,
     LedgerRollbackError,
@@ -551,3 +553,40 @@ def test_a_backup_of_an_earlier_schema_verifies_and_restores_through_a_migrated_
     downgrade(source)  # control: schema 3, before the identity and chain
     with pytest.raises(LedgerUpgradeRequiredError, match="owner ledger upgrade --data-dir"):
         verify_file(ledger_path(source))
+
+
+# ------------------------------------------------------------------ a foreign ledger, empty dir
+def test_another_owners_ledger_is_not_restored_into_an_empty_data_directory(
+    pki: Path, tmp_path: Path
+) -> None:
+    """Bob's backup restored into an empty data directory of Alice's: refused when the owner is
+    known, by her certificate (``--pki-dir``/``--name``, as ``--config`` gives them) or by the
+    ledger a restore moved aside there; nothing written. Control: the same restore with her own
+    backup proceeds, and without a known owner Bob's is taken (nothing tells whose directory
+    it is)."""
+    a_dir, b_dir = tmp_path / "alice", tmp_path / "bob"
+    init_ledger(a_dir, "alice", security(pki))
+    init_ledger(b_dir, "bob", security(pki, BOB))
+    a_backup, b_backup = tmp_path / "a.sqlite3", tmp_path / "b.sqlite3"
+    backup_ledger(a_dir, a_backup)
+    backup_ledger(b_dir, b_backup)
+    empty = tmp_path / "empty"
+    as_alice = ["--pki-dir", str(pki), "--name", "alice"]
+    refused = CliRunner().invoke(
+        ledger_cli, ["restore", "--data-dir", str(empty), "--from", str(b_backup), *as_alice]
+    )
+    assert refused.exit_code != 0 and "ledger of owner 'bob'" in refused.output
+    assert not ledger_path(empty).exists()
+    restored = CliRunner().invoke(  # control: her own
+        ledger_cli, ["restore", "--data-dir", str(empty), "--from", str(a_backup), *as_alice]
+    )
+    assert restored.exit_code == 0, restored.output
+    # Known from the directory: Alice's ledger moved aside by a restore, none in place.
+    restore_ledger(empty, a_backup)
+    ledger_path(empty).unlink()
+    with pytest.raises(ValueError, match=r"was of owner alice.*nothing was restored"):
+        restore_ledger(empty, b_backup)
+    assert not ledger_path(empty).exists()
+    unknown = tmp_path / "unknown"  # control: no owner known, Bob's is taken
+    restore_ledger(unknown, b_backup)
+    assert verify_file(ledger_path(unknown)).identity.owner == "bob"  # type: ignore[union-attr]
