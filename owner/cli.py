@@ -423,8 +423,18 @@ def ledger_backup(data_dir: Path, out_path: Path) -> None:
     )
 
 
+def _owner_from_options(tls: dict[str, Any]) -> LedgerOwner | None:
+    """The owner the TLS options (--config, --pki-dir/--name, --ca/--cert/--key) name, or None
+    when they name none (a ledger command run without them)."""
+    if not (tls["insecure"] or tls["pki_dir"] or tls["cert_path"]):
+        return None
+    security = security_from_options("owner", **tls)
+    if security.identity is None:
+        return None
+    return LedgerOwner.from_security(security.identity.name, security)
+
+
 @ledger.command("restore")
-@config_option
 @_LEDGER_DIR
 @click.option(
     "--from",
@@ -438,18 +448,28 @@ def ledger_backup(data_dir: Path, out_path: Path) -> None:
     is_flag=True,
     help="Restore even though DATA_DIR holds another ledger (another ledger id) than the backup's.",
 )
-def ledger_restore(data_dir: Path, backup_path: Path, replace_other_ledger: bool) -> None:
+@tls_options
+def ledger_restore(
+    data_dir: Path, backup_path: Path, replace_other_ledger: bool, **tls: Any
+) -> None:
     """Put a backup in place of the ledger. Stop the owner first.
 
     The backup is verified first; the files it replaces (owner.sqlite3 and its -wal and -shm)
     are moved aside, never deleted. Charges made after the backup was taken are not in it: a
     curator's receipt of them makes the owner refuse to serve until resolved (see resolve).
+    With the owner's certificate (--config, or --pki-dir/--name), a backup of another owner is
+    refused even into an empty data directory.
     """
     from dpmarket.owner.ledger_admin import replaced_ledger, restore_ledger
 
     try:
         before = replaced_ledger(data_dir)
-        found, moved = restore_ledger(data_dir, backup_path, replace_other=replace_other_ledger)
+        found, moved = restore_ledger(
+            data_dir,
+            backup_path,
+            replace_other=replace_other_ledger,
+            owner=_owner_from_options(tls),
+        )
     except (OSError, ValueError, RuntimeError, sqlite3.DatabaseError) as exc:
         raise click.ClickException(str(exc)) from exc
     for path in moved:
@@ -506,14 +526,8 @@ def ledger_verify(data_dir: Path | None, file_path: Path | None, as_json: bool, 
     if (data_dir is None) == (file_path is None):
         raise click.UsageError("give --data-dir DIR or --file FILE")
     path = file_path if file_path is not None else ledger_path(data_dir)  # type: ignore[arg-type]
-    identified = tls["insecure"] or tls["pki_dir"] or tls["cert_path"]
-    owner_check = None
-    if identified:
-        security = security_from_options("owner", **tls)
-        if security.identity is not None:
-            owner_check = LedgerOwner.from_security(security.identity.name, security)
     try:
-        found = verify_file(path, owner=owner_check)
+        found = verify_file(path, owner=_owner_from_options(tls))
     except (OSError, ValueError, RuntimeError, sqlite3.DatabaseError) as exc:
         raise click.ClickException(f"{path}: {exc}") from exc
     identity = found.identity

@@ -95,9 +95,11 @@ from dpmarket.owner.ledger_resolutions import (
     SUPERSEDED_PREFIX,
     beyond_replaced,
     dismissal_session,
+    listed_signature,
     open_rollbacks,
     owed,
     parse_state,
+    receipt_genuine,
     receipt_resolved,
     rollback_session,
     supersession_session,
@@ -107,11 +109,8 @@ from dpmarket.owner.policy import OwnerPolicy
 from dpmarket.owner.receipts import (
     ReceiptError,
     SealedTotals,
-    open_receipt,
-    receipt_certificate_key,
     seal_totals,
     sign_receipt,
-    unseal_totals,
 )
 from dpmarket.runtime.database import (
     DatabaseMissingError,
@@ -346,6 +345,9 @@ CHAIN_SCHEMA = 4
 RELATIVE_SLACK = 1e-12
 #: Seconds in a day: the running totals' unit of time (UTC days since the epoch).
 DAY = 86_400.0
+#: Seconds the clock may run ahead of the monotonic clock, within one process, before the
+#: owner takes it for a jump ahead (:meth:`OwnerLedger._window_end`): above an NTP slew's.
+CLOCK_JUMP_SLACK = 60.0
 #: Longest session, consumer, curator or mechanism name accepted, in characters.
 MAX_NAME_LENGTH = 256
 
@@ -817,6 +819,10 @@ class OwnerLedger:
         in-process runs).
     clock : callable returning float
         Unix time in seconds; the time of each charge and the end of the rolling window.
+    monotonic : callable returning float, optional
+        Seconds of a clock that never jumps: what detects the clock jumping ahead within this
+        process (:meth:`_window_end`). Default: ``time.monotonic`` with the default ``clock``;
+        none (no detection) with another ``clock``.
 
     Raises
     ------
@@ -850,8 +856,9 @@ class OwnerLedger:
     data directory: each check-and-insert runs in one ``BEGIN IMMEDIATE`` transaction, so SQLite
     serialises them and the budgets hold across all of them.
 
-    The budgets of the window count every charge made less than ``policy.window_days`` before
-    now (all charges for a lifetime budget); the session limits count every charge of the
+    The budgets of the window count every charge stamped at or after ``policy.window_days``
+    before now, later stamps included (all charges for a lifetime budget; the clock's jumps:
+    :meth:`_now`, :meth:`_window_end`); the session limits count every charge of the
     session. A policy change applies to everything already charged: tightening it below what is
     spent refuses every further step that asks for more.
 
@@ -868,8 +875,9 @@ class OwnerLedger:
         *,
         owner: LedgerOwner | None = None,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
-        self._open(data_dir, policy, owner, clock, create=False)
+        self._open(data_dir, policy, owner, clock, create=False, monotonic=monotonic)
 
     def _open(
         self,
@@ -880,10 +888,15 @@ class OwnerLedger:
         *,
         create: bool,
         upgrade: bool = False,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
         self._path = ledger_path(data_dir)
         self._clock = clock
+        # An injected clock without a monotonic one is the time itself (tests, simulations).
+        self._monotonic = monotonic or (time.monotonic if clock is time.time else None)
+        self._reference: tuple[float, float] | None = None
         self._clock_behind = False
+        self._clock_ahead = False
         self._lock = threading.Lock()
         self._pending: list[tuple[tuple[Any, ...], bytes]] = []
         self._rollback_cache: tuple[tuple[int, int, Any], list[int]] | None = None
@@ -1232,8 +1245,9 @@ class OwnerLedger:
         )
 
     def _window_spent(self, now: float) -> _Spent:
-        """Totals of the charges made after ``now - window`` (all of them for a lifetime): the
-        running totals of every UTC day wholly inside the window, and the charges of the part
+        """Totals of the charges stamped at or after ``now - window`` (all of them for a
+        lifetime), charges stamped later than ``now`` (while the clock was ahead) included: the
+        running totals of every UTC day from the window's first on, and the charges of the part
         of a day at its start, found by their time index."""
         seconds = self._policy.window_seconds
         first_day = 1 if math.isinf(seconds) else max(1, math.floor((now - seconds) / DAY) + 1)
@@ -1248,7 +1262,7 @@ class OwnerLedger:
         start = -math.inf if math.isinf(seconds) else now - seconds
         part = self._conn.execute(
             "SELECT epsilon, delta, non_private, COUNT(*), SUM(points) FROM charges "
-            "WHERE at > ? AND at < ? GROUP BY epsilon, delta, non_private",
+            "WHERE at >= ? AND at < ? GROUP BY epsilon, delta, non_private",
             (start, first_day * DAY),
         ).fetchall()
         return _from_groups(whole_days + part)
@@ -1258,7 +1272,8 @@ class OwnerLedger:
 
     # ------------------------------------------------------------------ decision
     def _refusals(self, request: _Request, now: float) -> list[str]:
-        """Every limit ``request`` would exceed, as phrases; empty when it is allowed."""
+        """Every limit ``request`` would exceed, as phrases, with the window ending at ``now``
+        (:meth:`_window_end`); empty when it is allowed."""
         policy = self._policy
         if request.non_private and not policy.allow_non_private:
             return [
@@ -1299,10 +1314,10 @@ class OwnerLedger:
                     )
         return out
 
-    def _refuse(self, request: _Request, now: float) -> None:
+    def _refuse(self, request: _Request) -> None:
         self._refuse_if_rolled_back()
         self._guard.sync(self._conn)
-        refusals = self._refusals(request, now)
+        refusals = self._refusals(request, self._window_end())
         if refusals:
             raise OwnerBudgetError("owner budget exceeded: " + "; ".join(refusals))
 
@@ -1386,6 +1401,49 @@ class OwnerLedger:
             self._clock_behind = True
         return float(latest)
 
+    def _window_end(self) -> float:
+        """The time the rolling window ends at: the clock, but never later than the time the
+        monotonic clock says has passed since this ledger last saw its clock consistent.
+
+        The window counts every charge stamped at or after ``end - window``, later ones
+        included (:meth:`_window_spent`): charges stamped while the clock was ahead count once
+        it is fixed, and so do those made before it jumped. Within this process a jump ahead is
+        detected (the clock advanced more than :data:`CLOCK_JUMP_SLACK` seconds beyond
+        ``time.monotonic`` since the reference): the window then ends at the monotonic-consistent
+        time, and a warning says so once. The reference is the first reading (at the ledger's
+        first use in this process), moved with the clock while it does not run ahead of it and
+        back with it when it is set back. Across a restart nothing is known of a jump: a clock
+        set ahead before the owner starts is taken as it is (its charges count after it is fixed).
+        A host suspended keeps its monotonic clock still: after it resumes the window starts
+        earlier (counts more), never later.
+        """
+        clock = float(self._clock())
+        if self._monotonic is None:
+            return clock
+        tick = float(self._monotonic())
+        if self._reference is None:
+            self._reference = (clock, tick)
+            return clock
+        wall, then = self._reference
+        expected = wall + (tick - then)
+        self._reference = (min(clock, expected), tick)
+        if clock <= expected + CLOCK_JUMP_SLACK:
+            self._clock_ahead = False
+            return min(clock, expected)
+        if not self._clock_ahead:
+            logger.warning(
+                "ledger %s: the clock (%s) jumped %.0f s ahead of the time this process has "
+                "measured since (%s): the rolling window is counted from the measured time, so "
+                "that the charges before the jump still count. Fix this host's clock (NTP); "
+                "after a restart the jump is no longer known",
+                self._path,
+                datetime.fromtimestamp(clock, UTC).isoformat(timespec="seconds"),
+                clock - expected,
+                datetime.fromtimestamp(expected, UTC).isoformat(timespec="seconds"),
+            )
+            self._clock_ahead = True
+        return expected
+
     def _insert(self, request: _Request, now: float) -> int:
         """Insert and chain one charge (inside the caller's write transaction); its id."""
         row_id, values, digest = _append_entry(self._conn, request, now)
@@ -1411,7 +1469,8 @@ class OwnerLedger:
         """
         request = self._request(session, consumer, curator, mechanism, epsilon, delta, points)
         with self._lock, _unavailable_when_busy(self._path), snapshot(self._conn):
-            self._refuse(request, self._now())
+            self._now()  # warns while the clock is behind
+            self._refuse(request)
 
     def charge(
         self,
@@ -1485,7 +1544,7 @@ class OwnerLedger:
         request = self._request(session, consumer, curator, mechanism, epsilon, delta, points)
         with self._lock, _unavailable_when_busy(self._path), self._writing():
             now = self._now()
-            self._refuse(request, now)
+            self._refuse(request)
             row_id = self._insert(request, now)
             if record is not None:
                 record(self._conn, row_id)
@@ -1543,6 +1602,7 @@ class OwnerLedger:
             ledger_id=state.ledger_id,
             sequence=sequence,
             head=digest,
+            signed_at=state.signed_at,
         )
         return sign_receipt(self._signer, state)
 
@@ -1551,72 +1611,6 @@ class OwnerLedger:
         """The owner's certificate (PEM) whose key signs :meth:`receipt`: the curator keeps it
         with the receipt and presents both (:meth:`check_receipt`). None without one."""
         return self._certificate if self._signer is not None else None
-
-    def _genuine_key(
-        self, receipt: privacy_pb2.LedgerReceipt, certificate: bytes | None, curator: str
-    ) -> dict[str, bytes]:
-        """``{fingerprint: DER}`` of ``certificate`` when it is a CA-issued certificate of this
-        owner whose key signed ``receipt`` (expired or replaced accepted:
-        :func:`~dpmarket.owner.receipts.receipt_certificate_key`) *and* the receipt's totals
-        open under a sealing key this ledger holds (its own, or a ledger's it replaced:
-        ``replaced_ledgers``), else empty (logged).
-
-        The owner knows its own sealing keys: a receipt sealed under a key this ledger never
-        held was not sealed by it, whatever certificate signed it (a certificate named like
-        this owner, issued by whoever holds the CA's key, signs anything). Such a key is never
-        added to ``ledger_keys``; the receipt stays unverified, which its operator may dismiss
-        on record.
-        """
-        if not certificate or self._ca_pem is None or self._identity.owner is None:
-            return {}
-        try:
-            fingerprint, der = receipt_certificate_key(
-                certificate, self._ca_pem, self._identity.owner
-            )
-            state, _ = open_receipt(receipt, {fingerprint: der})
-        except ReceiptError as exc:
-            logger.warning("%s presented a receipt with a certificate: %s", curator, exc)
-            return {}
-        if not self._sealed_here(state):
-            logger.warning(
-                "%s presented a receipt (ledger %s, up to charge %d) signed by a certificate "
-                "the CA issued to this owner (key %s), whose totals open under no sealing key "
-                "ledger %s holds: this owner did not seal it, so the key is not listed and the "
-                "receipt is unverified",
-                curator,
-                state.ledger_id,
-                state.sequence,
-                fingerprint[:16],
-                self._identity.ledger_id,
-            )
-            return {}
-        return {fingerprint: der}
-
-    def _sealed_here(self, state: privacy_pb2.LedgerState) -> bool:
-        """Whether the totals of the receipt ``state`` open under this ledger's sealing key (a
-        receipt of this ledger) or under the kept key of the ledger it names (one this ledger
-        replaced by restore)."""
-        if state.ledger_id == self._identity.ledger_id:
-            key: bytes | None = self._seal_key()
-        else:
-            row = self._conn.execute(
-                "SELECT seal_key FROM replaced_ledgers WHERE ledger_id = ?",
-                (str(state.ledger_id),),
-            ).fetchone()
-            key = None if row is None else bytes(row[0])
-        if key is None:
-            return False
-        try:
-            unseal_totals(
-                key,
-                state.sealed_totals,
-                ledger_id=state.ledger_id,
-                sequence=state.sequence,
-                head=bytes(state.head),
-            )
-        except ReceiptError:
-            return False
-        return True
 
     def check_receipt(
         self,
@@ -1666,13 +1660,13 @@ class OwnerLedger:
             Its identity, for the owner's log and the rollback's record.
         certificate : bytes, optional
             The owner certificate (PEM) the curator keeps with the receipt (:attr:`certificate`
-            when the owner returned it). When no key of the ledger verifies the receipt but this
-            certificate is issued by the owner's CA to this owner (expired or replaced since
-            accepted), its key does, and the receipt's totals open under a sealing key this
-            ledger holds, the receipt is *genuine*: the key is added to ``ledger_keys``
-            (append-only), so the receipt counts as verified from then on and is never
-            dismissed as forged (:mod:`dpmarket.owner.ledger_resolutions`). A receipt this
-            ledger never sealed stays unverified whatever certificate signed it.
+            when the owner returned it). Not evidence of anything: whoever holds the CA's key
+            issues a certificate named like this owner. A receipt is *genuine* when its totals
+            open under a sealing key this ledger holds (its own, or a replaced ledger's kept by
+            restore), whoever signed it, and only a receipt of a ledger whose sealing key is not
+            held here is judged by its signature (a key ``ledger_keys`` lists):
+            :func:`~dpmarket.owner.ledger_resolutions.receipt_genuine`. No key is ever listed
+            from a receipt.
 
         Raises
         ------
@@ -1688,14 +1682,12 @@ class OwnerLedger:
 
         Notes
         -----
-        A receipt that none of this ledger's keys verifies is ignored (logged) only when it
-        names no ledger of this owner. One that names this owner and is not consistent with
-        this ledger (another ledger, or a chain head this ledger does not hold) is recorded as
-        *unverified* and refused like a rollback: a ledger restored from an older copy whose
-        keys were edited (the receipt's key removed, a new certificate issued) cannot hide the
-        rollback behind it. The price: a curator presenting a forged receipt
-        makes the owner refuse until its operator resolves it, a denial of service a curator
-        has anyway by not calling the owner; it cannot hide a rollback with one.
+        A receipt naming another owner (or unreadable) is ignored (logged). One naming this
+        owner that is not genuine (above) is recorded as *unverified* and refused like a
+        rollback, until its operator dismisses it on record: a curator presenting forged
+        receipts makes the owner wait for its operator, a denial of service a curator has
+        anyway by not calling the owner; it cannot hide a rollback with one (a genuine receipt
+        opens under the ledger's own key, which no edit of the keys' list changes).
         A receipt the ledger's chain resolves is accepted: one whose charge-back entry
         (:meth:`resolve_rollbacks`) charges what it shows lost, one of a ledger this one
         records replacing in an entry (``restore --replace-other-ledger``, ``resolve
@@ -1711,30 +1703,26 @@ class OwnerLedger:
         with self._lock, _unavailable_when_busy(self._path), transaction(self._conn):
             self._refuse_if_rolled_back()
             keys = self._keys()
-            verified = True
-            try:
-                try:
-                    state, _ = open_receipt(receipt, keys)
-                except ReceiptError:
-                    genuine = self._genuine_key(receipt, certificate, curator)
-                    if not genuine:
-                        raise
-                    state, _ = open_receipt(receipt, genuine)
-                    self._add_receipt_key(curator, *next(iter(genuine.items())))
-                    keys = self._keys()
-            except ReceiptError as exc:
-                unverified = _unverified_state(receipt)
-                if unverified is None or unverified.owner != self._identity.owner:
-                    logger.warning(
-                        "%s presented a ledger receipt this owner did not sign (%s), naming "
-                        "no ledger of this owner: ignored",
-                        curator,
-                        exc,
-                    )
-                    return
-                state, verified = unverified, False
-            other = state.ledger_id != self._identity.ledger_id
+            state = _unverified_state(receipt)
+            if state is None or state.owner != self._identity.owner:
+                logger.warning(
+                    "%s presented a ledger receipt naming no ledger of this owner (%s): this "
+                    "owner did not sign it for a ledger of its own; ignored",
+                    curator,
+                    "unreadable" if state is None else f"owner {state.owner!r}",
+                )
+                return
             blob = receipt.SerializeToString()
+            # Genuine by its seal (or, for a ledger whose sealing key is not held here, by a
+            # listed key's signature); a presented certificate is never trusted for it.
+            verified = receipt_genuine(
+                self._conn,
+                blob,
+                ledger_id=self._identity.ledger_id,
+                key=self._seal_key(),
+                keys=keys,
+            )
+            other = state.ledger_id != self._identity.ledger_id
             if receipt_resolved(
                 self._conn,
                 blob,
@@ -1789,15 +1777,15 @@ class OwnerLedger:
         """
         if not verified:
             logger.error(
-                "%s presented a receipt naming this owner (ledger %s, up to charge %d) that no "
-                "key of ledger %s (%s) verifies; the ledger %s. Either this ledger was "
-                "restored from an older copy and the keys it lists were changed (the receipt "
-                "was signed by a key it no longer lists), or the curator presents a forged "
-                "receipt. The owner refuses every session and job until its operator restores "
-                "the latest backup that verifies, or runs: dpmarket owner ledger resolve "
-                "--data-dir %s (it charges back what the receipt shows lost when the receipt's "
-                "totals open under this ledger's own key; a receipt they do not open is "
-                "dismissed only with --dismiss-unverified-receipts) (docs/howto-ledger.md)",
+                "%s presented a receipt naming this owner (ledger %s, up to charge %d) whose "
+                "totals open under no sealing key ledger %s (%s) holds, and that no key it "
+                "lists signed for a ledger whose key it does not hold; the ledger %s. This "
+                "owner did not seal it, whatever certificate signed it: the curator presents a "
+                "forged receipt, or this file is not the ledger that sealed it. The owner "
+                "refuses every session and job until its operator restores the latest backup "
+                "that verifies, or, if the receipt is forged, dismisses it on record: dpmarket "
+                "owner ledger resolve --dismiss-unverified-receipts --data-dir %s "
+                "(docs/howto-ledger.md)",
                 curator,
                 state.ledger_id,
                 state.sequence,
@@ -1837,26 +1825,6 @@ class OwnerLedger:
             self._path.parent,
         )
         raise LedgerRollbackError(ROLLBACK_MESSAGE)
-
-    def _add_receipt_key(self, curator: str, fingerprint: str, der: bytes) -> None:
-        """Record in ``ledger_keys`` the key of a CA-issued certificate of this owner that signed
-        a receipt ``curator`` presents, which the ledger did not list (its keys were edited)."""
-        self._conn.execute(
-            "INSERT OR IGNORE INTO ledger_keys (fingerprint, public_key, added_at) "
-            "VALUES (?, ?, ?)",
-            (fingerprint, der, float(self._clock())),
-        )
-        logger.error(
-            "%s presented a receipt signed by key %s of a certificate the CA issued to this "
-            "owner, which ledger %s (%s) did not list, and sealed by this ledger (its totals "
-            "open under its sealing key): the ledger was restored from a copy older than that "
-            "certificate, or its keys were edited. The key is listed again; the receipt is "
-            "genuine and cannot be dismissed",
-            curator,
-            fingerprint[:16],
-            self._identity.ledger_id,
-            self._path,
-        )
 
     def _keys(self) -> dict[str, bytes]:
         """The ledger's certificate keys: fingerprint -> DER public key."""
@@ -1915,12 +1883,14 @@ class OwnerLedger:
         charging nothing, :func:`record_superseded`): its receipts are accepted from then on,
         and what it charged is lost to the budget, on the operator's record.
 
-        A receipt no key of this ledger verifies (*unverified*: the ledger's keys were changed,
-        or the curator forged it) is charged back as above when its sealed totals open under
-        this ledger's own sealing key, which only this ledger and its copies hold (AES-GCM
-        authenticates them, bound to the receipt's ledger, charge and chain head): it is this
-        ledger's own receipt. One whose totals do not open is resolved only with
-        ``dismiss_unverified``, which records an entry dismissing it and charges nothing.
+        A receipt's genuineness is decided from its seal
+        (:func:`~dpmarket.owner.ledger_resolutions.receipt_genuine`): one whose totals open
+        under this ledger's own sealing key, which only this ledger and its copies hold
+        (AES-GCM authenticates them, bound to the receipt's ledger, charge, chain head and
+        signing time), is this ledger's own receipt and charged back as above, whoever signed
+        it. One that is not genuine (*unverified*: forged, even if signed by a key the ledger
+        lists) is resolved only with ``dismiss_unverified``, which records an entry dismissing
+        it and charges nothing.
 
         Parameters
         ----------
@@ -1969,11 +1939,9 @@ class OwnerLedger:
                 ):
                     continue  # resolved already, or by an entry written for an earlier one
                 state = parse_state(blob)
-                try:
-                    open_receipt(privacy_pb2.LedgerReceipt.FromString(blob), keys)
-                    verified = True
-                except ReceiptError:
-                    verified = False
+                verified = receipt_genuine(
+                    self._conn, blob, ledger_id=self._identity.ledger_id, key=key, keys=keys
+                )
                 detection = (int(number), str(curator), state, int(ledger_sequence), now)
                 if not verified:
                     out.append(
@@ -1984,7 +1952,8 @@ class OwnerLedger:
                 elif state.ledger_id != self._identity.ledger_id:
                     out.append(self._resolve_replaced(*detection, accept=accept_replaced_ledger))
                 else:
-                    out.append(self._resolve_lost(*detection, key=key))
+                    signed = listed_signature(blob, keys)
+                    out.append(self._resolve_lost(*detection, key=key, signed=signed))
         self._rollback_cache = None
         return out
 
@@ -2099,20 +2068,16 @@ class OwnerLedger:
         receipt: bytes,
         dismiss: bool,
     ) -> Resolution:
-        """Resolve rollback ``number``, a receipt no key of this ledger verifies: charge back
-        what it shows lost if its totals open under this ledger's key (its own receipt), else
-        dismiss it (``dismiss``) or raise ``ValueError`` saying what to do."""
-        if state.ledger_id == self._identity.ledger_id:
-            try:
-                return self._resolve_lost(number, curator, state, ledger_sequence, now, key=key)
-            except ValueError:
-                pass
+        """Resolve rollback ``number``, a receipt that is not genuine (its totals open under
+        no sealing key this ledger holds): dismiss it (``dismiss``) or raise ``ValueError``
+        saying what to do."""
         if not dismiss:
             raise ValueError(
                 f"rollback {number}: {curator} presented a receipt naming this owner (ledger "
-                f"{state.ledger_id}, up to charge {state.sequence}) that no key of this ledger "
-                "verifies and whose totals do not open under this ledger's key: it was forged, "
-                "or this ledger is not the one that signed it. Restore this owner's latest "
+                f"{state.ledger_id}, up to charge {state.sequence}) whose totals do not open "
+                "under any sealing key this ledger holds (its own, or a replaced ledger's): this "
+                "owner did not seal it, whatever certificate signed it; it was forged, or this "
+                "ledger is not the one that sealed it. Restore this owner's latest "
                 "backup that verifies (dpmarket owner ledger restore); if you are sure the "
                 "receipt is forged, dismiss it on record: dpmarket owner ledger resolve "
                 "--dismiss-unverified-receipts"
@@ -2149,27 +2114,20 @@ class OwnerLedger:
         now: float,
         *,
         key: bytes,
+        signed: bool,
     ) -> Resolution:
         """Resolve rollback ``number``, a receipt of this ledger, for :meth:`resolve_rollbacks`
         (inside its transaction): charge again what it shows was lost, as the chained entry
         that resolves it (:func:`~dpmarket.owner.ledger_resolutions.rollback_session`; zero
         when nothing is missing)."""
         try:
-            due = owed(self._conn, key, state, before=head(self._conn)[0] + 1)
-        except ReceiptError as exc:
+            due = owed(self._conn, key, state, before=head(self._conn)[0] + 1, signed=signed)
+        except ReceiptError as exc:  # genuine means its totals open: a ledger edited meanwhile
             raise ValueError(
-                f"rollback {number}: {curator} presented a receipt this owner signed (a key of "
-                f"this ledger or of a certificate the CA issued to this owner verifies it) for "
-                f"this ledger {state.ledger_id}, up to charge {state.sequence}, and {exc}: "
-                "either the ledger's sealing key was replaced, so what it lost cannot be known, "
-                "or the key that signed it was listed from a receipt this ledger never sealed "
-                "(a release before schema 8 listed the key of a certificate the CA issued to "
-                "this owner from a forged receipt). It is not resolved and cannot be dismissed; "
-                "nothing was written. Restore a ledger that opens this receipt (its latest "
-                "backup: dpmarket owner ledger restore), or the latest backup from before that "
-                "key was listed (dpmarket owner ledger verify --json lists the ledger's keys): "
-                "the receipt is then unverified, and dpmarket owner ledger resolve "
-                "--dismiss-unverified-receipts dismisses it on record if it is forged"
+                f"rollback {number}: the receipt {curator} presented for this ledger "
+                f"{state.ledger_id}, up to charge {state.sequence}: {exc}. Nothing was written; "
+                "run dpmarket owner ledger verify and restore the latest backup that verifies "
+                "(dpmarket owner ledger restore)"
             ) from None
         charge_id = self._insert(
             _Request(
@@ -2235,7 +2193,7 @@ class OwnerLedger:
     def window_totals(self) -> Totals:
         """What the charges of the current window have spent (every charge for a lifetime)."""
         with self._lock, snapshot(self._conn):
-            return self._window_spent(self._now()).totals()
+            return self._window_spent(self._window_end()).totals()
 
     def session_totals(self, session: str) -> Totals:
         """What ``session`` has spent over its whole life (zero for an unknown session)."""

@@ -37,15 +37,20 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from contextlib import closing
+import tempfile
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from datetime import UTC, datetime
+from fractions import Fraction
 from pathlib import Path
 
 from google.protobuf.message import DecodeError
 
 from dpmarket.owner.ledger import (
     APPLICATION,
+    CHAIN_SCHEMA,
     GUARD_TRIGGERS,
+    LEDGER_FILE,
     MIGRATIONS,
     TABLES,
     LedgerUpgradeRequiredError,
@@ -53,7 +58,6 @@ from dpmarket.owner.ledger import (
     Upgrade,
     ledger_path,
     record_superseded,
-    upgrade_message,
 )
 from dpmarket.owner.ledger_chain import (
     ChainProblem,
@@ -63,13 +67,19 @@ from dpmarket.owner.ledger_chain import (
     Verification,
     verify_ledger,
 )
-from dpmarket.owner.ledger_resolutions import open_rollbacks, parse_state
+from dpmarket.owner.ledger_resolutions import open_rollbacks, parse_state, superseded_ledgers
 from dpmarket.owner.policy import data_dir_policy
-from dpmarket.runtime.database import backup_database, open_read_only, transaction
+from dpmarket.runtime.database import (
+    backup_database,
+    open_database,
+    open_read_only,
+    transaction,
+)
 from dpmarket.runtime.transport import TransportSecurity
 
 __all__ = [
     "backup_ledger",
+    "current_schema",
     "init_ledger",
     "replaced_ledger",
     "restore_ledger",
@@ -138,6 +148,54 @@ def replaced_ledger(data_dir: str | os.PathLike[str]) -> Verification | None:
         return None
 
 
+def _schema_of(path: Path) -> int:
+    """The ``user_version`` of the SQLite file ``path`` (read-only; 0 for a missing file)."""
+    if not path.is_file():
+        return 0
+    with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
+        return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+@contextmanager
+def current_schema(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """``path`` itself, or, for a ledger at an earlier schema the owner migrates on start
+    (:data:`~dpmarket.owner.ledger.CHAIN_SCHEMA` or later), a temporary copy of it migrated to
+    this build's schema, removed on exit. The file at ``path`` is never written.
+
+    Raises
+    ------
+    LedgerUpgradeRequiredError
+        If the file is below :data:`~dpmarket.owner.ledger.CHAIN_SCHEMA` (no identity or chain
+        yet): only an explicit ``dpmarket owner ledger upgrade`` of a data directory gives it
+        one.
+    """
+    path = Path(path)
+    version = _schema_of(path)
+    if not 0 < version < len(MIGRATIONS):
+        yield path
+        return
+    if version < CHAIN_SCHEMA:
+        raise LedgerUpgradeRequiredError(
+            f"{path} is an owner ledger of schema {version}, before the ledger's identity and "
+            f"chain (schema {CHAIN_SCHEMA}; this build uses {len(MIGRATIONS)}): it is not "
+            "migrated on a copy. If it is the ledger this owner ran until now, put it in a data "
+            "directory of its own and run dpmarket owner ledger upgrade --data-dir DIR there, "
+            "then verify or restore that directory's owner.sqlite3 (docs/howto-ledger.md)"
+        )
+    with tempfile.TemporaryDirectory(prefix="dpmarket-ledger-") as scratch:
+        copy = backup_database(path, Path(scratch) / LEDGER_FILE, application=APPLICATION)
+        conn = open_database(
+            copy,
+            MIGRATIONS,
+            application=APPLICATION,
+            create=False,
+            journal="rollback",
+            auto_upgrade_from=CHAIN_SCHEMA,
+        )
+        conn.close()
+        yield copy
+
+
 def verify_file(path: str | os.PathLike[str], *, owner: LedgerOwner | None = None) -> Verification:
     """Verify an owner ledger file (a data directory's, or a backup), read-only.
 
@@ -161,30 +219,27 @@ def verify_file(path: str | os.PathLike[str], *, owner: LedgerOwner | None = Non
     ValueError
         If the file is not an owner ledger.
     RuntimeError
-        If its schema is not this build's (the message says whether to upgrade dpmarket, or
-        to upgrade the ledger explicitly or restore it: :class:`LedgerUpgradeRequiredError`).
+        If it was written by a newer dpmarket, or is at a schema before the ledger's identity
+        and chain (:class:`LedgerUpgradeRequiredError`, saying what to do). A file at a later
+        earlier schema (one the owner migrates on start) is verified as a migrated temporary
+        copy (:func:`current_schema`); the file itself is not written.
     sqlite3.DatabaseError
         If it is not an SQLite database.
     """
     path = Path(path)
     if path.is_file() and path.stat().st_size == 0:
         raise ValueError(f"{path} is empty (0 bytes): not an owner ledger")
-    if path.is_file():
-        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as c:
-            version = int(c.execute("PRAGMA user_version").fetchone()[0])
-        if 0 < version < len(MIGRATIONS):
-            # Not "start the owner to migrate it": the owner never does (ledger.upgrade).
-            raise LedgerUpgradeRequiredError(upgrade_message(path, version, len(MIGRATIONS)))
-    conn = open_read_only(path, application=APPLICATION, schema_version=len(MIGRATIONS))
-    try:
-        found = verify_ledger(
-            conn,
-            expected_tables=TABLES,
-            expected_triggers=GUARD_TRIGGERS,
-            rollbacks=lambda c: len(open_rollbacks(c)),
-        )
-    finally:
-        conn.close()
+    with current_schema(path) as current:  # an earlier schema: a migrated copy is verified
+        conn = open_read_only(current, application=APPLICATION, schema_version=len(MIGRATIONS))
+        try:
+            found = verify_ledger(
+                conn,
+                expected_tables=TABLES,
+                expected_triggers=GUARD_TRIGGERS,
+                rollbacks=lambda c: len(open_rollbacks(c)),
+            )
+        finally:
+            conn.close()
     if owner is not None and found.identity is not None:
         try:
             owner.check(found.identity, str(path))
@@ -266,6 +321,59 @@ def _refuse_another_owner(
         )
 
 
+def _aside_identity(target: Path) -> LedgerIdentity | None:
+    """The identity of the newest ledger a restore moved aside beside ``target``
+    (``owner.sqlite3.replaced-<UTC time>``), or None if there is none that reads."""
+    for aside in sorted(target.parent.glob(f"{target.name}.replaced-*"), reverse=True):
+        if aside.name.endswith(("-journal", "-wal", "-shm")):
+            continue
+        try:
+            return verify_file(aside).identity
+        except (OSError, ValueError, RuntimeError, sqlite3.DatabaseError):
+            continue
+    return None
+
+
+def _refuse_unknown_owner(
+    target: Path,
+    current: Verification | None,
+    backup: str | os.PathLike[str],
+    found: Verification,
+    owner: LedgerOwner | None,
+) -> None:
+    """Raise ``ValueError`` if ``backup`` (verified: ``found``) is a ledger of another owner or
+    deployment than ``owner`` (the operator's ``--config``), or, without ``owner`` and with no
+    ledger in place at ``target``, than the newest ledger moved aside there: an empty data
+    directory is no reason to take another owner's ledger."""
+    if found.identity is None:
+        return
+    if owner is not None:
+        try:
+            owner.check(found.identity, str(backup))
+        except ForeignLedgerError as exc:
+            raise ValueError(
+                f"{exc}. Nothing was restored into {target.parent}: restore a backup of "
+                f"{owner.name}'s own ledger (dpmarket owner ledger verify --file BACKUP names "
+                "its owner)"
+            ) from None
+        return
+    if current is not None and current.identity is not None:
+        return  # _refuse_another_owner decided
+    before = _aside_identity(target)
+    if before is None or before.owner is None or found.identity.owner is None:
+        return
+    if before.owner != found.identity.owner or (
+        before.ca is not None and found.identity.ca != before.ca
+    ):
+        raise ValueError(
+            f"{backup} is a ledger of owner {found.identity.owner} (CA "
+            f"{str(found.identity.ca)[:16]}), but the ledger last in {target.parent} (moved aside "
+            f"by a restore) was of owner {before.owner} (CA {str(before.ca)[:16]}): nothing was "
+            "restored. Restore that owner's own backup, or name the owner with --config (its "
+            "certificate decides)"
+        )
+
+
 def _refuse_uncounted(target: Path, current: Verification, restored_id: str) -> None:
     """Raise ``ValueError`` if the ledger ``current`` in place at ``target``, which a restore
     of ledger ``restored_id`` would replace, does not verify, or has a rollback open whose
@@ -301,14 +409,40 @@ def _refuse_uncounted(target: Path, current: Verification, restored_id: str) -> 
         )
 
 
-def _seal_key_of(path: Path) -> bytes:
-    """The sealing key of the ledger at ``path`` (verified already): kept by the ledger that
-    replaces it, so that a receipt of a later charge of it opens there."""
+#: One ledger a restore records as replaced: its id, its sealing key (None: not kept), what
+#: the restored ledger charges of it (exact epsilon, delta, points) and its last charge counted.
+Replaced = tuple[str, bytes | None, tuple[Fraction, Fraction, int], int]
+
+
+def _replaced_chain(path: Path, current: Verification, restored_id: str) -> list[Replaced]:
+    """What a restore of ledger ``restored_id`` over the ledger ``current`` at ``path`` records
+    in the restored ledger: ``current`` itself (its sealing key, its lifetime totals less what
+    it counted of the ledgers it replaced, its last charge), then every ledger ``current``
+    replaced (its kept key, what its supersession entries charged of it, the charge they
+    cover), so that a receipt of any ledger of the chain is charged what it shows beyond what
+    was counted, wherever the chain ends. A ledger of the chain that is ``restored_id`` itself
+    stays counted inside ``current``'s entry (more, never less)."""
+    assert current.identity is not None
     conn = open_read_only(path, application=APPLICATION, schema_version=len(MIGRATIONS))
     try:
-        return bytes(conn.execute("SELECT seal_key FROM ledger_identity").fetchone()[0])
+        own = bytes(conn.execute("SELECT seal_key FROM ledger_identity").fetchone()[0])
+        keys = {
+            str(i): bytes(k)
+            for i, k in conn.execute("SELECT ledger_id, seal_key FROM replaced_ledgers")
+        }
+        superseded = superseded_ledgers(conn)
     finally:
         conn.close()
+    epsilon, delta, points = current.totals
+    chain: list[Replaced] = []
+    for ledger_id in sorted(set(keys) | set(superseded)):
+        if ledger_id in (restored_id, current.identity.ledger_id):
+            continue
+        spent, through = superseded.get(ledger_id, ((Fraction(0), Fraction(0), 0), -1))
+        epsilon, delta, points = epsilon - spent[0], delta - spent[1], points - spent[2]
+        chain.append((ledger_id, keys.get(ledger_id), spent, through))
+    mine = (max(epsilon, Fraction(0)), max(delta, Fraction(0)), max(points, 0))
+    return [(current.identity.ledger_id, own, mine, current.sequence), *chain]
 
 
 def _receipt_ledger(receipt: bytes) -> str | None:
@@ -324,6 +458,7 @@ def restore_ledger(
     backup: str | os.PathLike[str],
     *,
     replace_other: bool = False,
+    owner: LedgerOwner | None = None,
 ) -> tuple[Verification, list[Path]]:
     """Put ``backup`` in place of the owner's ledger; run it with the owner stopped.
 
@@ -332,14 +467,23 @@ def restore_ledger(
     data_dir : path
         The owner's data directory.
     backup : path
-        A backup (:func:`backup_ledger`), or any copy of an owner ledger.
+        A backup (:func:`backup_ledger`), or any copy of an owner ledger. One of an earlier
+        schema that the owner migrates on start is restored as a migrated copy
+        (:func:`current_schema`); the backup file itself is never written.
+    owner : LedgerOwner, optional
+        The owner whose data directory this is (``--config`` or ``--pki-dir``/``--name``): a
+        backup of another owner or deployment is refused, even into an empty directory.
+        Without it, the owner is the one of the ledger in place or, when there is none, of the
+        newest ledger a restore moved aside in the directory (``owner.sqlite3.replaced-*``).
     replace_other : bool
         Allow replacing a readable ledger with a backup of *another* ledger (another ledger id).
         The replaced ledger is then recorded in the restored one as a chained entry that
         charges its lifetime epsilon, delta and points (``record_superseded`` of
         :mod:`dpmarket.owner.ledger`): its receipts up to its last charge are recognised as
         replaced, not refused, what it spent stays spent, and its sealing key is kept
-        (``replaced_ledgers``).
+        (``replaced_ledgers``). So is every ledger the replaced one had replaced (the whole
+        chain: an entry per ledger, charging what the replaced ledger had counted of it, with
+        its kept key), the replaced ledger's own entry charging the rest of its totals.
 
     Returns
     -------
@@ -357,8 +501,21 @@ def restore_ledger(
     FileNotFoundError
         If ``backup`` does not exist.
     """
+    with current_schema(backup) as source:  # an earlier schema: a migrated copy is restored
+        return _restore(data_dir, source, backup, replace_other=replace_other, owner=owner)
+
+
+def _restore(
+    data_dir: str | os.PathLike[str],
+    source: Path,
+    backup: str | os.PathLike[str],
+    *,
+    replace_other: bool,
+    owner: LedgerOwner | None,
+) -> tuple[Verification, list[Path]]:
+    """:func:`restore_ledger` of the file ``source`` (``backup`` at this build's schema)."""
     target = ledger_path(data_dir)
-    found = verify_file(backup)
+    found = verify_file(source)
     if found.problems:
         raise ValueError(
             f"{backup} does not verify, so it was not restored: "
@@ -366,6 +523,7 @@ def restore_ledger(
         )
     current = replaced_ledger(data_dir)  # None: damaged or unreadable, the backup replaces it
     _refuse_another_owner(target, current, backup, found)
+    _refuse_unknown_owner(target, current, backup, found, owner)
     other = (
         current is not None
         and current.identity is not None
@@ -384,7 +542,11 @@ def restore_ledger(
             "this owner's backup, or pass --replace-other-ledger (what that ledger charged is "
             "then not counted in the restored one)"
         )
-    replaced_key = _seal_key_of(target) if other else None
+    chain = (
+        _replaced_chain(target, current, found.identity.ledger_id)
+        if other and current is not None and found.identity is not None
+        else []
+    )
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     moved: list[Path] = []
     for path in (
@@ -396,7 +558,7 @@ def restore_ledger(
             os.replace(path, aside)
             moved.append(aside)
     target.parent.mkdir(parents=True, exist_ok=True)
-    backup_database(backup, target, application=APPLICATION)
+    backup_database(source, target, application=APPLICATION)
     if other:
         # The operator's explicit act, on the restored ledger's record (a chained entry that
         # charges what the replaced ledger spent): the receipts of the ledger it replaced are
@@ -406,13 +568,17 @@ def restore_ledger(
             closing(sqlite3.connect(target, isolation_level=None)) as conn,
             transaction(conn),
         ):
-            record_superseded(
-                conn,
-                current.identity.ledger_id,
-                "restore --replace-other-ledger",
-                datetime.now(UTC).timestamp(),
-                current.totals,
-                through=current.sequence,
-                seal_key=replaced_key,
-            )
+            for ledger_id, seal_key, spent, through in chain:
+                record_superseded(
+                    conn,
+                    ledger_id,
+                    "restore --replace-other-ledger"
+                    if ledger_id == current.identity.ledger_id
+                    else f"restore --replace-other-ledger, as ledger {current.identity.ledger_id} "
+                    "had replaced it",
+                    datetime.now(UTC).timestamp(),
+                    spent,
+                    through=max(through, 0),
+                    seal_key=seal_key,
+                )
     return verify_file(target), moved

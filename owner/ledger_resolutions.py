@@ -30,24 +30,18 @@ the receipt is resolved (:func:`receipt_resolved`):
   rollback, which an acceptance charges with the key (:func:`beyond_replaced`). An
   unbounded entry of an earlier release (:func:`supersession_session`) covers the receipts of
   that ledger found when it was written;
-* a receipt **no key of the ledger verifies** and whose totals do not open under the ledger's
-  key (forged) is resolved by a dismissal entry naming its bytes (:func:`dismissal_session`,
-  ``resolve --dismiss-unverified-receipts``). One whose totals open is the ledger's own and is
-  resolved only by a charge-back, never by a dismissal.
-* a **genuine** receipt is never dismissed: one that came with a certificate the owner's CA
-  issued to this owner (expired or replaced since accepted) whose key signed it
-  (:func:`dpmarket.owner.receipts.receipt_certificate_key`) and whose totals open under a
-  sealing key this ledger holds (its own, or a replaced ledger's it kept). The curator keeps
-  that certificate with the receipt and presents both; when the ledger's keys do not verify the
-  receipt, the owner lists the certificate's key in ``ledger_keys`` again
-  (:meth:`~dpmarket.owner.ledger.OwnerLedger.check_receipt`), so the receipt is verified here,
-  charged back, and a dismissal entry does not count for it. A receipt sealed under a key the
-  ledger never held is not the owner's, whatever certificate signed it (whoever holds the CA's
-  key issues one named like the owner): its key is never listed, and it keeps the rule above
-  (a dismissal resolves it). A verified receipt of this ledger whose totals do not open (its
-  sealing key replaced, or signed by a listed key that leaked) is refused by ``resolve``,
-  writing nothing, until a ledger that opens it, or one from before that key was listed, is
-  restored.
+* a receipt that is **not genuine** (:func:`receipt_genuine`) is resolved by a dismissal entry
+  naming its bytes (:func:`dismissal_session`, ``resolve --dismiss-unverified-receipts``). A
+  receipt is genuine when its totals open under a sealing key this ledger holds (its own, or a
+  replaced ledger's it kept), whoever signed it: the seal is the owner's AES-256-GCM over the
+  ledger id, charge, chain head and (receipts of this release) signing time, under a key no
+  curator has. Such a receipt is resolved only by a charge-back, never by a dismissal. A
+  receipt whose totals do not open is not the owner's even if a key the ledger lists signed it
+  (a release before this one listed the key of a CA-issued certificate named like the owner
+  from a receipt a curator presented; whoever holds the CA's key issues one): it is dismissable.
+  Only a receipt of another ledger whose sealing key this ledger does not hold is judged by its
+  signature (a key ``ledger_keys`` lists). No key is listed from a receipt, and the
+  certificate a curator presents with one is evidence of nothing.
 
 ``ledger_rollbacks.resolved_at`` is kept as a note for the operator; no decision reads it.
 Deleting a detection row only lets the owner serve until a curator presents the receipt again,
@@ -82,11 +76,16 @@ __all__ = [
     "Owed",
     "beyond_replaced",
     "dismissal_session",
+    "listed_signature",
     "open_rollbacks",
     "owed",
     "parse_state",
+    "receipt_genuine",
     "receipt_resolved",
     "rollback_session",
+    "sealing_key",
+    "superseded_ledgers",
+    "superseded_through",
     "supersession_session",
     "supersession_through_session",
 ]
@@ -108,7 +107,7 @@ def supersession_through_session(ledger_id: str, sequence: int) -> str:
     return f"{SUPERSEDED_PREFIX}{ledger_id}-through-{int(sequence)}"
 
 
-def _superseded_through(conn: sqlite3.Connection, ledger_id: str) -> int:
+def superseded_through(conn: sqlite3.Connection, ledger_id: str) -> int:
     """The furthest charge of ledger ``ledger_id`` a chained supersession entry covers (-1:
     none): the charge its session names (``restore --replace-other-ledger``, ``resolve
     --accept-replaced-ledger``), or, for an entry without one (``ledger-superseded-<id>``,
@@ -128,6 +127,25 @@ def _superseded_through(conn: sqlite3.Connection, ledger_id: str) -> int:
         elif not tail:
             found = max(found, _legacy_bound(conn, ledger_id, float(at)))
     return found
+
+
+def superseded_ledgers(
+    conn: sqlite3.Connection,
+) -> dict[str, tuple[tuple[Fraction, Fraction, int], int]]:
+    """Every ledger this one records replacing (its chained supersession entries), with what
+    those entries charged of it (exact epsilon and delta, points) and the furthest charge of it
+    they cover (:func:`superseded_through`): what a restore that replaces this ledger carries
+    over into the restored one, so that the whole chain of replaced ledgers stays counted."""
+    sums: dict[str, tuple[Fraction, Fraction, int]] = {}
+    for session, eps, dlt, points in conn.execute(
+        "SELECT c.session, c.epsilon, c.delta, c.points FROM charges c JOIN charge_chain k "
+        "ON k.charge = c.id WHERE substr(c.session, 1, ?) = ?",
+        (len(SUPERSEDED_PREFIX), SUPERSEDED_PREFIX),
+    ):
+        ledger_id = str(session)[len(SUPERSEDED_PREFIX) :].split("-through-")[0]
+        e, d, n = sums.get(ledger_id, (Fraction(0), Fraction(0), 0))
+        sums[ledger_id] = (e + Fraction(float(eps)), d + Fraction(float(dlt)), n + int(points))
+    return {lid: (spent, superseded_through(conn, lid)) for lid, spent in sums.items()}
 
 
 def _legacy_bound(conn: sqlite3.Connection, ledger_id: str, at: float) -> int:
@@ -201,7 +219,12 @@ def _round_up(value: Fraction) -> float:
 
 
 def owed(
-    conn: sqlite3.Connection, key: bytes, state: privacy_pb2.LedgerState, *, before: int
+    conn: sqlite3.Connection,
+    key: bytes,
+    state: privacy_pb2.LedgerState,
+    *,
+    before: int,
+    signed: bool = True,
 ) -> Owed:
     """What the receipt ``state`` shows lost: its sealed lifetime totals minus those of the
     ledger's charges numbered below ``before``, at or below the receipt's charge and made no
@@ -218,6 +241,10 @@ def owed(
     before : int
         The first charge not counted as shared: the charge-back entry's own number (what the
         ledger held when it was written), or the next charge's for a new one.
+    signed : bool, default True
+        Whether a key the ledger lists signed the receipt. The receipt's ``signed_at`` is read
+        only when its seal authenticates it (a receipt of this release) or such a key signed
+        it; otherwise no charge is counted as shared (the whole sealed totals are owed).
 
     Returns
     -------
@@ -239,12 +266,17 @@ def owed(
         ledger_id=state.ledger_id,
         sequence=state.sequence,
         head=bytes(state.head),
+        signed_at=state.signed_at,
     )
+    # The receipt's time, when the seal or an owner's signature authenticates it: otherwise
+    # (an earlier release's seal, signed by no key the ledger lists) no charge counts as shared
+    # (a time moved later would count the charges made since the restore as shared).
+    signed_at = float(state.signed_at) if lost.dated or signed else -math.inf
     epsilon, delta, points = Fraction(0), Fraction(0), 0
     for eps, dlt, non_private, count, total in conn.execute(
         "SELECT epsilon, delta, non_private, COUNT(*), SUM(points) FROM charges "
         "WHERE id < ? AND id <= ? AND at <= ? GROUP BY epsilon, delta, non_private",
-        (before, int(state.sequence), float(state.signed_at)),
+        (before, int(state.sequence), signed_at),
     ):
         if not non_private:
             epsilon += Fraction(float(eps)) * int(count)
@@ -294,6 +326,7 @@ def beyond_replaced(conn: sqlite3.Connection, state: privacy_pb2.LedgerState) ->
             ledger_id=state.ledger_id,
             sequence=state.sequence,
             head=bytes(state.head),
+            signed_at=state.signed_at,
         )
     except ReceiptError:
         return None
@@ -312,6 +345,70 @@ def beyond_replaced(conn: sqlite3.Connection, state: privacy_pb2.LedgerState) ->
         delta=min(_round_up(max(lost.delta - delta, Fraction(0))), math.nextafter(1.0, 0)),
         points=max(lost.points - points, 0),
     )
+
+
+def sealing_key(
+    conn: sqlite3.Connection, state: privacy_pb2.LedgerState, *, ledger_id: str, key: bytes
+) -> bytes | None:
+    """The sealing key this ledger holds for the receipt ``state``: its own (``key``) for a
+    receipt of this ledger ``ledger_id``, the kept key of a ledger it replaced by restore
+    (``replaced_ledgers``), else None."""
+    if state.ledger_id == ledger_id:
+        return key
+    row = conn.execute(
+        "SELECT seal_key FROM replaced_ledgers WHERE ledger_id = ?", (str(state.ledger_id),)
+    ).fetchone()
+    return None if row is None else bytes(row[0])
+
+
+def listed_signature(receipt: bytes, keys: dict[str, bytes]) -> bool:
+    """Whether a key of ``keys`` (the ledger's ``ledger_keys``) signed the serialized receipt."""
+    try:
+        open_receipt(privacy_pb2.LedgerReceipt.FromString(receipt), keys)
+    except (ReceiptError, DecodeError):
+        return False
+    return True
+
+
+def receipt_genuine(
+    conn: sqlite3.Connection,
+    receipt: bytes,
+    *,
+    ledger_id: str,
+    key: bytes,
+    keys: dict[str, bytes],
+) -> bool:
+    """Whether the serialized receipt is its owner's (*verified*), decided from its seal.
+
+    A receipt this ledger holds a sealing key for (its own, or a replaced ledger's kept by
+    restore: :func:`sealing_key`) is genuine exactly when its totals open under that key: the
+    seal is AES-256-GCM under a key only the owner's ledger holds, authenticating the receipt's
+    ledger id, charge, chain head and (since v2) signing time, so whoever signed it the owner
+    sealed it, and a receipt it does not open was not sealed by the owner even if a key the
+    ledger lists signed it (a release before this one listed the key of a CA-issued certificate
+    named like the owner from a receipt a curator presented). Only for a receipt of another
+    ledger whose sealing key this ledger does not hold is the signature the evidence: a key the
+    ledger lists must verify it. No key is ever listed from a receipt.
+    """
+    try:
+        state = parse_state(receipt)
+    except DecodeError:
+        return False
+    seal = sealing_key(conn, state, ledger_id=ledger_id, key=key)
+    if seal is None:
+        return listed_signature(receipt, keys)
+    try:
+        unseal_totals(
+            seal,
+            state.sealed_totals,
+            ledger_id=state.ledger_id,
+            sequence=state.sequence,
+            head=bytes(state.head),
+            signed_at=state.signed_at,
+        )
+    except ReceiptError:
+        return False
+    return True
 
 
 def _entries(conn: sqlite3.Connection, sessions: list[str]) -> list[tuple[int, float, float, int]]:
@@ -361,7 +458,8 @@ def receipt_resolved(
     keys : dict of str to bytes
         Its certificate keys (``ledger_keys``): fingerprint -> DER public key.
     verified : bool, optional
-        Whether one of ``keys`` signed the receipt, when the caller checked it already.
+        Whether the receipt is genuine (:func:`receipt_genuine`), when the caller decided it
+        already.
 
     Returns
     -------
@@ -376,14 +474,10 @@ def receipt_resolved(
     if mine and hash_at(conn, int(state.sequence)) == bytes(state.head):
         return True
     if verified is None:
-        try:
-            open_receipt(privacy_pb2.LedgerReceipt.FromString(receipt), keys)
-            verified = True
-        except ReceiptError:
-            verified = False
+        verified = receipt_genuine(conn, receipt, ledger_id=ledger_id, key=key, keys=keys)
     dismissed = not verified and bool(_entries(conn, [dismissal_session(receipt)]))
     if not mine:
-        if dismissed or _superseded_through(conn, state.ledger_id) >= int(state.sequence):
+        if dismissed or superseded_through(conn, state.ledger_id) >= int(state.sequence):
             return True
         beyond = beyond_replaced(conn, state)  # its totals counted here already
         return beyond is not None and beyond.covered_by(0.0, 0.0, 0)
@@ -394,12 +488,14 @@ def receipt_resolved(
             ledger_id=state.ledger_id,
             sequence=state.sequence,
             head=bytes(state.head),
+            signed_at=state.signed_at,
         )
     except ReceiptError:
         return dismissed  # not this ledger's receipt: only a dismissal resolves it
     sessions = [rollback_session(state), *_legacy_sessions(conn, state)]
+    signed = listed_signature(receipt, keys)
     return any(
-        owed(conn, key, state, before=number).covered_by(epsilon, delta, points)
+        owed(conn, key, state, before=number, signed=signed).covered_by(epsilon, delta, points)
         for number, epsilon, delta, points in _entries(conn, sessions)
     )
 

@@ -9,17 +9,18 @@ ledger (:meth:`dpmarket.owner.ledger.OwnerLedger.check_receipt`): a ledger that 
 charges than a receipt it signed, or other charges up to it, has lost charges, and the owner
 refuses to serve.
 
-Only the owner reads a receipt. It verifies its own signature with its own public keys, so a
-curator cannot hide a rollback behind a forged receipt, and can withhold its receipt (see
-docs/howto-ledger.md for what that leaves). A receipt no key of the ledger verifies is recorded
-and refused until the operator resolves it: a curator presenting forged ones can make an owner
-wait for its operator, who may then dismiss them on record. The curator keeps, with each
-receipt, the owner certificate that came with it, so that a receipt signed by a key the ledger
-no longer lists is still known as the owner's (:func:`receipt_certificate_key`) and is never
-dismissed. The ledger's running totals travel in the receipt encrypted under a key only the
-ledger holds (AES-256-GCM), so that its operator can charge back exactly what a rollback lost
+Only the owner reads a receipt. The ledger's running totals travel in it encrypted under a key
+only the ledger holds (AES-256-GCM, authenticating the ledger id, the charge, the chain head and
+the signing time), so that its operator can charge back exactly what a rollback lost
 (:meth:`dpmarket.owner.ledger.OwnerLedger.resolve_rollbacks`) without telling any curator how
-much of the owner's budget is spent.
+much of the owner's budget is spent. That seal, not the signature, is what makes a receipt the
+owner's (:func:`dpmarket.owner.ledger_resolutions.receipt_genuine`): a curator holding the CA's
+key can have a certificate named like the owner and sign anything with it, but cannot seal. A
+receipt whose seal does not open is recorded and refused until the operator resolves it: a
+curator presenting forged ones can make an owner wait for its operator, who may then dismiss
+them on record; a curator can withhold its receipt (see docs/howto-ledger.md for what that
+leaves). The signature (the owner's certificate key) still decides for a receipt of another
+ledger of the owner whose sealing key this ledger does not hold.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import struct
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -80,6 +82,9 @@ class SealedTotals:
     epsilon: Fraction
     delta: Fraction
     points: int
+    #: Whether the seal authenticates the receipt's ``signed_at`` too (sealed by this release:
+    #: v2); False for a seal of an earlier release (v1), whose time only the signature covers.
+    dated: bool = False
 
 
 class Signer:
@@ -134,17 +139,31 @@ def public_key_fingerprint(der: bytes) -> str:
     return hashlib.sha256(der).hexdigest()
 
 
-def _aad(ledger_id: str, sequence: int, head: bytes) -> bytes:
-    return f"dpmarket ledger totals v1\x00{ledger_id}\x00{sequence}\x00".encode() + head
+def _aad(ledger_id: str, sequence: int, head: bytes, signed_at: float | None) -> bytes:
+    """What the seal authenticates: v1 (earlier releases) the ledger id, charge and head; v2
+    the receipt's signing time too (IEEE double, little-endian)."""
+    if signed_at is None:
+        return f"dpmarket ledger totals v1\x00{ledger_id}\x00{sequence}\x00".encode() + head
+    prefix = f"dpmarket ledger totals v2\x00{ledger_id}\x00{sequence}\x00".encode()
+    return prefix + struct.pack("<d", float(signed_at)) + head
 
 
 def seal_totals(
-    key: bytes, totals: SealedTotals, *, ledger_id: str, sequence: int, head: bytes
+    key: bytes,
+    totals: SealedTotals,
+    *,
+    ledger_id: str,
+    sequence: int,
+    head: bytes,
+    signed_at: float | None = None,
 ) -> bytes:
     """Encrypt ``totals`` with AES-256-GCM under the ledger's own key, bound to the state.
 
     Returns nonce (12 random bytes) + ciphertext + tag. The exact sums are kept as fractions
-    (numerator/denominator strings), so the charge-back on a rollback adds no rounding.
+    (numerator/denominator strings), so the charge-back on a rollback adds no rounding. The
+    authenticated data is the ledger id, the charge and the chain head, and ``signed_at`` (Unix
+    seconds) when given (v2, what :meth:`~dpmarket.owner.ledger.OwnerLedger.receipt` seals): a
+    receipt's seal then authenticates every field a charge-back reads, whoever signed it.
     """
     plain = json.dumps(
         {
@@ -155,31 +174,47 @@ def seal_totals(
         sort_keys=True,
     ).encode()
     nonce = os.urandom(_NONCE_BYTES)
-    return nonce + AESGCM(key).encrypt(nonce, plain, _aad(ledger_id, sequence, head))
+    aad = _aad(ledger_id, sequence, head, signed_at)
+    return nonce + AESGCM(key).encrypt(nonce, plain, aad)
 
 
 def unseal_totals(
-    key: bytes, sealed: bytes, *, ledger_id: str, sequence: int, head: bytes
+    key: bytes,
+    sealed: bytes,
+    *,
+    ledger_id: str,
+    sequence: int,
+    head: bytes,
+    signed_at: float | None = None,
 ) -> SealedTotals:
-    """Decrypt what :func:`seal_totals` sealed.
+    """Decrypt what :func:`seal_totals` sealed: as sealed with ``signed_at`` (v2: ``dated``),
+    else as sealed without it (v1, an earlier release's receipt).
 
     Raises
     ------
     ReceiptError
         If ``sealed`` was not sealed under ``key`` for this state, or is malformed.
     """
-    try:
-        plain = AESGCM(key).decrypt(
-            sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:], _aad(ledger_id, sequence, head)
-        )
-        data = json.loads(plain)
-        return SealedTotals(
-            epsilon=Fraction(int(data["epsilon"][0]), int(data["epsilon"][1])),
-            delta=Fraction(int(data["delta"][0]), int(data["delta"][1])),
-            points=int(data["points"]),
-        )
-    except (InvalidTag, ValueError, KeyError, TypeError, IndexError, ZeroDivisionError) as exc:
-        raise ReceiptError(f"the receipt's sealed totals do not open: {exc!r}") from None
+    nonce, body = sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:]
+    times = (signed_at, None) if signed_at is not None else (None,)
+    for when in times:
+        try:
+            plain = AESGCM(key).decrypt(nonce, body, _aad(ledger_id, sequence, head, when))
+        except InvalidTag:
+            continue
+        except ValueError as exc:
+            raise ReceiptError(f"the receipt's sealed totals do not open: {exc!r}") from None
+        try:
+            data = json.loads(plain)
+            return SealedTotals(
+                epsilon=Fraction(int(data["epsilon"][0]), int(data["epsilon"][1])),
+                delta=Fraction(int(data["delta"][0]), int(data["delta"][1])),
+                points=int(data["points"]),
+                dated=when is not None,
+            )
+        except (ValueError, KeyError, TypeError, IndexError, ZeroDivisionError) as exc:
+            raise ReceiptError(f"the receipt's sealed totals do not open: {exc!r}") from None
+    raise ReceiptError("the receipt's sealed totals do not open: InvalidTag()")
 
 
 def sign_receipt(signer: Signer, state: privacy_pb2.LedgerState) -> privacy_pb2.LedgerReceipt:
@@ -232,9 +267,10 @@ def receipt_certificate_key(cert_pem: bytes, ca_pem: bytes, owner: str) -> tuple
     """The key of the certificate a curator presents with a receipt, once the certificate is
     checked to be one the deployment's CA issued to this owner.
 
-    What makes a receipt *genuine* when no key the ledger lists verifies it (the ledger's keys
-    were edited): the curator keeps, with each receipt, the certificate of the owner that
-    returned it, and a receipt that this certificate's key verifies was signed by the owner.
+    The curator keeps, with each receipt, the certificate of the owner that returned it. That
+    certificate is not what makes a receipt genuine (whoever holds the CA's key issues one named
+    like the owner): the receipt's seal is (:func:`dpmarket.owner.ledger_resolutions.
+    receipt_genuine`), and the ledger never lists a key from a receipt.
 
     Parameters
     ----------

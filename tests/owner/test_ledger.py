@@ -445,7 +445,7 @@ def test_window_totals_equal_the_sum_of_the_charges_in_the_window(open_ledger: O
     # A rolling window is decided from the totals of its whole UTC days plus the charges of the
     # part of a day at its start: at every end of the window, including one whose start falls
     # exactly on a midnight where a charge was made, the totals are the exact sum of the charges
-    # made after the start.
+    # stamped at or after the start.
     now = [0.0]
     ledger = open_ledger(
         OwnerPolicy(
@@ -479,7 +479,7 @@ def test_window_totals_equal_the_sum_of_the_charges_in_the_window(open_ledger: O
     assert any(e.at == midnight for e in ledger.entries()) and t <= midnight + 3 * DAY
     for end in (t, t + 0.3 * DAY, t + DAY, midnight + 3 * DAY, t + 2.99 * DAY, t + 40 * DAY):
         now[0] = end
-        inside = [e for e in ledger.entries() if e.at > end - 3 * DAY]
+        inside = [e for e in ledger.entries() if e.at >= end - 3 * DAY]
         assert ledger.window_totals() == _summed(inside), end
     assert ledger.window_totals() == Totals(0.0, 0.0, 0, False)
 
