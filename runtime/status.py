@@ -8,6 +8,7 @@ Servicers wrap every handler with :func:`dpmarket.runtime.authz.rpc`, which abor
 from __future__ import annotations
 
 import logging
+import unicodedata
 from collections.abc import Iterable
 from typing import Any
 
@@ -69,17 +70,60 @@ def _budget_refusal(exc: grpc.RpcError) -> bool:
     return any(tuple(item) == (REFUSAL_KEY, BUDGET_REFUSAL) for item in pairs)
 
 
-def error_from_rpc(exc: grpc.RpcError, peer: str) -> errors.DPMarketError:
+#: Characters of another party's text (a status's details, a string of its answer) that a
+#: service keeps in an error or writes to its log: the party chose the text, and its length.
+PEER_TEXT_CHARS = 500
+
+
+def peer_text(text: str, limit: int = PEER_TEXT_CHARS) -> str:
+    """Another party's ``text`` as one line a log may carry: control characters escaped, at
+    most ``limit`` characters of it kept.
+
+    Parameters
+    ----------
+    text : str
+        What the party sent (a gRPC status's details, a name or value of its answer).
+    limit : int
+        Characters of ``text`` kept; a longer text is cut and ends with ``"... (cut)"``
+        (never its length, which is the party's).
+
+    Returns
+    -------
+    str
+        The text, every control or line-breaking character (Unicode categories Cc, Zl, Zp:
+        newlines, carriage returns, escapes, NUL, U+2028) written as Python writes it in a
+        string literal (``\\n``, ``\\x1b``, ``\\u2028``), cut to ``limit`` characters: a
+        party cannot start a forged line in a log, hide text from a terminal or make one line
+        longer than ``limit`` plus the escapes of the characters kept.
+    """
+    kept = text[:limit]
+    escaped = "".join(_escaped(c) for c in kept)
+    return escaped + ("... (cut)" if len(text) > limit else "")
+
+
+def _escaped(char: str) -> str:
+    """``char``, or its escape when it is a control or line-breaking character."""
+    if unicodedata.category(char) in ("Cc", "Zl", "Zp"):
+        return char.encode("unicode_escape").decode("ascii")
+    return char
+
+
+def error_from_rpc(
+    exc: grpc.RpcError, peer: str, *, limit: int = PEER_TEXT_CHARS
+) -> errors.DPMarketError:
     """Turn a failed call into the matching :mod:`dpmarket.common.errors` exception.
 
     Codes with no protocol meaning (INTERNAL, UNKNOWN, ...) become :class:`errors.AbortedError`;
     a ``FAILED_PRECONDITION`` marked as a budget refusal (:func:`abort_for`) becomes
     :class:`errors.BudgetRefusedError`. The message is ``"{peer}: {details} (CODE)"``; the
-    exception's ``remote`` keeps the code and the details alone.
+    exception's ``remote`` keeps the code and the details alone. The details are the other
+    party's text: they are kept as :func:`peer_text` writes them (at most ``limit``
+    characters, control characters escaped), so the error can be logged as one line.
     """
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     # grpc types details() as optional: a status without details has none to relay.
-    details = (exc.details() if hasattr(exc, "details") else str(exc)) or ""
+    raw = (exc.details() if hasattr(exc, "details") else str(exc)) or ""
+    details = peer_text(raw, limit)
     cls = _EXCEPTIONS.get(code, errors.AbortedError)
     if code == grpc.StatusCode.FAILED_PRECONDITION and _budget_refusal(exc):
         cls = errors.BudgetRefusedError
