@@ -30,11 +30,11 @@ from dpmarket.common.summarization.summary import (
     SummaryResult,
 )
 from dpmarket.common.summarization.terms import OwnerAccess
+from dpmarket.common.texts import peer_text
 from dpmarket.runtime.arrays import array_from_proto, array_to_proto, labeled_points_from_proto
 from dpmarket.runtime.identity import NAME_PATTERN, Identity
 from dpmarket.runtime.market import prices_from_proto, quote_to_proto, reward_from_proto
 from dpmarket.runtime.schemas import schema_from_proto
-from dpmarket.runtime.status import peer_text
 
 if TYPE_CHECKING:
     from dpmarket.common.summarization.terms import MethodOffer
@@ -78,7 +78,7 @@ def info_from_proto(
     InvalidArgumentError
         If the owner's schema is malformed or its fingerprint is not its columns' (the message
         says which owner; the curator's log says what, as one line of at most
-        :data:`~dpmarket.runtime.status.PEER_TEXT_CHARS` characters).
+        :data:`~dpmarket.common.texts.PEER_TEXT_CHARS` characters).
         A negative price.
     """
     who = f"owner {owner}"

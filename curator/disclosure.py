@@ -61,8 +61,8 @@ from dpmarket.common.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
+from dpmarket.common.texts import peer_text
 from dpmarket.runtime.replies import ReplyTooLargeError
-from dpmarket.runtime.status import peer_text
 
 __all__ = [
     "BUDGET_REFUSED",

@@ -8,13 +8,13 @@ Servicers wrap every handler with :func:`dpmarket.runtime.authz.rpc`, which abor
 from __future__ import annotations
 
 import logging
-import unicodedata
 from collections.abc import Iterable
 from typing import Any
 
 import grpc
 
 from dpmarket.common import errors
+from dpmarket.common.texts import PEER_TEXT_CHARS, peer_text
 
 logger = logging.getLogger(__name__)
 
@@ -68,44 +68,6 @@ def _budget_refusal(exc: grpc.RpcError) -> bool:
     # (key, value) pairs: grpc.aio's Metadata, or the sync API's tuple of metadata pairs.
     pairs: Iterable[Any] = trailing or ()
     return any(tuple(item) == (REFUSAL_KEY, BUDGET_REFUSAL) for item in pairs)
-
-
-#: Characters of another party's text (a status's details, a string of its answer) that a
-#: service keeps in an error or writes to its log: the party chose the text, and its length.
-PEER_TEXT_CHARS = 500
-
-
-def peer_text(text: str, limit: int = PEER_TEXT_CHARS) -> str:
-    """Another party's ``text`` as one line a log may carry: control characters escaped, at
-    most ``limit`` characters of it kept.
-
-    Parameters
-    ----------
-    text : str
-        What the party sent (a gRPC status's details, a name or value of its answer).
-    limit : int
-        Characters of ``text`` kept; a longer text is cut and ends with ``"... (cut)"``
-        (never its length, which is the party's).
-
-    Returns
-    -------
-    str
-        The text, every control or line-breaking character (Unicode categories Cc, Zl, Zp:
-        newlines, carriage returns, escapes, NUL, U+2028) written as Python writes it in a
-        string literal (``\\n``, ``\\x1b``, ``\\u2028``), cut to ``limit`` characters: a
-        party cannot start a forged line in a log, hide text from a terminal or make one line
-        longer than ``limit`` plus the escapes of the characters kept.
-    """
-    kept = text[:limit]
-    escaped = "".join(_escaped(c) for c in kept)
-    return escaped + ("... (cut)" if len(text) > limit else "")
-
-
-def _escaped(char: str) -> str:
-    """``char``, or its escape when it is a control or line-breaking character."""
-    if unicodedata.category(char) in ("Cc", "Zl", "Zp"):
-        return char.encode("unicode_escape").decode("ascii")
-    return char
 
 
 def error_from_rpc(

@@ -340,7 +340,7 @@ class SessionState:
         message names the owner and states its failure publicly
         (:func:`dpmarket.curator.disclosure.public_text`: no address, no budget figure, no text
         of a failure); the curator's log has the owner's answer as one line of at most 500
-        characters (:func:`dpmarket.runtime.status.peer_text`).
+        characters (:func:`dpmarket.common.texts.peer_text`).
 
         A round trip (``stage="call"``) has the call timeout. A pass over an owner's table
         (any other ``stage``) has a deadline that scales with the owner's declared rows

@@ -9,7 +9,7 @@ rule (:func:`dpmarket.curator.disclosure.owner_failed`) makes any failure but a 
 owner failing that step, so a quote and a session go on with the other owners where
 ``min_owners`` allows, and nothing of the owner's text or length reaches the consumer. Whatever
 of an owner's text the curator logs is one line of at most 500 characters
-(:func:`dpmarket.runtime.status.peer_text`). Controls: with the former classification (only
+(:func:`dpmarket.common.texts.peer_text`). Controls: with the former classification (only
 UNAVAILABLE fails a step) the same quote fails whole; with the text uncut, the forged line lands
 in the log.
 """
@@ -29,6 +29,7 @@ import pytest
 from dpmarket.common.errors import AbortedError, DPMarketError, UnavailableError
 from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.common.summarization.summary import OwnerSelection, SessionRequest
+from dpmarket.common.texts import PEER_TEXT_CHARS
 from dpmarket.curator.owners import GrpcOwnerEndpoint
 from dpmarket.curator.policy import CuratorPolicy
 from dpmarket.curator.sessions import SessionManager
@@ -39,7 +40,6 @@ from dpmarket.owner.service import OwnerServicer, owner_authorizer
 from dpmarket.runtime import status
 from dpmarket.runtime.identity import Identity, identity_files
 from dpmarket.runtime.serving import start_server
-from dpmarket.runtime.status import PEER_TEXT_CHARS, peer_text
 from dpmarket.runtime.tables import PointSet
 from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import owner_pb2, owner_pb2_grpc
@@ -232,17 +232,3 @@ def test_a_newline_laden_error_is_logged_on_one_line_cut_to_500_characters(
     whole = quoted()
     assert any(FORGED.strip() in w.splitlines() for w in whole)  # a line of its own
     assert any(w.count(MARK) >= 3460 for w in whole)
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("refused: d=9000 exceeds 4096", "refused: d=9000 exceeds 4096"),
-        ("a\nb\r\x1b[31mred\x00\u2028c\u0085", "a\\nb\\r\\x1b[31mred\\x00\\u2028c\\x85"),
-        ("é ünïcode ✓ stays", "é ünïcode ✓ stays"),
-        ("x" * 501, "x" * 500 + "... (cut)"),
-        ("x" * 500, "x" * 500),
-    ],
-)
-def test_peer_text_is_one_line_of_at_most_500_characters(text: str, expected: str) -> None:
-    assert peer_text(text) == expected
