@@ -232,3 +232,28 @@ def test_a_newline_laden_error_is_logged_on_one_line_cut_to_500_characters(
     whole = quoted()
     assert any(FORGED.strip() in w.splitlines() for w in whole)  # a line of its own
     assert any(w.count(MARK) >= 3460 for w in whole)
+
+
+def test_an_owner_s_progress_stage_is_one_line_cut(pki: Path) -> None:
+    """GetProgress's stage (which the curator logs while it waits for a slow owner) is the
+    owner's text: kept escaped and cut. Control: the owner sent a newline and over 6,900
+    characters."""
+    stage = FORGED + MARK * 3460
+    progress = owner_pb2.GetProgressResponse(stage=stage, done=1, total=2, ticks=3)
+    assert "\n" in progress.stage and len(progress.stage) > 6900
+
+    async def answer(request: bytes, context: Any) -> bytes:
+        return progress.SerializeToString()
+
+    async def run() -> tuple[str, int, int, int]:
+        server, address = await _hostile(pki, {"GetOwnerInfo": _info, "GetProgress": answer})
+        endpoint = GrpcOwnerEndpoint(address, _security(pki, CURATOR), HOSTILE, deadline=20.0)
+        try:
+            return await endpoint.progress("s")
+        finally:
+            await endpoint.close()
+            await server.stop(None)
+
+    kept, done, total, ticks = asyncio.run(run())
+    assert (done, total, ticks) == (1, 2, 3)
+    assert "\n" not in kept and kept.endswith("... (cut)") and kept.count(MARK) < 250
