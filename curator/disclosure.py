@@ -9,7 +9,8 @@ are public within a deployment) and states its failure by one of the fixed texts
 the outcome's kind alone; only where the owner's own text is public by construction (a refusal
 of the request's parameters or of a step, which an owner decides on public inputs alone: the
 request and its public declarations) is that text passed on, without the owner's address. The
-curator's log keeps the whole text for its operator.
+curator's log keeps the owner's text for its operator, as one line of at most 500 characters
+(:func:`dpmarket.common.texts.peer_text`: the owner chose its characters and its length).
 
 Texts by outcome
 ----------------
@@ -166,7 +167,8 @@ def public_text(exc: BaseException) -> str:
 
 def public_error(owner: str, exc: DPMarketError, *, where: str = "") -> DPMarketError:
     """The error to relay to a consumer for owner ``owner``'s failed call: the same class,
-    ``"owner NAME: <public text>"``; the whole text goes to the curator's log.
+    ``"owner NAME: <public text>"``; the owner's text goes to the curator's log (one line of
+    at most 500 characters).
 
     Parameters
     ----------
