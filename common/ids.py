@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import secrets
 
+from dpmarket.common.texts import peer_text
+
 #: Random bits in a session id.
 SESSION_ID_BITS = 128
 
@@ -18,5 +20,10 @@ def new_session_id() -> str:
 
 
 def short_id(session_id: str) -> str:
-    """The first 8 characters of a session id and an ellipsis: what logs and messages show."""
-    return f"{session_id[:8]}…" if len(session_id) > 8 else session_id
+    """The first 8 characters of a session id and an ellipsis: what logs and messages show.
+
+    The id may be another party's (a session or job id a curator sends an owner): its
+    characters are kept as :func:`~dpmarket.common.texts.peer_text` writes them (escaped), so
+    that it cannot start a line in a log.
+    """
+    return peer_text(session_id[:8]) + ("…" if len(session_id) > 8 else "")

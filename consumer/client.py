@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 from dpmarket.common.cape.dpgd import accuracy, predict_proba
 from dpmarket.common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
 from dpmarket.common.cape.uncertainty import Estimate, training_estimates
-from dpmarket.common.errors import AbortedError, InvalidArgumentError
+from dpmarket.common.errors import AbortedError, DPMarketError, InvalidArgumentError
 from dpmarket.common.market.pricing import Quote
 from dpmarket.common.market.statement import (
     PublicKey,
@@ -44,6 +44,7 @@ from dpmarket.common.summarization.summary import (
 from dpmarket.common.summarization.terms import MethodOffer
 from dpmarket.consumer import convert
 from dpmarket.consumer.cape_report import CapeFitReport, CapeMeanReport, CapeTrainingReport
+from dpmarket.consumer.convert import CURATOR_TEXT_CHARS
 from dpmarket.consumer.market import SettledStatement
 from dpmarket.runtime import cape_messages, sketch_messages
 from dpmarket.runtime.identity import Identity, certified_public_key
@@ -142,6 +143,12 @@ class CuratorClient:
     def __enter__(self) -> CuratorClient:
         return self
 
+    def _error(self, exc: grpc.RpcError) -> DPMarketError:
+        """The curator's failed call as a ``DPMarketError`` naming it, its text kept as one
+        line of at most :data:`~dpmarket.consumer.convert.CURATOR_TEXT_CHARS` characters
+        (:func:`~dpmarket.common.texts.peer_text`)."""
+        return error_from_rpc(exc, f"curator at {self.target}", limit=CURATOR_TEXT_CHARS)
+
     def __exit__(self, *exc: object) -> None:
         self.close()
 
@@ -187,7 +194,7 @@ class CuratorClient:
         try:
             response = self._stub.CreateSession(request, timeout=self.timeout, wait_for_ready=True)
         except grpc.RpcError as exc:
-            raise error_from_rpc(exc, f"curator at {self.target}") from None
+            raise self._error(exc) from None
         self.last_quote = quote_from_proto(response.quote) if response.HasField("quote") else None
         return str(response.session_id)
 
@@ -254,7 +261,7 @@ class CuratorClient:
                 wait_for_ready=True,
             )
         except grpc.RpcError as exc:
-            raise error_from_rpc(exc, f"curator at {self.target}") from None
+            raise self._error(exc) from None
         return quote_from_proto(response.quote)
 
     def statements(
@@ -275,7 +282,7 @@ class CuratorClient:
         try:
             response = self._stub.ListStatements(request, timeout=self.timeout)
         except grpc.RpcError as exc:
-            raise error_from_rpc(exc, f"curator at {self.target}") from None
+            raise self._error(exc) from None
         if not response.statements:
             return []
         key = self._statement_key(bytes(response.curator_certificate))
@@ -342,7 +349,7 @@ class CuratorClient:
                 curator_pb2.ListMethodsRequest(), timeout=self.timeout
             )
         except grpc.RpcError as exc:
-            raise error_from_rpc(exc, f"curator at {self.target}") from None
+            raise self._error(exc) from None
         return [convert.method_offer_from_proto(m) for m in response.methods]
 
     def watch(self, session_id: str) -> Iterator[tuple[ProgressEvent, SessionReport | None]]:
@@ -354,7 +361,7 @@ class CuratorClient:
                 report = convert.report_from_proto(message.report) if message.finished else None
                 yield convert.event_from_proto(message), report
         except grpc.RpcError as exc:
-            raise error_from_rpc(exc, f"curator at {self.target}") from None
+            raise self._error(exc) from None
 
     def get_summary(self, session_id: str) -> SummaryResult:
         """Return the finished summary (GetSummary)."""
@@ -362,7 +369,7 @@ class CuratorClient:
         try:
             response = self._stub.GetSummary(request, timeout=self.timeout)
         except grpc.RpcError as exc:
-            raise error_from_rpc(exc, f"curator at {self.target}") from None
+            raise self._error(exc) from None
         return convert.result_from_proto(response)
 
     def summarize(
@@ -435,7 +442,7 @@ class CuratorClient:
         try:
             return getattr(self._cape, method)(request, timeout=timeout, wait_for_ready=True)
         except grpc.RpcError as exc:
-            raise error_from_rpc(exc, f"curator at {self.target}") from None
+            raise self._error(exc) from None
 
     def fit_cape(
         self,
@@ -619,7 +626,7 @@ class CuratorClient:
         try:
             return future.result()
         except grpc.RpcError as exc:
-            raise error_from_rpc(exc, f"curator at {self.target}") from None
+            raise self._error(exc) from None
         finally:
             stream.cancel()
             follower.join(timeout=5.0)
@@ -631,7 +638,7 @@ class CuratorClient:
                 request, timeout=self.timeout, wait_for_ready=True
             )
         except grpc.RpcError as exc:
-            raise error_from_rpc(exc, f"curator at {self.target}") from None
+            raise self._error(exc) from None
 
     def sketch_specs(self) -> list[SketchSpec]:
         """The catalogue's specs (ListSketchSpecs), each validated (its key recomputed)."""

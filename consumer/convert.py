@@ -21,9 +21,15 @@ from dpmarket.common.summarization.summary import (
     SummaryResult,
 )
 from dpmarket.common.summarization.terms import MethodOffer
+from dpmarket.common.texts import peer_text
 from dpmarket.runtime.arrays import array_to_proto, labeled_points_from_proto
 from dpmarket.runtime.market import quote_from_proto, reward_to_proto
 from dpmarket.v1 import curator_pb2
+
+#: Characters of the curator's text (an error's details, a progress message) the consumer keeps,
+#: control characters escaped (:func:`dpmarket.common.texts.peer_text`): more than an owner's
+#: 500, since one of the curator's messages may quote several owners' refusals.
+CURATOR_TEXT_CHARS = 2000
 
 _METHODS = {
     "private": curator_pb2.METHOD_PRIVATE,
@@ -125,13 +131,14 @@ def create_request_to_proto(
 
 
 def event_from_proto(message: curator_pb2.WatchSessionResponse) -> ProgressEvent:
-    """WatchSessionResponse -> ProgressEvent."""
+    """WatchSessionResponse -> ProgressEvent; its message is the curator's text, kept as one
+    line of at most 2,000 characters (:data:`CURATOR_TEXT_CHARS`)."""
     return ProgressEvent(
         stage=_STAGES.get(message.stage, "rounds"),
         round=int(message.round),
         total_rounds=int(message.total_rounds),
         points_accessed=int(message.points_accessed),
-        message=message.message,
+        message=peer_text(message.message, CURATOR_TEXT_CHARS),
     )
 
 

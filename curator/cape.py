@@ -74,7 +74,7 @@ from dpmarket.common.secagg.fixedpoint import FixedPoint
 from dpmarket.common.secagg.graph import failure_bound as graph_failure_bound
 from dpmarket.common.secagg.graph import plan_graph
 from dpmarket.common.secagg.protocol import RoundParams, min_threshold
-from dpmarket.curator.disclosure import NoAnswerError, public_error, public_text
+from dpmarket.curator.disclosure import NoAnswerError, owner_failed, public_error, public_text
 from dpmarket.curator.secagg import AggregationOutcome, SitesLostError, aggregate
 from dpmarket.curator.summarization.state import stage_deadline
 
@@ -342,12 +342,15 @@ class _CapeRun(Generic[SpecT, PlanT]):
         answers = await asyncio.gather(*(one(self.sites[n]) for n in names), return_exceptions=True)
         out: dict[str, T] = {}
         for name, answer in zip(names, answers, strict=True):
-            fatal = refusals or (aborts and isinstance(answer, AbortedError))
+            # One rule (dpmarket.curator.disclosure.owner_failed): a site whose call failed in
+            # any way but a refusal failed the step, as one that does not answer, and is
+            # dropped; a refusal while the job opens, or a site's own ABORTED (it found the job
+            # tampered with) with ``aborts``, fails the job.
+            failed = isinstance(answer, BaseException) and owner_failed(answer)
+            fatal = (refusals and not failed) or (aborts and _aborted(answer))
             # The report and the errors a consumer reads state an owner's failure publicly
-            # (no address, no budget figure); the curator's log has the whole answer.
-            if isinstance(answer, UnavailableError) or (
-                isinstance(answer, DPMarketError) and not fatal
-            ):
+            # (no address, no budget figure); the curator's log has the answer, as one line.
+            if isinstance(answer, DPMarketError) and not fatal:
                 self.dropped[name] = f"{stage}: {public_text(answer)}"
                 logger.warning(
                     "job %s: site %s dropped at %s: %s", short_id(self.job_id), name, stage, answer
@@ -915,3 +918,11 @@ __all__ = [
     "job_for",
     "owner_seeds",
 ]
+
+
+def _aborted(answer: object) -> bool:
+    """Whether a site's answer is its own ABORTED (raised in process, or the status it sent),
+    not another failure gRPC reports as ``AbortedError`` (INTERNAL, UNKNOWN)."""
+    if not isinstance(answer, AbortedError):
+        return False
+    return answer.remote is None or answer.remote.code == "ABORTED"

@@ -30,6 +30,7 @@ from dpmarket.common.summarization.summary import (
     SummaryResult,
 )
 from dpmarket.common.summarization.terms import OwnerAccess
+from dpmarket.common.texts import peer_text
 from dpmarket.runtime.arrays import array_from_proto, array_to_proto, labeled_points_from_proto
 from dpmarket.runtime.identity import NAME_PATTERN, Identity
 from dpmarket.runtime.market import prices_from_proto, quote_to_proto, reward_from_proto
@@ -76,16 +77,16 @@ def info_from_proto(
         misconfigured, or lies.
     InvalidArgumentError
         If the owner's schema is malformed or its fingerprint is not its columns' (the message
-        says which owner; the curator's log says what, at most :data:`_LOGGED_CHARS` of it).
+        says which owner; the curator's log says what, as one line of at most
+        :data:`~dpmarket.common.texts.PEER_TEXT_CHARS` characters).
         A negative price.
     """
     who = f"owner {owner}"
     owner_id = message.owner_id
     if NAME_PATTERN.fullmatch(owner_id) is None:
         raise FailedPreconditionError(
-            f"{who} answered GetOwnerInfo with an owner id of {len(owner_id)} characters that is "
-            "not a name (a DNS label: at most 63 letters, digits and hyphens); its operator must "
-            "fix its --owner-id"
+            f"{who} answered GetOwnerInfo with an owner id that is not a name (a DNS label: at "
+            "most 63 letters, digits and hyphens); its operator must fix its --owner-id"
         )
     if expected is not None and owner_id != expected.name:
         raise FailedPreconditionError(
@@ -109,11 +110,6 @@ def info_from_proto(
     )
 
 
-#: Characters of an owner's malformed answer the curator logs (the answer's strings are the
-#: owner's and may be as long as its response limit).
-_LOGGED_CHARS = 500
-
-
 def _owner_schema(message: owner_pb2.GetOwnerInfoResponse, who: str) -> Schema | None:
     """The owner's schema, or InvalidArgumentError naming ``who`` alone: what is malformed (a
     column name, a label, strings the owner chose) goes to the curator's log, not to the
@@ -121,7 +117,7 @@ def _owner_schema(message: owner_pb2.GetOwnerInfoResponse, who: str) -> Schema |
     try:
         return schema_from_proto(message.schema, who)
     except InvalidArgumentError as exc:
-        logger.warning("%s: %s", who, str(exc)[:_LOGGED_CHARS])
+        logger.warning("%s: %s", who, peer_text(str(exc)))  # the owner's strings: one line
         raise InvalidArgumentError(
             f"the schema {who} published (GetOwnerInfo) is malformed; the curator's log says "
             "how, and its operator must fix it"

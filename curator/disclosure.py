@@ -9,7 +9,8 @@ are public within a deployment) and states its failure by one of the fixed texts
 the outcome's kind alone; only where the owner's own text is public by construction (a refusal
 of the request's parameters or of a step, which an owner decides on public inputs alone: the
 request and its public declarations) is that text passed on, without the owner's address. The
-curator's log keeps the whole text for its operator.
+curator's log keeps the owner's text for its operator, as one line of at most 500 characters
+(:func:`dpmarket.common.texts.peer_text`: the owner chose its characters and its length).
 
 Texts by outcome
 ----------------
@@ -19,12 +20,29 @@ outcome                                      what a consumer reads
 budget refusal (the owner's ledger)          :data:`BUDGET_REFUSED`
 unreachable, no answer                       :data:`UNREACHABLE`
 the curator's own deadline passed            its own text (:class:`NoAnswerError`)
+a reply above its limit, refused unread      the method and the curator's limit
 the curator's identity refused               :data:`REFUSED_CURATOR`
-INTERNAL, UNKNOWN, any other failure         :data:`FAILED`
-INVALID_ARGUMENT, FAILED_PRECONDITION,       the owner's own text (public inputs only)
-NOT_FOUND, ALREADY_EXISTS,
-RESOURCE_EXHAUSTED, ABORTED
+INVALID_ARGUMENT, FAILED_PRECONDITION,       the owner's own text (public inputs only), at
+NOT_FOUND, ALREADY_EXISTS, ABORTED           most 500 characters, one line
+RESOURCE_EXHAUSTED, INTERNAL, UNKNOWN, any   :data:`FAILED`
+other failure
 ===========================================  =============================================
+
+``RESOURCE_EXHAUSTED`` is not the owner's text: gRPC's client makes that status itself when an
+owner's answer breaks one of its limits (status details above 16 KiB of metadata: "received
+metadata size exceeds hard limit (value length N vs. 16384)"), and its text then carries a
+length the owner chose.
+
+One rule: who failed the step
+-----------------------------
+:func:`owner_failed` says what an owner's failed call means for the request, wherever the
+curator calls owners (a quote's or session's steps, CAPE and secure-aggregation jobs): a
+refusal (``FAILED_PRECONDITION``, its budget among them, or ``INVALID_ARGUMENT``, a refusal of
+the request's public parameters) leaves the owner out as one that refused; any other failure
+(unreachable, a deadline, a reset stream, a limit of gRPC's own, an internal error, any status
+at all) is the owner failing that step, as one that does not answer. Either way the request
+goes on with the other owners where ``--min-owners`` allows: no answer of one owner fails a
+request by itself.
 """
 
 from __future__ import annotations
@@ -44,6 +62,7 @@ from dpmarket.common.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
+from dpmarket.common.texts import peer_text
 from dpmarket.runtime.replies import ReplyTooLargeError
 
 __all__ = [
@@ -52,6 +71,7 @@ __all__ = [
     "REFUSED_CURATOR",
     "UNREACHABLE",
     "NoAnswerError",
+    "owner_failed",
     "public_error",
     "public_text",
 ]
@@ -76,13 +96,37 @@ _PUBLIC_TEXT = (
     FailedPreconditionError,
     NotFoundError,
     AlreadyExistsError,
-    ResourceExhaustedError,
 )
+#: The refusals :func:`owner_failed` tells from failures (a budget refusal is a
+#: FailedPreconditionError).
+_REFUSALS = (FailedPreconditionError, InvalidArgumentError)
 
 
 class NoAnswerError(UnavailableError):
     """The curator stopped waiting for an owner's answer (``UNAVAILABLE``): the message states
     the curator's own deadline and what it saw of the owner's progress, both public."""
+
+
+def owner_failed(exc: BaseException) -> bool:
+    """Whether an owner's failed call means the owner failed the step, as one that does not
+    answer (the module's "One rule"), rather than refused it.
+
+    Parameters
+    ----------
+    exc : BaseException
+        What the owner's call raised.
+
+    Returns
+    -------
+    bool
+        False for a refusal (``FailedPreconditionError``, a budget refusal among them, or
+        ``InvalidArgumentError``); True for anything else: ``UnavailableError`` (unreachable,
+        a deadline, a reply refused unread), ``ResourceExhaustedError`` (gRPC's own limits),
+        ``AbortedError`` (INTERNAL, UNKNOWN, ABORTED, a reset stream) and every other status.
+        The caller leaves the owner out of the step either way; only a refusal's text may
+        reach the consumer (:func:`public_text`).
+    """
+    return not isinstance(exc, _REFUSALS)
 
 
 def public_text(exc: BaseException) -> str:
@@ -117,13 +161,14 @@ def public_text(exc: BaseException) -> str:
     if isinstance(exc, _PUBLIC_TEXT) or (
         isinstance(exc, AbortedError) and (remote is None or remote.code == "ABORTED")
     ):
-        return remote.details if remote is not None else str(exc)
+        return remote.details if remote is not None else peer_text(str(exc))
     return FAILED
 
 
 def public_error(owner: str, exc: DPMarketError, *, where: str = "") -> DPMarketError:
     """The error to relay to a consumer for owner ``owner``'s failed call: the same class,
-    ``"owner NAME: <public text>"``; the whole text goes to the curator's log.
+    ``"owner NAME: <public text>"``; the owner's text goes to the curator's log (one line of
+    at most 500 characters).
 
     Parameters
     ----------
@@ -140,7 +185,7 @@ def public_error(owner: str, exc: DPMarketError, *, where: str = "") -> DPMarket
         A new exception of ``type(exc)``, chained by the caller if it raises it.
     """
     remote = exc.remote
-    detail = f"{remote.details} ({remote.code})" if remote is not None else str(exc)
+    detail = f"{remote.details} ({remote.code})" if remote is not None else peer_text(str(exc))
     logger.warning("owner %s%s: %s", owner, f" ({where})" if where else "", detail)
     # The protocol class the exception is (a subclass may take other arguments).
     cls = next(c for c in _CLASSES if isinstance(exc, c))

@@ -43,6 +43,7 @@ from dpmarket.common.summarization.endpoints import OwnerBid, OwnerInfo, Release
 from dpmarket.common.summarization.hashes import HashAdvert
 from dpmarket.common.summarization.rff import RFFParams
 from dpmarket.common.summarization.terms import OwnerTerms
+from dpmarket.common.texts import peer_text
 from dpmarket.curator import convert
 from dpmarket.curator.summarization.state import PROGRESS_GRACE, stage_deadline
 from dpmarket.runtime import cape_messages as msg
@@ -580,12 +581,14 @@ class OwnerServiceClient(OwnerChannel):
         return info
 
     async def progress(self, session_id: str) -> tuple[str, int, int, int]:
-        """GetProgress: ``(stage, done, total, ticks)`` of the session's running step."""
+        """GetProgress: ``(stage, done, total, ticks)`` of the session's running step (the
+        stage is the owner's text: kept as one line of at most 500 characters, ``peer_text``)."""
         request = owner_pb2.GetProgressRequest(session_id=session_id)
         response = await self._call(
             "GetProgress", lambda: self._stub.GetProgress(request, timeout=self.deadline)
         )
-        return response.stage, int(response.done), int(response.total), int(response.ticks)
+        stage = peer_text(response.stage)
+        return stage, int(response.done), int(response.total), int(response.ticks)
 
     async def schema(self) -> Schema | None:
         """The owner's public schema (GetOwnerInfo's)."""

@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 
 from dpmarket.common import errors
+from dpmarket.common.texts import PEER_TEXT_CHARS, peer_text
 
 logger = logging.getLogger(__name__)
 
@@ -69,17 +70,22 @@ def _budget_refusal(exc: grpc.RpcError) -> bool:
     return any(tuple(item) == (REFUSAL_KEY, BUDGET_REFUSAL) for item in pairs)
 
 
-def error_from_rpc(exc: grpc.RpcError, peer: str) -> errors.DPMarketError:
+def error_from_rpc(
+    exc: grpc.RpcError, peer: str, *, limit: int = PEER_TEXT_CHARS
+) -> errors.DPMarketError:
     """Turn a failed call into the matching :mod:`dpmarket.common.errors` exception.
 
     Codes with no protocol meaning (INTERNAL, UNKNOWN, ...) become :class:`errors.AbortedError`;
     a ``FAILED_PRECONDITION`` marked as a budget refusal (:func:`abort_for`) becomes
     :class:`errors.BudgetRefusedError`. The message is ``"{peer}: {details} (CODE)"``; the
-    exception's ``remote`` keeps the code and the details alone.
+    exception's ``remote`` keeps the code and the details alone. The details are the other
+    party's text: they are kept as :func:`peer_text` writes them (at most ``limit``
+    characters, control characters escaped), so the error can be logged as one line.
     """
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     # grpc types details() as optional: a status without details has none to relay.
-    details = (exc.details() if hasattr(exc, "details") else str(exc)) or ""
+    raw = (exc.details() if hasattr(exc, "details") else str(exc)) or ""
+    details = peer_text(raw, limit)
     cls = _EXCEPTIONS.get(code, errors.AbortedError)
     if code == grpc.StatusCode.FAILED_PRECONDITION and _budget_refusal(exc):
         cls = errors.BudgetRefusedError

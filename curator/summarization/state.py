@@ -46,7 +46,7 @@ from dpmarket.common.summarization.rff import RFFParams
 from dpmarket.common.summarization.summary import ProgressEvent, SessionRequest
 from dpmarket.common.summarization.terms import OwnerTerms
 from dpmarket.common.validation import check_matrix
-from dpmarket.curator.disclosure import NoAnswerError, public_error, public_text
+from dpmarket.curator.disclosure import NoAnswerError, owner_failed, public_error, public_text
 
 __all__ = [
     "OwnerSlot",
@@ -62,6 +62,8 @@ logger = logging.getLogger("dpmarket.curator.summarization.session")
 Party = Literal["validation", "owners", "public"]
 
 T = TypeVar("T")
+#: What an owner's call raises when it refuses a step (``owner_failed`` is False).
+_REFUSALS = (FailedPreconditionError, InvalidArgumentError)
 
 
 ProgressCallback = Callable[[ProgressEvent], None]
@@ -323,17 +325,22 @@ class SessionState:
         refusals: Literal["drop", "raise", "leave_out"] = "drop",
         stage: OwnerStep = "call",
     ) -> dict[int, T]:
-        """Call owners concurrently; drop those that are unavailable; return the answers by index.
+        """Call owners concurrently; leave out those that fail or refuse; return the answers by
+        index.
 
-        An owner that refuses a step under its own policy (``FailedPreconditionError``) is
-        dropped too (``refusals="drop"``, during a session), or its refusal fails the request
-        with the same error naming the owner (``"raise"``), or it is left out as "budget
-        refused" or "refused the session" (``"leave_out"``, while the session opens; the
-        session then requires :attr:`required_owners`). Other protocol errors abort the session
-        naming the owner (with ``"raise"`` and ``"leave_out"``: the same error class, e.g.
-        INVALID_ARGUMENT for a d above an owner's limit). Every reason and message names the
-        owner and states its failure publicly (:func:`dpmarket.curator.disclosure.public_text`: no
-        address, no budget figure); the curator's log has the owner's whole answer.
+        An owner whose call fails in any way but a refusal
+        (:func:`dpmarket.curator.disclosure.owner_failed`: unreachable, a deadline, a reset
+        stream, a limit of gRPC's own such as status details above 16 KiB, an internal error) is
+        dropped as "unreachable": no answer of one owner fails the request by itself. An owner
+        that refuses a step (``FailedPreconditionError``, its budget among them, or
+        ``InvalidArgumentError``) is dropped too (``refusals="drop"``, during a session), or
+        its refusal fails the request with the same error naming the owner (``"raise"``), or
+        it is left out as "budget refused" or "refused the session" (``"leave_out"``, while the
+        session opens). The session then requires :attr:`required_owners`. Every reason and
+        message names the owner and states its failure publicly
+        (:func:`dpmarket.curator.disclosure.public_text`: no address, no budget figure, no text
+        of a failure); the curator's log has the owner's answer as one line of at most 500
+        characters (:func:`dpmarket.common.texts.peer_text`).
 
         A round trip (``stage="call"``) has the call timeout. A pass over an owner's table
         (any other ``stage``) has a deadline that scales with the owner's declared rows
@@ -368,20 +375,20 @@ class SessionState:
             where = f"session {short_id(self.session_id)}, {stage}"
             public = public_error(name, answer, where=where)
             text = public_text(answer)
-            if isinstance(answer, UnavailableError):
+            if owner_failed(answer):  # the owner failed the step, as one that does not answer
                 self.drop(index, text, "unreachable")
-            elif isinstance(answer, FailedPreconditionError) and refusals == "drop":
+            elif not isinstance(answer, _REFUSALS):  # no other failure under that rule
+                raise AbortedError(str(public)) from answer
+            elif refusals == "drop":
                 self.drop(index, f"refused: {text}", "refused a step")
-            elif isinstance(answer, FailedPreconditionError) and refusals == "leave_out":
+            elif refusals == "leave_out":
                 budget = isinstance(answer, BudgetRefusedError)
                 reason = "budget refused" if budget else "refused the session"
                 self.drop(index, f"refused the session's terms: {text}", reason)
                 if not budget:
                     self.slots[index].refusal = text
-            elif refusals in ("raise", "leave_out"):
-                raise public from answer
             else:
-                raise AbortedError(str(public)) from answer
+                raise public from answer
         return out
 
     async def _supervised(

@@ -13,6 +13,7 @@ from dpmarket.curator.disclosure import (
     REFUSED_CURATOR,
     UNREACHABLE,
     NoAnswerError,
+    owner_failed,
     public_error,
     public_text,
 )
@@ -76,6 +77,15 @@ ADDRESS = "ipv4:10.1.2.3:50051"
             "expected round 2, got round 5",
         ),
         (_over_the_wire(grpc.StatusCode.ABORTED, "the job was aborted"), "the job was aborted"),
+        # gRPC's own status for an owner's details above 16 KiB: the length is the owner's.
+        (
+            _over_the_wire(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "Stream removed (received metadata size exceeds hard limit (value length 17115 "
+                "vs. 16384))",
+            ),
+            FAILED,
+        ),
         # Raised in process (no status): by class; the curator's own deadline keeps its text.
         (errors.BudgetRefusedError("spent 2 of 2"), BUDGET_REFUSED),
         (errors.UnavailableError(f"nothing listening at {ADDRESS}"), UNREACHABLE),
@@ -103,3 +113,35 @@ def test_the_relayed_error_keeps_the_class_names_the_owner_and_logs_the_rest(
     assert "spent 1 of 2, 1 left" in caplog.text and "session 1234…, open" in caplog.text
     gone = public_error("clinic-a", _over_the_wire(grpc.StatusCode.UNAVAILABLE, ADDRESS))
     assert type(gone) is errors.UnavailableError and ADDRESS not in str(gone)
+
+
+@pytest.mark.parametrize(
+    ("code", "failed"),
+    [
+        (grpc.StatusCode.UNAVAILABLE, True),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, True),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, True),
+        (grpc.StatusCode.INTERNAL, True),
+        (grpc.StatusCode.UNKNOWN, True),
+        (grpc.StatusCode.ABORTED, True),
+        (grpc.StatusCode.NOT_FOUND, True),
+        (grpc.StatusCode.PERMISSION_DENIED, True),
+        (grpc.StatusCode.CANCELLED, True),
+        (grpc.StatusCode.FAILED_PRECONDITION, False),
+        (grpc.StatusCode.INVALID_ARGUMENT, False),
+    ],
+)
+def test_every_failure_but_a_refusal_is_the_owner_failing_the_step(
+    code: grpc.StatusCode, failed: bool
+) -> None:
+    assert owner_failed(_over_the_wire(code, "x")) is failed
+
+
+def test_an_owner_s_text_is_kept_as_one_line_of_at_most_500_characters() -> None:
+    """An owner's refusal text (a forged log line, then 12,000 characters), which the consumer
+    reads, is relayed escaped and cut (the control, the text taken whole, is in
+    tests/curator/test_owner_errors.py)."""
+    forged = "ok\n2026-01-01 ERROR owner a: FORGED LINE\n" + "z" * 12_000
+    relayed = public_text(_over_the_wire(grpc.StatusCode.INVALID_ARGUMENT, forged))
+    assert "\n" not in relayed and relayed.startswith("ok\\n2026-01-01 ERROR owner a: FORGED")
+    assert relayed.endswith("... (cut)") and relayed.count("z") < 500
