@@ -156,6 +156,18 @@ def _number(value: float | None, spec: str = ".4g") -> str:
     return format(value, spec)
 
 
+def console_templates(identity: Identity, base: str) -> Jinja2Templates:
+    """The console's templates, with its filters (``num``, ``utc``) and the globals every page
+    reads (``identity``, ``base``: the console's secret path, ``form_field``)."""
+    templates = Jinja2Templates(directory=str(HERE / "templates"))
+    templates.env.filters["num"] = _number
+    templates.env.filters["utc"] = _utc
+    templates.env.globals["identity"] = identity
+    templates.env.globals["base"] = base
+    templates.env.globals["form_field"] = FIELD
+    return templates
+
+
 def create_app(
     party: Party,
     identity: Identity,
@@ -188,12 +200,7 @@ def create_app(
     base = token.prefix
     sessions = SignIns() if sessions is None else sessions
     cookie = cookie_name(port, secure=https)
-    templates = Jinja2Templates(directory=str(HERE / "templates"))
-    templates.env.filters["num"] = _number
-    templates.env.filters["utc"] = _utc
-    templates.env.globals["identity"] = identity
-    templates.env.globals["base"] = base
-    templates.env.globals["form_field"] = FIELD
+    templates = console_templates(identity, base)
     role = identity.role
 
     def page(request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:

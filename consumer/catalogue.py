@@ -339,6 +339,26 @@ RANK_COVERS = (
 )
 
 
+def noisy_count_text(value: float) -> str:
+    """A sketch's released noisy record count as tables show it: to the record, clamped at 0
+    for display (a count cannot be negative; the noise can make its release so), the release
+    itself beside it when clamped (``--json`` keeps the release as it is).
+
+    Parameters
+    ----------
+    value : float
+        The noisy count the sketch released (records).
+    """
+    if value < 0:
+        return f"0 (released {value:.0f})"
+    return f"{value:.0f}"
+
+
+#: How a ranking's flags are named where they are shown (``rank-owners``' table and legend,
+#: the console's ranking page), by code.
+RANK_FLAG_NAMES = {"clipped": "clipped", "order_not_resolved": "tie?"}
+
+
 def _ranking_row(rank: int, ranked: RankedOwner, sketch: PrivateSketch) -> dict[str, Any]:
     """One owner of a ranking: its MMD² as a row of the one interval model, its ε and count."""
     e = ranked.estimate

@@ -1512,6 +1512,8 @@ def list_command(
     curator: str, curator_name: str, spec: str | None, as_json: bool, **tls: Any
 ) -> None:
     """List the published sketches (as a consumer): owner, epsilon, noisy count."""
+    from dpmarket.consumer.catalogue import noisy_count_text
+
     try:
         with _client(curator, curator_name, tls) as client:
             specs = [client.sketch_spec(spec)] if spec else client.sketch_specs()
@@ -1547,7 +1549,7 @@ def list_command(
             r["owner"],
             f"{r['epsilon']:g}",
             f"{r['delta']:g}",
-            f"{r['noisy_count']:.1f}",
+            noisy_count_text(r["noisy_count"]),
             str(r["dimension"]),
         )
     Console().print(table)
@@ -1819,10 +1821,6 @@ def _validation(path: str, spec: SketchSpec, label: str | None = None) -> NDArra
     return points
 
 
-#: Flags of a ranking's row, and how its table names them.
-_RANK_FLAGS = {"clipped": "clipped", "order_not_resolved": "tie?"}
-
-
 def rank_sketches(
     client: Any,
     validation_path: str,
@@ -1898,7 +1896,7 @@ def rank_owners_command(
     **tls: Any,
 ) -> None:
     """Rank owners by the MMD between a validation set and their RFF sketches, computed here."""
-    from dpmarket.consumer.catalogue import RANK_COVERS, SpecChoiceError
+    from dpmarket.consumer.catalogue import RANK_COVERS, RANK_FLAG_NAMES, SpecChoiceError
 
     if out_path is not None:
         check_outputs(out_path)
@@ -1940,10 +1938,10 @@ def rank_owners_command(
             f"[{low:.3g}, {high:.3g}]",
             f"{r['epsilon']:g}",
             f"{r['n']:.0f}",
-            ", ".join(_RANK_FLAGS[f["code"]] for f in r["flags"]),
+            ", ".join(RANK_FLAG_NAMES[f["code"]] for f in r["flags"]),
         )
     Console().print(table)
-    for code, name in _RANK_FLAGS.items():
+    for code, name in RANK_FLAG_NAMES.items():
         reasons = [
             f"{r['owner']}: {f['reason']}" for r in rows for f in r["flags"] if f["code"] == code
         ]

@@ -707,7 +707,7 @@ def _logreg_reason(histogram: bool, refits: int | None) -> str:
         interval = "no interval was computed (errors off)"
     elif refits > 1:
         interval = (
-            f"the interval, value -+ 1.96 x the spread of {refits} refits to fresh draws of "
+            f"the interval, value ± 1.96 × the spread of {refits} refits to fresh draws of "
             "the release's noise, covers that noise only"
         )
     else:
@@ -1618,7 +1618,7 @@ class MarginalsExplorer:
                 basis.append("measured")
                 covers.append(
                     "the unbiased estimate from the measured marginals that hold these columns "
-                    "(inverse-variance weighted), -+ 1.96 sd of its Gaussian noise; widened to "
+                    "(inverse-variance weighted), ± 1.96 sd of its Gaussian noise; widened to "
                     "hold the model's value"
                 )
                 flags.append(())
@@ -1671,7 +1671,7 @@ class MarginalsExplorer:
                 basis.append("measured")
                 covers.append(
                     "E xy, E x, E y and n from the measured marginals that hold the pair "
-                    "(unbiased, each -+ z sd at alpha/8 a side: union bound), combined by "
+                    "(unbiased, each ± z sd at alpha/8 a side: union bound), combined by "
                     "interval arithmetic; widened to hold the model's value"
                 )
                 flags.append(())
