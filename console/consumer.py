@@ -485,9 +485,13 @@ class ConsumerConsole:
             refitter.terminate()
 
     def _warm(self) -> None:
-        from dpmarket.consumer.catalogue import published_fits, verify_fits, warm
+        from dpmarket.consumer.catalogue import published_fits, unstored_fits, verify_fits, warm
 
         try:
+            # Fits this console made before (kept in its model store, e.g. before a restart)
+            # are what answers read from the start: only the others change under them.
+            fits = published_fits(self.client)
+            changing = unstored_fits(fits, self.model_dir)
             # At the console's priority: it holds the lock answers take while it draws a
             # design (a second or so each), and a starved holder would keep them waiting.
             warm(
@@ -502,13 +506,13 @@ class ConsumerConsole:
             # whatever this thread's priority. A child process at a lower priority fits them
             # into the model store; this thread then reads them from there and checks them.
             self._answer_ahead()
-            fits = published_fits(self.client)
-            if fits and not self._stop_warming.is_set():
-                self._refit_elsewhere(fits)
+            if changing and not self._stop_warming.is_set():
+                self._refit_elsewhere(changing)
             refitted = not self._stop_warming.is_set() and verify_fits(
                 self.client, stop=self._stop_warming, model_dir=self.model_dir
             )
-            if refitted:  # answers now read this console's own fits, those kept the published
+            if refitted and changing:  # answers now read this console's own fits, those kept
+                # the published ones of the sketches in ``changing``
                 with self._exploring:
                     self._kept_answers().clear()
                 self._answer_ahead()

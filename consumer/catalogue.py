@@ -647,6 +647,26 @@ def published_fits(
     return found
 
 
+def unstored_fits(
+    fits: list[tuple[SketchSpec, PublishedSketch]],
+    model_dir: str | os.PathLike[str],
+    options: ExploreOptions | None = None,
+) -> list[tuple[SketchSpec, PublishedSketch]]:
+    """Those of ``fits`` (:func:`published_fits`) whose sketch has no fit made here kept in
+    ``model_dir``: the ones answers read the published fit of until :func:`verify_fits` refits
+    them (a kept one is read before the published fit, e.g. after a restart)."""
+    options = options if options is not None else ExploreOptions()
+    out = []
+    for spec, entry in fits:
+        assert isinstance(entry.sketch, MarginalsSketch)
+        explorer = MarginalsExplorer(
+            spec, bootstrap=options.bootstrap, seed=options.seed, store=model_dir, cache=None
+        )
+        if not explorer.stored(entry.sketch):
+            out.append((spec, entry))
+    return out
+
+
 def refit_into_store(
     fits: list[tuple[SketchSpec, PublishedSketch]],
     model_dir: str | os.PathLike[str],
