@@ -20,7 +20,7 @@ from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.common.summarization.summary import OwnerSelection, SessionRequest
 from dpmarket.curator.sessions import SessionManager
-from dpmarket.curator.store import DATABASE_FILE, CuratorRecords, CuratorStore
+from dpmarket.curator.store import DATABASE_FILE, CuratorRecords, CuratorStore, _recorded_spend
 from dpmarket.deploy.cli import main
 from dpmarket.experiments.scenarios import Scenario
 from dpmarket.owner.ledger import OwnerLedger
@@ -200,3 +200,17 @@ def test_a_session_whose_owner_record_is_missing_lists_no_points(
     store.expire()
     with CuratorRecords(data_dir) as records:
         assert records.sessions()[0]["owner_points_accessed"] is None
+
+
+def test_owners_that_charged_nothing_read_0_not_unknown() -> None:
+    """A session whose owners' ledgers all recorded ε 0 (raw points only, e.g. uniform) lists
+    ε owners 0 and its points; one with a record pending or missing, nothing."""
+    rows = [
+        ("s1", 0.0, 12, ""),
+        ("s1", 0.0, 16, ""),
+        ("s2", 1.0, 5, ""),
+        ("s2", None, None, None),  # pending
+        ("s3", 1.0, 5, ""),
+        ("s3", None, None, "owner unreachable"),  # missing
+    ]
+    assert _recorded_spend(rows) == {"s1": (0.0, 28)}
