@@ -57,7 +57,7 @@ def test_an_answer_says_what_its_n_is_and_shows_no_standard_error_for_a_guess() 
     page = _render("explore.html", answer=_answer(flags=[guess]), svg="", question={})
     text = re.sub(r"<[^>]+>", "", page)
     assert "From clinics/hist (histogram), n ≈ 412 (the noisy record count" in text
-    assert "0 (guess)" in page and "[-1146, 1146]" in page and "model-guess" in page
+    assert "— (guess)" in page and "[-1146, 1146]" in page and "model-guess" in page
     assert '<td class="n">0</td>' not in page  # no "± 0" beside the interval
     # The control: an estimate (no guess) shows its standard error.
     plain = _render("explore.html", answer=_answer(standard_error=0.25), svg="", question={})
