@@ -1774,11 +1774,13 @@ def _print_answer(answer: Any, title: str) -> None:
     for row in rows:
         se = row["standard_error"]
         ci = row["interval"]
+        # An independence guess has no standard error (its 0 is none): its bounds hold.
+        guess = any(f["code"] == "model-guess" for f in row["flags"])
         table.add_row(
             row["label"],
             ", ".join(row["columns"]),
             f"{row['value']:.6g}",
-            "—" if se is None else f"{se:.3g}",
+            "— (guess)" if guess else "—" if se is None else f"{se:.3g}",
             "—" if ci is None else f"[{ci[0]:.4g}, {ci[1]:.4g}]",
             ", ".join(
                 f["code"].upper() if f["on"] == "interval" else f["code"] for f in row["flags"]

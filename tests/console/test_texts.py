@@ -8,12 +8,15 @@ import html
 import re
 from typing import Any
 
+import numpy as np
+import pytest
 from starlette.requests import Request
 
 from dpmarket.console.app import console_templates
 from dpmarket.console.consumer import _how
 from dpmarket.consumer.catalogue import RANK_FLAG_NAMES, noisy_count_text
-from dpmarket.consumer.explore import _logreg_reason
+from dpmarket.consumer.cli import _print_answer
+from dpmarket.consumer.explore import Answer, Flag, Query, _logreg_reason
 from dpmarket.runtime.identity import Identity
 
 BASE = "/k3y"
@@ -79,3 +82,19 @@ def test_a_negative_noisy_count_shows_as_0_with_its_release() -> None:
 def test_flag_texts_write_plus_minus() -> None:
     text = _logreg_reason(True, 5)
     assert "± 1.96 ×" in text and "-+" not in text
+
+
+def test_explore_prints_no_standard_error_for_a_guess_either(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``dpmarket consumer explore``'s table says what the page says of a guessed value."""
+    query = Query("covariance", columns=("age", "bmi"))
+    guess = (Flag("model-guess", "the independence guess", "value"),)
+    for flags, shown in (((guess,), "— (guess)"), (((),), "0.25")):  # the control: an estimate
+        answer = Answer(query, ("cov(age, bmi)",), np.array([0.0]), {},
+                        errors=np.array([0.25 if not flags[0] else 0.0]),
+                        columns=(("age", "bmi"),), flags=flags,
+                        low=np.array([-1146.0]), high=np.array([1146.0]))  # fmt: skip
+        _print_answer(answer, "cov")
+        printed = capsys.readouterr().out
+        assert shown in printed, printed
