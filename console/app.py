@@ -98,6 +98,8 @@ EXPLORE_FIELDS = ("query", "spec", "owner", "column", "points", "where", "target
 #: the page says so, reloading itself every :data:`ANSWER_REFRESH_SECONDS` until it is there.
 ANSWER_WAIT_SECONDS = 0.5
 ANSWER_REFRESH_SECONDS = 1
+#: The summary form's fields shown again, as entered, with its error (a file field cannot be).
+SUMMARY_FIELDS = ("p", "method", "gamma", "min_owners", "max_cost")
 #: Rankings and quotes kept at an address of their own (the newest; in memory).
 KEPT_ANSWERS = 32
 
@@ -154,6 +156,18 @@ def _number(value: float | None, spec: str = ".4g") -> str:
     return format(value, spec)
 
 
+def console_templates(identity: Identity, base: str) -> Jinja2Templates:
+    """The console's templates, with its filters (``num``, ``utc``) and the globals every page
+    reads (``identity``, ``base``: the console's secret path, ``form_field``)."""
+    templates = Jinja2Templates(directory=str(HERE / "templates"))
+    templates.env.filters["num"] = _number
+    templates.env.filters["utc"] = _utc
+    templates.env.globals["identity"] = identity
+    templates.env.globals["base"] = base
+    templates.env.globals["form_field"] = FIELD
+    return templates
+
+
 def create_app(
     party: Party,
     identity: Identity,
@@ -186,12 +200,7 @@ def create_app(
     base = token.prefix
     sessions = SignIns() if sessions is None else sessions
     cookie = cookie_name(port, secure=https)
-    templates = Jinja2Templates(directory=str(HERE / "templates"))
-    templates.env.filters["num"] = _number
-    templates.env.filters["utc"] = _utc
-    templates.env.globals["identity"] = identity
-    templates.env.globals["base"] = base
-    templates.env.globals["form_field"] = FIELD
+    templates = console_templates(identity, base)
     role = identity.role
 
     def page(request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
@@ -355,7 +364,8 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
                 consumer.explore_soon, question, ANSWER_WAIT_SECONDS
             )
         except UserError as exc:
-            return await _with_status(overview(request, {"explore_error": str(exc)}), 400)
+            asked_again = {"explore_error": str(exc), "explore_asked": question}
+            return await _with_status(overview(request, asked_again), 400)
         if answer is None:  # computed off the request: this page reloads until it is there
             context = {"question": question, "seconds": seconds, "refresh": ANSWER_REFRESH_SECONDS}
             return page(request, "computing.html", context, 202)
@@ -403,7 +413,8 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
                 consumer.rank, data, name, str(form.get("spec", "")) or None
             )
         except UserError as exc:
-            return await _with_status(overview(request, {"rank_error": str(exc)}), 400)
+            again = {"rank_error": str(exc), "rank_asked": {"spec": str(form.get("spec", ""))}}
+            return await _with_status(overview(request, again), 400)
         svg = await run_in_threadpool(
             plots.ranking_plot, ranking["rows"], title=f"owners by MMD² to {name}"
         )
@@ -420,6 +431,11 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
             "max_cost": form_credits(str(form.get("max_cost", "")), "max_cost", "Most it may cost"),
         }
 
+    def summary_again(form: Any, exc: UserError) -> dict[str, Any]:
+        """The summary form's error and what was entered in it (but the file), to show again."""
+        entered = {k: str(form.get(k, "")) for k in SUMMARY_FIELDS}
+        return {"summary_error": str(exc), "summary_asked": entered}
+
     async def summary(request: Request) -> Response:
         if request.method == "GET":
             return await to_form(request)
@@ -432,7 +448,7 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
                 lambda: consumer.start_summary(data, name, request_id=request_id, **asked)
             )
         except UserError as exc:
-            return await _with_status(overview(request, {"summary_error": str(exc)}), 400)
+            return await _with_status(overview(request, summary_again(form, exc)), 400)
         root = request.scope.get("root_path", "")
         return RedirectResponse(f"{root}/consumer/sessions/{session_id}", status_code=303)
 
@@ -445,7 +461,7 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
             asked = summary_request(form)
             quoted = await run_in_threadpool(lambda: consumer.quote(data, name, **asked))
         except UserError as exc:
-            return await _with_status(overview(request, {"summary_error": str(exc)}), 400)
+            return await _with_status(overview(request, summary_again(form, exc)), 400)
         context = {"quote": quote_view(quoted, asked["max_cost"]), "file": name, "asked": asked}
         key = keep("quotes", context)
         return RedirectResponse(f"{root(request)}/consumer/quotes/{key}", status_code=303)

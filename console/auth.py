@@ -267,9 +267,13 @@ class TokenMiddleware:
             root = scope.get("root_path", "")
             response = RedirectResponse(f"{root}/login?next={quote(target)}", status_code=303)
         else:
+            # The path under which this request came is the console's own: its sign-in page
+            # is there (the root's /login is nothing).
+            login = f"{scope.get('root_path', '')}/login"
             response = PlainTextResponse(
                 "401: this console needs its token (the console-token file in the party's data "
-                "directory): sign in at /login or send Authorization: Bearer TOKEN",
+                f"directory): sign in at {login} (the address `dpmarket console` printed) or "
+                "send Authorization: Bearer TOKEN",
                 status_code=401,
                 headers={"WWW-Authenticate": "Bearer"},
             )

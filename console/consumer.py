@@ -485,9 +485,13 @@ class ConsumerConsole:
             refitter.terminate()
 
     def _warm(self) -> None:
-        from dpmarket.consumer.catalogue import published_fits, verify_fits, warm
+        from dpmarket.consumer.catalogue import published_fits, unstored_fits, verify_fits, warm
 
         try:
+            # Fits this console made before (kept in its model store, e.g. before a restart)
+            # are what answers read from the start: only the others change under them.
+            fits = published_fits(self.client)
+            changing = unstored_fits(fits, self.model_dir)
             # At the console's priority: it holds the lock answers take while it draws a
             # design (a second or so each), and a starved holder would keep them waiting.
             warm(
@@ -502,13 +506,13 @@ class ConsumerConsole:
             # whatever this thread's priority. A child process at a lower priority fits them
             # into the model store; this thread then reads them from there and checks them.
             self._answer_ahead()
-            fits = published_fits(self.client)
-            if fits and not self._stop_warming.is_set():
-                self._refit_elsewhere(fits)
+            if changing and not self._stop_warming.is_set():
+                self._refit_elsewhere(changing)
             refitted = not self._stop_warming.is_set() and verify_fits(
                 self.client, stop=self._stop_warming, model_dir=self.model_dir
             )
-            if refitted:  # answers now read this console's own fits, those kept the published
+            if refitted and changing:  # answers now read this console's own fits, those kept
+                # the published ones of the sketches in ``changing``
                 with self._exploring:
                     self._kept_answers().clear()
                 self._answer_ahead()
@@ -547,6 +551,8 @@ class ConsumerConsole:
     # ------------------------------------------------------------------------ catalogue
     def catalogue(self) -> Catalogue:
         """The specs and published sketches (ListSketchSpecs, then ListSketches per spec)."""
+        from dpmarket.consumer.catalogue import noisy_count_text
+
         with self._lock:
             cached = self._catalogue
         now = time.time()
@@ -576,6 +582,7 @@ class ConsumerConsole:
                         "epsilon": d["epsilon"],
                         "delta": d["delta"],
                         "noisy_count": d["noisy_count"],
+                        "noisy_count_text": noisy_count_text(d["noisy_count"]),
                         "published_at": entry.published_at,
                         "age": age_text(now - entry.published_at),
                     }
@@ -732,7 +739,7 @@ class ConsumerConsole:
             "reason": explored.reason,
             "owners": owners,
             "n": explored.n_hat,
-            "source": answer.source,
+            "source": _how(answer.source, explored.spec.name),
             "rows": rows,
             "plotted": plotted,
             "count": count,
@@ -753,6 +760,7 @@ class ConsumerConsole:
         UserError
             For a file that cannot be read or does not match the spec, or no RFF sketch.
         """
+        from dpmarket.consumer.catalogue import RANK_FLAG_NAMES
         from dpmarket.consumer.cli import rank_sketches
 
         with self._uploaded(upload, filename) as path:
@@ -762,10 +770,14 @@ class ConsumerConsole:
                 raise UserError(exc.format_message()) from exc
             except (DPMarketError, ValueError) as exc:
                 raise UserError(str(exc)) from exc
+        rows = ranking.rows()
+        for row in rows:  # named as rank-owners names them
+            for flag in row["flags"]:
+                flag["name"] = RANK_FLAG_NAMES.get(flag["code"], flag["code"])
         return {
             "spec": ranking.spec.name,
             "validation_points": ranking.validation_points,
-            "rows": ranking.rows(),
+            "rows": rows,
         }
 
     # ------------------------------------------------------------------------ summaries
@@ -1008,6 +1020,15 @@ class ConsumerConsole:
         if suffix not in (".csv", ".parquet", ".npy", ".npz"):
             raise UserError(f"{filename}: a .csv, .parquet, .npy or .npz file, please")
         return _Upload(data, suffix, self.data_dir)
+
+
+def _how(source: str, spec: str) -> str:
+    """What answered (``"<spec> (histogram)"``...), without the spec's name the page shows
+    beside it: ``"histogram"``."""
+    prefix = f"{spec} ("
+    if source.startswith(prefix) and source.endswith(")"):
+        return source[len(prefix) : -1]
+    return source
 
 
 def _refit_child(fits: list[Any], model_dir: str) -> None:

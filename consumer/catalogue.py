@@ -339,6 +339,26 @@ RANK_COVERS = (
 )
 
 
+def noisy_count_text(value: float) -> str:
+    """A sketch's released noisy record count as tables show it: to the record, clamped at 0
+    for display (a count cannot be negative; the noise can make its release so), the release
+    itself beside it when clamped (``--json`` keeps the release as it is).
+
+    Parameters
+    ----------
+    value : float
+        The noisy count the sketch released (records).
+    """
+    if value < 0:
+        return f"0 (released {value:.0f})"
+    return f"{value:.0f}"
+
+
+#: How a ranking's flags are named where they are shown (``rank-owners``' table and legend,
+#: the console's ranking page), by code.
+RANK_FLAG_NAMES = {"clipped": "clipped", "order_not_resolved": "tie?"}
+
+
 def _ranking_row(rank: int, ranked: RankedOwner, sketch: PrivateSketch) -> dict[str, Any]:
     """One owner of a ranking: its MMD² as a row of the one interval model, its ε and count."""
     e = ranked.estimate
@@ -625,6 +645,26 @@ def published_fits(
             if isinstance(entry.sketch, MarginalsSketch) and reader.published(entry.sketch):
                 found.append((spec, entry))
     return found
+
+
+def unstored_fits(
+    fits: list[tuple[SketchSpec, PublishedSketch]],
+    model_dir: str | os.PathLike[str],
+    options: ExploreOptions | None = None,
+) -> list[tuple[SketchSpec, PublishedSketch]]:
+    """Those of ``fits`` (:func:`published_fits`) whose sketch has no fit made here kept in
+    ``model_dir``: the ones answers read the published fit of until :func:`verify_fits` refits
+    them (a kept one is read before the published fit, e.g. after a restart)."""
+    options = options if options is not None else ExploreOptions()
+    out = []
+    for spec, entry in fits:
+        assert isinstance(entry.sketch, MarginalsSketch)
+        explorer = MarginalsExplorer(
+            spec, bootstrap=options.bootstrap, seed=options.seed, store=model_dir, cache=None
+        )
+        if not explorer.stored(entry.sketch):
+            out.append((spec, entry))
+    return out
 
 
 def refit_into_store(

@@ -1512,6 +1512,8 @@ def list_command(
     curator: str, curator_name: str, spec: str | None, as_json: bool, **tls: Any
 ) -> None:
     """List the published sketches (as a consumer): owner, epsilon, noisy count."""
+    from dpmarket.consumer.catalogue import noisy_count_text
+
     try:
         with _client(curator, curator_name, tls) as client:
             specs = [client.sketch_spec(spec)] if spec else client.sketch_specs()
@@ -1547,7 +1549,7 @@ def list_command(
             r["owner"],
             f"{r['epsilon']:g}",
             f"{r['delta']:g}",
-            f"{r['noisy_count']:.1f}",
+            noisy_count_text(r["noisy_count"]),
             str(r["dimension"]),
         )
     Console().print(table)
@@ -1772,11 +1774,13 @@ def _print_answer(answer: Any, title: str) -> None:
     for row in rows:
         se = row["standard_error"]
         ci = row["interval"]
+        # An independence guess has no standard error (its 0 is none): its bounds hold.
+        guess = any(f["code"] == "model-guess" for f in row["flags"])
         table.add_row(
             row["label"],
             ", ".join(row["columns"]),
             f"{row['value']:.6g}",
-            "—" if se is None else f"{se:.3g}",
+            "— (guess)" if guess else "—" if se is None else f"{se:.3g}",
             "—" if ci is None else f"[{ci[0]:.4g}, {ci[1]:.4g}]",
             ", ".join(
                 f["code"].upper() if f["on"] == "interval" else f["code"] for f in row["flags"]
@@ -1817,10 +1821,6 @@ def _validation(path: str, spec: SketchSpec, label: str | None = None) -> NDArra
             param_hint="--validation",
         )
     return points
-
-
-#: Flags of a ranking's row, and how its table names them.
-_RANK_FLAGS = {"clipped": "clipped", "order_not_resolved": "tie?"}
 
 
 def rank_sketches(
@@ -1898,7 +1898,7 @@ def rank_owners_command(
     **tls: Any,
 ) -> None:
     """Rank owners by the MMD between a validation set and their RFF sketches, computed here."""
-    from dpmarket.consumer.catalogue import RANK_COVERS, SpecChoiceError
+    from dpmarket.consumer.catalogue import RANK_COVERS, RANK_FLAG_NAMES, SpecChoiceError
 
     if out_path is not None:
         check_outputs(out_path)
@@ -1940,10 +1940,10 @@ def rank_owners_command(
             f"[{low:.3g}, {high:.3g}]",
             f"{r['epsilon']:g}",
             f"{r['n']:.0f}",
-            ", ".join(_RANK_FLAGS[f["code"]] for f in r["flags"]),
+            ", ".join(RANK_FLAG_NAMES[f["code"]] for f in r["flags"]),
         )
     Console().print(table)
-    for code, name in _RANK_FLAGS.items():
+    for code, name in RANK_FLAG_NAMES.items():
         reasons = [
             f"{r['owner']}: {f['reason']}" for r in rows for f in r["flags"] if f["code"] == code
         ]

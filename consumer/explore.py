@@ -707,7 +707,7 @@ def _logreg_reason(histogram: bool, refits: int | None) -> str:
         interval = "no interval was computed (errors off)"
     elif refits > 1:
         interval = (
-            f"the interval, value -+ 1.96 x the spread of {refits} refits to fresh draws of "
+            f"the interval, value ± 1.96 × the spread of {refits} refits to fresh draws of "
             "the release's noise, covers that noise only"
         )
     else:
@@ -1398,7 +1398,7 @@ class MarginalsExplorer:
         found = self._models.get(id(sketch))
         if found is None:
             self.spec.check_sketch(sketch)
-            key = (self.spec.name, self.spec.key, sketch_digest(sketch), self.bootstrap, self.seed)
+            key = self.model_key(sketch)
             if self.cache is None:
                 fitted = self._stored_or_fit(sketch, key)
             elif self.refit:  # this explorer's own fit, in place of a published one kept
@@ -1409,6 +1409,19 @@ class MarginalsExplorer:
             found = (sketch, *fitted)
             self._models[id(sketch)] = found
         return found[1], found[2]
+
+    def model_key(self, sketch: MarginalsSketch) -> ModelKey:
+        """Under which key ``sketch``'s models are kept (:attr:`cache`, :attr:`store`): the
+        spec, the sketch's content, this explorer's bootstrap size and seed."""
+        return (self.spec.name, self.spec.key, sketch_digest(sketch), self.bootstrap, self.seed)
+
+    def stored(self, sketch: MarginalsSketch) -> bool:
+        """Whether :attr:`store` holds a fit of ``sketch`` made here (its models are read from
+        there before any published fit)."""
+        return (
+            self.store is not None
+            and model_store.path_of(self.store, self.model_key(sketch)).exists()
+        )
 
     def published(self, sketch: MarginalsSketch) -> Fitted | None:
         """``sketch``'s published fit as models, when this explorer may use it (not
@@ -1424,17 +1437,19 @@ class MarginalsExplorer:
             return None
 
     def _stored_or_fit(self, sketch: MarginalsSketch, key: ModelKey) -> Fitted:
-        """``sketch``'s models from its published fit (:meth:`published`), else from
-        :attr:`store` if kept there, else fitted (and kept there)."""
-        published = self.published(sketch)
-        if published is not None:
-            return published
+        """``sketch``'s models from :attr:`store` if a fit made here is kept there (one this
+        process or an earlier one made, e.g. before a restart: what answers read once it is
+        made), else from its published fit (:meth:`published`), else fitted (and kept
+        there)."""
         if self.store is not None:
             with _FITTING:
                 found = model_store.load(self.store, key, self.feature_map, sketch.measurements)
                 free_compiled()
             if found is not None:
                 return found
+        published = self.published(sketch)
+        if published is not None:
+            return published
         fitted = self._fit(sketch)
         if self.store is not None:
             model_store.save(self.store, key, fitted)
@@ -1618,7 +1633,7 @@ class MarginalsExplorer:
                 basis.append("measured")
                 covers.append(
                     "the unbiased estimate from the measured marginals that hold these columns "
-                    "(inverse-variance weighted), -+ 1.96 sd of its Gaussian noise; widened to "
+                    "(inverse-variance weighted), ± 1.96 sd of its Gaussian noise; widened to "
                     "hold the model's value"
                 )
                 flags.append(())
@@ -1671,7 +1686,7 @@ class MarginalsExplorer:
                 basis.append("measured")
                 covers.append(
                     "E xy, E x, E y and n from the measured marginals that hold the pair "
-                    "(unbiased, each -+ z sd at alpha/8 a side: union bound), combined by "
+                    "(unbiased, each ± z sd at alpha/8 a side: union bound), combined by "
                     "interval arithmetic; widened to hold the model's value"
                 )
                 flags.append(())

@@ -376,10 +376,12 @@ def _compact_sessions(rows: list[dict[str, Any]]) -> Any:
         title="sessions and jobs",
         title_justify="left",
         box=box.SIMPLE_HEAD,
+        show_edge=False,
         pad_edge=False,
         collapse_padding=True,
-        caption="created: UTC; ε: basic composition; points: owner points read; --wide: every "
-        "column",
+        caption="created: UTC; ε: basic composition (owners: the most any owner's ledger "
+        "recorded); points: owner points read; -: not known (an owner's record is missing); "
+        "--wide: every column",
         caption_justify="left",
     )
     table.add_column("id", no_wrap=True)

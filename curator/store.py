@@ -1136,8 +1136,12 @@ class CuratorRecords:
             ``{"id", "kind" ("summarization" or "cape"), "consumer", "method", "status",
             "created", "finished" (ISO 8601 UTC or None), "error", "charges" (how many),
             "epsilon", "delta" (by party, basic composition of the charges: what the session
-            stated it spent), "owner_points_accessed" (None once its report expired or for a
-            job), "left_out" (owner -> reason), "result_kept" (bool)}``.
+            stated it spent; with no owner charge of its own, "owners" is the most any owner's
+            ledger recorded for it, 0 included, once every owner's record is known),
+            "owner_points_accessed" (the points the owners released to it: from its report,
+            or, once that expired, the sum of what the owners' ledgers recorded; None while an
+            owner's record is not known, or for a session older than those records),
+            "left_out" (owner -> reason), "result_kept" (bool)}``.
         """
         with snapshot(self._conn) as conn:
             rows = conn.execute(
@@ -1146,6 +1150,10 @@ class CuratorRecords:
                 "ORDER BY created_at, id"
             ).fetchall()
             charges = self._charges("1", ())
+            owner_rows = conn.execute(
+                "SELECT session, epsilon, points, unknown FROM owner_spend"
+            ).fetchall()
+        recorded = _recorded_spend(owner_rows)
         if limit is not None:
             rows = rows[-limit:]
         spent: dict[str, dict[str, dict[str, float]]] = {}
@@ -1160,6 +1168,11 @@ class CuratorRecords:
         for sid, consumer, method, status, error, created, finished, report, kept in rows:
             data = json.loads(report) if report else {}
             book = spent.get(sid, {"epsilon": {}, "delta": {}})
+            points = data.get("owner_points_accessed")
+            if sid in recorded:  # every owner's ledger record is known
+                most_epsilon, released = recorded[sid]
+                points = released if points is None else points
+                book["epsilon"].setdefault("owners", most_epsilon)
             out.append(
                 {
                     "id": sid,
@@ -1173,7 +1186,7 @@ class CuratorRecords:
                     "charges": counts.get(sid, 0),
                     "epsilon": book["epsilon"],
                     "delta": book["delta"],
-                    "owner_points_accessed": data.get("owner_points_accessed"),
+                    "owner_points_accessed": points,
                     "left_out": data.get("left_out", {}),
                     "result_kept": bool(kept),
                 }
@@ -1200,6 +1213,22 @@ class CuratorRecords:
 def _like(prefix: str) -> str:
     """``prefix`` with LIKE's wildcards escaped."""
     return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def _recorded_spend(rows: Sequence[tuple[Any, ...]]) -> dict[str, tuple[float, int]]:
+    """By session whose every owner record is known (rows ``(session, epsilon, points,
+    unknown)`` of ``owner_spend``): the most ε any owner's ledger recorded and the points all
+    of them released. A session with a record still pending (``unknown`` NULL) or missing
+    (``unknown`` set) is left out: what it read is not known."""
+    known: dict[str, tuple[float, int]] = {}
+    pending: set[str] = set()
+    for session, epsilon, points, unknown in rows:
+        if unknown is None or unknown:
+            pending.add(session)
+            continue
+        most, total = known.get(session, (0.0, 0))
+        known[session] = (max(most, float(epsilon or 0.0)), total + int(points or 0))
+    return {s: v for s, v in known.items() if s not in pending}
 
 
 def _points_released(spend: dict[str, SessionSpend]) -> int:

@@ -52,3 +52,18 @@
   field.addEventListener("input", show);
   show();
 })();
+
+// A form's error, shown again with what was entered: brought into sight and focused; after a
+// POST, the address becomes the form's own (data-address), so that a reload does not send the
+// form again.
+(function () {
+  "use strict";
+  var error = document.querySelector("[data-in-sight]");
+  if (!error) { return; }
+  var address = error.getAttribute("data-address");
+  if (address && window.history && window.history.replaceState) {
+    window.history.replaceState(null, "", address);
+  }
+  error.scrollIntoView({block: "center"});
+  error.focus({preventScroll: true});
+})();

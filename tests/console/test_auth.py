@@ -96,6 +96,9 @@ def test_every_page_needs_the_token(console: tuple[TestClient, ConsoleToken]) ->
     refused = client.get(f"{base}/owner")
     assert refused.status_code == 401 and "young" not in refused.text and "1.5" not in refused.text
     assert client.get(f"{base}/owner", headers={"Authorization": "Bearer nope"}).status_code == 401
+    # The refusal names the sign-in page that exists (the root's /login is nothing, below).
+    assert f"sign in at {base}/login " in refused.text
+    assert client.get(f"{base}/login").status_code == 200
     page = client.get(f"{base}/owner", headers={"Accept": "text/html"})
     assert page.status_code == 303 and page.headers["location"] == f"{base}/login?next=/owner"
     bearer = {"Authorization": f"Bearer {token.value}"}

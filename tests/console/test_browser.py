@@ -444,6 +444,49 @@ def test_answers_can_be_reopened_by_their_address(
     stranger_page.context.close()
 
 
+def _in_sight(page: Any, selector: str) -> bool:
+    box = page.locator(selector).bounding_box()
+    height = page.viewport_size["height"]
+    return box is not None and box["y"] >= 0 and box["y"] + box["height"] <= height
+
+
+def test_a_form_error_shows_in_sight_with_what_was_entered(
+    deployment: Path, consoles: dict[str, Console], opened: Callable[..., Any]
+) -> None:
+    consumer = consoles["consumer"]
+    page = opened(consumer)
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(f"{consumer.url}/consumer")
+    page.select_option("#explore select[name=query]", "count")
+    page.fill("#explore input[name=where]", "bmi=>30")
+    page.click("#explore button[type=submit]")
+    page.wait_for_selector("#explore-error")
+    assert _in_sight(page, "#explore-error")
+    assert page.input_value("#explore select[name=query]") == "count"
+    assert page.input_value("#explore input[name=where]") == "bmi=>30"
+    # The control: the error sits far down the page (where the reader was not looking).
+    page.evaluate("window.scrollTo(0, 0)")
+    assert not _in_sight(page, "#explore-error")
+    # A summary form's error (a POST): in sight, the values kept but the file (the page says
+    # to choose it again), and the address the form's own, so that a reload sends nothing.
+    page.goto(f"{consumer.url}/consumer")
+    page.set_input_files(
+        "#request input[name=validation]", str(deployment.parent / "validation.csv")
+    )
+    page.fill("#request input[name=p]", "7")
+    page.fill("#request input[name=max_cost]", "cheap")
+    page.click("#quote-only")
+    page.wait_for_selector("#summary-error")
+    assert _in_sight(page, "#summary-error")
+    assert "max_cost" in page.locator("#summary-error").inner_text()
+    assert page.input_value("#request input[name=p]") == "7"
+    assert page.input_value("#request input[name=max_cost]") == "cheap"
+    assert "choose your file again" in page.locator("#request").inner_text()
+    assert page.url == f"{consumer.url}/consumer#request"
+    page.reload()
+    assert page.locator("#summary-error").count() == 0
+
+
 def test_the_request_form_offers_only_the_methods_the_deployment_serves(
     deployment: Path, consoles: dict[str, Console], opened: Callable[..., Any]
 ) -> None:

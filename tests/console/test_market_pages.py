@@ -174,6 +174,16 @@ def test_a_summary_with_a_malformed_cap_is_refused_before_anything_is_asked(
         text = html.unescape(refused.text)
         assert f"Most it may cost (max_cost): '{cap}' is not an amount of credits" in text
         assert why in text
+        # What was entered is shown again (but the file, which the page asks for again), and
+        # the page's script brings the error into sight under the form's own address.
+        assert f'name="max_cost" inputmode="decimal" placeholder="no cap" value="{cap}"' in text
+        assert 'name="p" min="1" value="10"' in text
+        assert 'data-in-sight data-address="' + token.prefix + '/consumer#request"' in text
+        assert "choose your file again" in text
+    # The control: the form as first shown has none of it.
+    first = html.unescape(client.get(f"{token.prefix}/consumer", headers=bearer).text)
+    assert 'placeholder="no cap" value=""' in first and "data-in-sight" not in first
+    assert "choose your file again" not in first
     assert not any((tmp_path / "sessions").glob("*"))  # nothing recorded
 
 

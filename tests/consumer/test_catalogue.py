@@ -25,7 +25,9 @@ from dpmarket.consumer.catalogue import (
     choose_spec,
     explore,
     label_completed,
+    published_fits,
     rank,
+    unstored_fits,
     verify_fits,
     warm,
 )
@@ -141,7 +143,7 @@ def test_warming_fills_the_caches_an_answer_reads_and_changes_no_answer() -> Non
 
 @pytest.mark.slow
 def test_verifying_replaces_a_published_fit_that_shrinks_the_errors(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     """An owner (or curator) publishes a fit whose bootstrap replicates are all its model: it
     passes the receiver's checks (each tree is a calibrated model of the release) and its
@@ -167,14 +169,27 @@ def test_verifying_replaces_a_published_fit_that_shrinks_the_errors(
     MARGINALS_MODELS.clear()
     before = explore(catalogue, count, options=options).answer
     assert before.errors[0] == 0.0  # the shrunk errors, read as published
+    store = tmp_path / "models"
+    fits = published_fits(catalogue, options=options)
+    assert unstored_fits(fits, store, options) == fits  # answers read the published fit
     with caplog.at_level("WARNING"):
-        assert verify_fits(catalogue, options=options) == 1
+        assert verify_fits(catalogue, options=options, model_dir=store) == 1
     assert "differs from the one refitted here" in caplog.text
     after = explore(catalogue, count, options=options).answer
     own = MarginalsExplorer(marginals, bootstrap=2, seed=3, cache=None, refit=True)
     mine = own.answer(count, [sketch])
     assert after.errors[0] > 0 and np.array_equal(after.errors, mine.errors)
     assert np.array_equal(after.values, mine.values)
+    # A restart (a new process: nothing in memory): the fit made here, kept in the store, is
+    # read before the published one, so that what answers read does not change under them
+    # when the console checks the fits again (it had forgotten every answer kept).
+    assert unstored_fits(fits, store, options) == []
+    MARGINALS_MODELS.clear()
+    restarted = explore(catalogue, count, options=options, model_dir=store).answer
+    assert np.array_equal(restarted.errors, mine.errors)
+    # The control: without the store, the published fit is what a restarted process reads.
+    MARGINALS_MODELS.clear()
+    assert explore(catalogue, count, options=options).answer.errors[0] == 0.0
     MARGINALS_MODELS.clear()
 
 

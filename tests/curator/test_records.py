@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.common.summarization.summary import OwnerSelection, SessionRequest
 from dpmarket.curator.sessions import SessionManager
-from dpmarket.curator.store import DATABASE_FILE, CuratorRecords, CuratorStore
+from dpmarket.curator.store import DATABASE_FILE, CuratorRecords, CuratorStore, _recorded_spend
 from dpmarket.deploy.cli import main
 from dpmarket.experiments.scenarios import Scenario
 from dpmarket.owner.ledger import OwnerLedger
@@ -153,3 +154,63 @@ def test_records_read_while_the_store_writes(state: tuple[Path, str, CuratorStor
     )
     with CuratorRecords(data_dir) as records:
         assert records.sessions(limit=1)[0]["status"] == "running"
+
+
+def test_points_read_stay_listed_once_the_report_expired(
+    state: tuple[Path, str, CuratorStore],
+) -> None:
+    """The curator read the owners' points: its table says how many after the session's report
+    (where they were counted) expired, from the owners' ledger records it keeps, and its 80
+    columns hold the tutorial's consumer name on one line."""
+    data_dir, sid, store = state
+    listed = json.loads(_invoke("sessions", "--data-dir", str(data_dir), "--json").stdout)
+    points = listed["sessions"][0]["owner_points_accessed"]
+    recorded = store.owner_spend(sid)
+    released = sum(s.points for s in recorded.values() if s is not None)
+    assert points == released > 0
+    store.mark_fetched(sid, ttl=0.0)
+    assert store.expire() == 1
+    # Control: the report the listing read its points from is gone.
+    with CuratorRecords(data_dir) as records:
+        assert records._conn.execute(
+            "SELECT report_json FROM sessions WHERE id = ?", (sid,)
+        ).fetchone() == (None,)
+        row = records.sessions()[0]
+    assert row["owner_points_accessed"] == points
+    assert row["epsilon"]["owners"] == pytest.approx(1.0)
+
+    printed = CliRunner().invoke(
+        main, ["curator", "sessions", "--data-dir", str(data_dir)], env={"COLUMNS": "80"}
+    )
+    assert printed.exit_code == 0, printed.output
+    line = next(x for x in printed.output.splitlines() if x.startswith(sid[:8]))
+    assert "alice" in line and line.split()[-1] == str(points), printed.output
+    assert max(len(x) for x in printed.output.splitlines()) <= 80
+
+
+def test_a_session_whose_owner_record_is_missing_lists_no_points(
+    state: tuple[Path, str, CuratorStore],
+) -> None:
+    """``-`` only where the curator does not know: its report expired and an owner's record is
+    missing."""
+    data_dir, sid, store = state
+    owner = next(iter(store.owner_spend(sid)))
+    store.record_owner_spend(sid, owner, SessionSpend.unknown_because("owner unreachable"))
+    store.mark_fetched(sid, ttl=0.0)
+    store.expire()
+    with CuratorRecords(data_dir) as records:
+        assert records.sessions()[0]["owner_points_accessed"] is None
+
+
+def test_owners_that_charged_nothing_read_0_not_unknown() -> None:
+    """A session whose owners' ledgers all recorded ε 0 (raw points only, e.g. uniform) lists
+    ε owners 0 and its points; one with a record pending or missing, nothing."""
+    rows = [
+        ("s1", 0.0, 12, ""),
+        ("s1", 0.0, 16, ""),
+        ("s2", 1.0, 5, ""),
+        ("s2", None, None, None),  # pending
+        ("s3", 1.0, 5, ""),
+        ("s3", None, None, "owner unreachable"),  # missing
+    ]
+    assert _recorded_spend(rows) == {"s1": (0.0, 28)}

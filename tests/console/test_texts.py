@@ -1,0 +1,100 @@
+"""The console's words: the pages name flags, counts and sources as the CLI does, say what a
+figure is, and show no figure that is not one (templates rendered as the application renders
+them, :func:`dpmarket.console.app.console_templates`)."""
+
+from __future__ import annotations
+
+import html
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+from starlette.requests import Request
+
+from dpmarket.console.app import console_templates
+from dpmarket.console.consumer import _how
+from dpmarket.consumer.catalogue import RANK_FLAG_NAMES, noisy_count_text
+from dpmarket.consumer.cli import _print_answer
+from dpmarket.consumer.explore import Answer, Flag, Query, _logreg_reason
+from dpmarket.runtime.identity import Identity
+
+BASE = "/k3y"
+
+
+def _render(name: str, **context: Any) -> str:
+    templates = console_templates(Identity("consumer", "alice"), BASE)
+    scope = {"type": "http", "method": "GET", "path": f"{BASE}/consumer", "headers": []}
+    page = templates.get_template(name).render(
+        request=Request(scope), role="consumer", form_token="t", now=0.0, **context
+    )
+    return html.unescape(page)
+
+
+def _row(owner: str, rank: int, flags: list[dict[str, str]]) -> dict[str, Any]:
+    return {"rank": rank, "owner": owner, "value": 0.01, "interval": [0.0, 0.02],
+            "epsilon": 1.0, "n": 400.0, "covers": "the noise", "flags": flags}  # fmt: skip
+
+
+def test_a_ranking_names_its_flags_as_rank_owners_does() -> None:
+    reason = "its order against senior (difference +0.001 ± 0.002) is within the noise"
+    flag = {"code": "order_not_resolved", "reason": reason, "on": "value"}
+    rows = [_row("young", 1, [{**flag, "name": RANK_FLAG_NAMES[flag["code"]]}]), _row("old", 2, [])]
+    page = _render("ranking.html", ranking={"spec": "s/rff", "validation_points": 40,
+                                            "rows": rows}, svg="", file="v.csv")  # fmt: skip
+    assert "tie?" in page and f'title="{reason}"' in page  # the tooltip
+    assert "tie? (young)" in page and reason in page  # the legend
+    assert "order_not_resolved" not in page  # the internal code, shown before
+
+
+def _answer(**row: Any) -> dict[str, Any]:
+    base_row = {"label": "cov(age, bmi)", "value": 0.0, "standard_error": 0.0, "flags": [],
+                "interval": [-1146.0, 1146.0], "basis": "bounds", "covers": "x"}  # fmt: skip
+    return {"title": "covariance of young", "spec": "clinics/hist", "source": "histogram",
+            "n": 412.3, "reason": "the only sketch", "rows": [{**base_row, **row}],
+            "count": None, "bases": []}  # fmt: skip
+
+
+def test_an_answer_says_what_its_n_is_and_shows_no_standard_error_for_a_guess() -> None:
+    guess = {"code": "model-guess", "on": "value", "reason": "the independence guess"}
+    page = _render("explore.html", answer=_answer(flags=[guess]), svg="", question={})
+    text = re.sub(r"<[^>]+>", "", page)
+    assert "From clinics/hist (histogram), n ≈ 412 (the noisy record count" in text
+    assert "— (guess)" in page and "[-1146, 1146]" in page and "model-guess" in page
+    assert '<td class="n">0</td>' not in page  # no "± 0" beside the interval
+    # The control: an estimate (no guess) shows its standard error.
+    plain = _render("explore.html", answer=_answer(standard_error=0.25), svg="", question={})
+    assert '<td class="n">0.25</td>' in plain and "(guess)" not in plain
+
+
+def test_the_source_is_not_named_twice() -> None:
+    assert _how("clinics/hist (histogram)", "clinics/hist") == "histogram"
+    assert _how("clinics/hist (graphical model)", "clinics/hist") == "graphical model"
+    assert _how("something else", "clinics/hist") == "something else"
+
+
+def test_a_negative_noisy_count_shows_as_0_with_its_release() -> None:
+    assert noisy_count_text(129.4) == "129"
+    assert noisy_count_text(-20.4) == "0 (released -20)"
+    assert noisy_count_text(0.0) == "0"
+
+
+def test_flag_texts_write_plus_minus() -> None:
+    text = _logreg_reason(True, 5)
+    assert "± 1.96 ×" in text and "-+" not in text
+
+
+def test_explore_prints_no_standard_error_for_a_guess_either(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``dpmarket consumer explore``'s table says what the page says of a guessed value."""
+    query = Query("covariance", columns=("age", "bmi"))
+    guess = (Flag("model-guess", "the independence guess", "value"),)
+    for flags, shown in (((guess,), "— (guess)"), (((),), "0.25")):  # the control: an estimate
+        answer = Answer(query, ("cov(age, bmi)",), np.array([0.0]), {},
+                        errors=np.array([0.25 if not flags[0] else 0.0]),
+                        columns=(("age", "bmi"),), flags=flags,
+                        low=np.array([-1146.0]), high=np.array([1146.0]))  # fmt: skip
+        _print_answer(answer, "cov")
+        printed = capsys.readouterr().out
+        assert shown in printed, printed
