@@ -34,22 +34,23 @@ from dpmarket.curator.owners import GrpcOwnerEndpoint
 from dpmarket.curator.policy import CuratorPolicy
 from dpmarket.curator.sessions import SessionManager
 from dpmarket.curator.summarization import state as session_state
-from dpmarket.deploy.pki import init_ca, issue_all
-from dpmarket.owner.protocol import Owner
-from dpmarket.owner.service import OwnerServicer, owner_authorizer
 from dpmarket.runtime import status
-from dpmarket.runtime.identity import Identity, identity_files
-from dpmarket.runtime.serving import start_server
-from dpmarket.runtime.tables import PointSet
+from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.transport import TransportSecurity
-from dpmarket.v1 import owner_pb2, owner_pb2_grpc
+from dpmarket.v1 import owner_pb2
+from tests.curator.fake_owners import (
+    CURATOR,
+    HOSTILE,
+    OWNERS,
+    Handler,
+    hostile_owner,
+    make_pki,
+    real_owner,
+    security,
+)
 
 pytestmark = pytest.mark.integration
 
-CURATOR = Identity("curator", "curator")
-OWNERS = [Identity("owner", f"owner-{i}") for i in range(3)]
-HOSTILE = OWNERS[2]
-SERVICE = owner_pb2.DESCRIPTOR.services_by_name["OwnerService"].full_name
 FEATURES = 10
 #: Text of the hostile owner's errors that no consumer error may carry.
 MARK = "zq"
@@ -59,30 +60,16 @@ FORGED = "\n2026-01-01T00:00:00+0000 ERROR dpmarket.curator: owner owner-0: FORG
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("pki")
-    init_ca(root)
-    issue_all(root, [CURATOR, *OWNERS])
-    return root
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def _security(pki: Path, identity: Identity) -> TransportSecurity:
-    return TransportSecurity.from_files(*identity_files(pki, identity))
+    return security(pki, identity)
 
 
 async def _owner(pki: Path, identity: Identity) -> tuple[grpc.aio.Server, str]:
     """A real owner service of 40 points of :data:`FEATURES` features."""
-    data = PointSet(np.random.default_rng(0).random((40, FEATURES)), None, identity.name)
-    security = _security(pki, identity)
-    servicer = OwnerServicer(Owner(identity.name, data), owner_authorizer(("curator",), security))
-
-    def register(server: grpc.aio.Server) -> None:
-        owner_pb2_grpc.add_OwnerServiceServicer_to_server(servicer, server)
-
-    server, port, _ = await start_server(register, SERVICE, "127.0.0.1:0", security)
-    return server, f"127.0.0.1:{port}"
-
-
-Handler = Callable[[bytes, Any], Awaitable[bytes]]
+    return await real_owner(pki, identity, 40, FEATURES)
 
 
 def _failing(details: str) -> Handler:
@@ -105,15 +92,7 @@ async def _info(request: bytes, context: Any) -> bytes:
 
 async def _hostile(pki: Path, handlers: dict[str, Handler]) -> tuple[grpc.aio.Server, str]:
     """A server proving owner-2 that answers each method of ``handlers`` as it says."""
-    server = grpc.aio.server()
-    generic = grpc.method_handlers_generic_handler(
-        SERVICE,
-        {m: grpc.unary_unary_rpc_method_handler(h, bytes, bytes) for m, h in handlers.items()},
-    )
-    server.add_generic_rpc_handlers((generic,))
-    port = server.add_secure_port("127.0.0.1:0", _security(pki, HOSTILE).server_credentials())
-    await server.start()
-    return server, f"127.0.0.1:{port}"
+    return await hostile_owner(pki, handlers)
 
 
 def _request() -> SessionRequest:

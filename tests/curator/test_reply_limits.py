@@ -13,7 +13,6 @@ channel's, the same replies are received whole.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,24 +33,26 @@ from dpmarket.curator.owners import (
 )
 from dpmarket.curator.policy import CuratorPolicy
 from dpmarket.curator.sessions import SessionManager
-from dpmarket.deploy.pki import init_ca, issue_all
-from dpmarket.owner.protocol import Owner
-from dpmarket.owner.service import OwnerServicer, owner_authorizer
 from dpmarket.runtime.arrays import array_to_proto
-from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.replies import ReplyTooLargeError
 from dpmarket.runtime.schemas import schema_to_proto
-from dpmarket.runtime.serving import start_server
-from dpmarket.runtime.tables import PointSet
 from dpmarket.runtime.transport import TransportSecurity
-from dpmarket.v1 import owner_pb2, owner_pb2_grpc, schema_pb2
+from dpmarket.v1 import owner_pb2, schema_pb2
+from tests.curator.fake_owners import (
+    CURATOR,
+    HOSTILE,
+    OWNERS,
+    SERVICE,
+    Handler,
+    hostile_owner,
+    make_pki,
+    real_owner,
+    security,
+)
 
 pytestmark = pytest.mark.integration
 
-CURATOR = Identity("curator", "curator")
-OWNERS = [Identity("owner", f"owner-{i}") for i in range(3)]
-HOSTILE = OWNERS[2]
-SERVICE = owner_pb2.DESCRIPTOR.services_by_name["OwnerService"].full_name
 INFO_LIMIT = OWNER_REPLY_LIMITS[f"{SERVICE}/GetOwnerInfo"]
 #: Text of the hostile owner's replies that no curator error may carry.
 MARK = "zq"
@@ -60,43 +61,21 @@ FEATURES = 10
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("pki")
-    init_ca(root)
-    issue_all(root, [CURATOR, *OWNERS])
-    return root
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def _security(pki: Path, identity: Identity) -> TransportSecurity:
-    return TransportSecurity.from_files(*identity_files(pki, identity))
+    return security(pki, identity)
 
 
 async def _owner(pki: Path, identity: Identity) -> tuple[grpc.aio.Server, str]:
     """A real owner service of 20 points of :data:`FEATURES` features."""
-    data = PointSet(np.random.default_rng(0).random((20, FEATURES)), None, identity.name)
-    security = _security(pki, identity)
-    servicer = OwnerServicer(Owner(identity.name, data), owner_authorizer(("curator",), security))
-
-    def register(server: grpc.aio.Server) -> None:
-        owner_pb2_grpc.add_OwnerServiceServicer_to_server(servicer, server)
-
-    server, port, _ = await start_server(register, SERVICE, "127.0.0.1:0", security)
-    return server, f"127.0.0.1:{port}"
-
-
-Handler = Callable[[bytes, Any], Awaitable[bytes]]
+    return await real_owner(pki, identity, 20, FEATURES)
 
 
 async def _hostile(pki: Path, handlers: dict[str, Handler]) -> tuple[grpc.aio.Server, str]:
     """A server proving owner-2 that answers each method of ``handlers`` as it says."""
-    server = grpc.aio.server(options=[("grpc.max_send_message_length", 512 << 20)])
-    generic = grpc.method_handlers_generic_handler(
-        SERVICE,
-        {m: grpc.unary_unary_rpc_method_handler(h, bytes, bytes) for m, h in handlers.items()},
-    )
-    server.add_generic_rpc_handlers((generic,))
-    port = server.add_secure_port("127.0.0.1:0", _security(pki, HOSTILE).server_credentials())
-    await server.start()
-    return server, f"127.0.0.1:{port}"
+    return await hostile_owner(pki, handlers, max_send_bytes=512 << 20)
 
 
 def _answer(message: Any) -> Handler:
