@@ -66,7 +66,7 @@ from fractions import Fraction
 from google.protobuf.message import DecodeError
 
 from dpmarket.owner.ledger_chain import hash_at
-from dpmarket.owner.receipts import ReceiptError, open_receipt, unseal_totals
+from dpmarket.owner.receipts import ReceiptError, open_receipt, unseal_state
 from dpmarket.v1 import privacy_pb2
 
 __all__ = [
@@ -260,14 +260,7 @@ def owed(
     Deterministic in the receipt and the chained charges: the owner recomputes it for an entry
     written earlier and finds what ``resolve`` charged then (basic composition, exact sums).
     """
-    lost = unseal_totals(
-        key,
-        state.sealed_totals,
-        ledger_id=state.ledger_id,
-        sequence=state.sequence,
-        head=bytes(state.head),
-        signed_at=state.signed_at,
-    )
+    lost = unseal_state(key, state)
     # The receipt's time, when the seal or an owner's signature authenticates it: otherwise
     # (an earlier release's seal, signed by no key the ledger lists) no charge counts as shared
     # (a time moved later would count the charges made since the restore as shared).
@@ -320,14 +313,7 @@ def beyond_replaced(conn: sqlite3.Connection, state: privacy_pb2.LedgerState) ->
     if row is None:
         return None
     try:
-        lost = unseal_totals(
-            bytes(row[0]),
-            state.sealed_totals,
-            ledger_id=state.ledger_id,
-            sequence=state.sequence,
-            head=bytes(state.head),
-            signed_at=state.signed_at,
-        )
+        lost = unseal_state(bytes(row[0]), state)
     except ReceiptError:
         return None
     prefix = f"{SUPERSEDED_PREFIX}{state.ledger_id}"
@@ -398,14 +384,7 @@ def receipt_genuine(
     if seal is None:
         return listed_signature(receipt, keys)
     try:
-        unseal_totals(
-            seal,
-            state.sealed_totals,
-            ledger_id=state.ledger_id,
-            sequence=state.sequence,
-            head=bytes(state.head),
-            signed_at=state.signed_at,
-        )
+        unseal_state(seal, state)
     except ReceiptError:
         return False
     return True
@@ -482,14 +461,7 @@ def receipt_resolved(
         beyond = beyond_replaced(conn, state)  # its totals counted here already
         return beyond is not None and beyond.covered_by(0.0, 0.0, 0)
     try:
-        unseal_totals(
-            key,
-            state.sealed_totals,
-            ledger_id=state.ledger_id,
-            sequence=state.sequence,
-            head=bytes(state.head),
-            signed_at=state.signed_at,
-        )
+        unseal_state(key, state)
     except ReceiptError:
         return dismissed  # not this ledger's receipt: only a dismissal resolves it
     sessions = [rollback_session(state), *_legacy_sessions(conn, state)]

@@ -53,6 +53,7 @@ __all__ = [
     "receipt_certificate_key",
     "seal_totals",
     "sign_receipt",
+    "unseal_state",
     "unseal_totals",
 ]
 
@@ -215,6 +216,25 @@ def unseal_totals(
         except (ValueError, KeyError, TypeError, IndexError, ZeroDivisionError) as exc:
             raise ReceiptError(f"the receipt's sealed totals do not open: {exc!r}") from None
     raise ReceiptError("the receipt's sealed totals do not open: InvalidTag()")
+
+
+def unseal_state(key: bytes, state: privacy_pb2.LedgerState) -> SealedTotals:
+    """:func:`unseal_totals` of a receipt's ``state``: its sealed totals under ``key``, bound to
+    its ledger id, charge, head and signing time.
+
+    Raises
+    ------
+    ReceiptError
+        If the totals were not sealed under ``key`` for this state, or are malformed.
+    """
+    return unseal_totals(
+        key,
+        state.sealed_totals,
+        ledger_id=state.ledger_id,
+        sequence=state.sequence,
+        head=bytes(state.head),
+        signed_at=state.signed_at,
+    )
 
 
 def sign_receipt(signer: Signer, state: privacy_pb2.LedgerState) -> privacy_pb2.LedgerReceipt:
