@@ -337,3 +337,23 @@ def test_a_form_error_names_the_forms_fields_not_the_clis_options(tmp_path: Path
         "(the form's “Fewest owners (min_owners)” N)"
     )
     assert in_form_terms("--pki-dir is kept") == "--pki-dir is kept"  # no such field
+
+
+def test_a_session_says_which_program_gave_its_id(tmp_path: Path) -> None:
+    """A session the console started named ``dpmarket consumer request`` as the program that
+    printed its id; it says the console started it (the control: a request's record keeps
+    naming the command)."""
+    client, token = _consumer_console(tmp_path)
+    headers = {"Authorization": f"Bearer {token.value}"}
+    history = SessionHistory(tmp_path)
+    for source, said, unsaid in (
+        ("console", "the session this console started", "consumer request</code> printed"),
+        ("request", "<code>dpmarket consumer request</code> printed", "this console started"),
+    ):
+        record = history.record(
+            status="done", source=source, method="uniform", summary_size=3,
+            session_id=f"{source}-0123456789", result={"points_per_owner": {"a": 3}},
+        )  # fmt: skip
+        page = client.get(f"{token.prefix}/consumer/sessions/{record.key}", headers=headers)
+        assert page.status_code == 200
+        assert said in page.text and unsaid not in page.text, source
