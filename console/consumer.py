@@ -738,7 +738,7 @@ class ConsumerConsole:
         view = {
             "title": title,
             "spec": explored.spec.name,
-            "reason": explored.reason,
+            "reason": _why(explored.reason, explored.spec.name),
             "owners": owners,
             "n": explored.n_hat,
             "source": _how(answer.source, explored.spec.name),
@@ -1031,6 +1031,12 @@ def _how(source: str, spec: str) -> str:
     if source.startswith(prefix) and source.endswith(")"):
         return source[len(prefix) : -1]
     return source
+
+
+def _why(reason: str, spec: str) -> str:
+    """Why the sketch was chosen (``"<spec>: narrowest 95 % interval..."``), without the
+    spec's name the page's sentence starts with (``"From <spec> (histogram), n ≈ ...: "``)."""
+    return reason.removeprefix(f"{spec}: ")
 
 
 def _refit_child(fits: list[Any], model_dir: str) -> None:

@@ -14,7 +14,7 @@ import pytest
 from starlette.requests import Request
 
 from dpmarket.console.app import console_templates
-from dpmarket.console.consumer import _how, count_row
+from dpmarket.console.consumer import _how, _why, count_row
 from dpmarket.consumer.catalogue import RANK_FLAG_NAMES, Exploration, noisy_count_text
 from dpmarket.consumer.cli import _print_answer, _print_explored
 from dpmarket.consumer.explore import Answer, Flag, Query, _logreg_reason
@@ -72,6 +72,10 @@ def test_the_source_is_not_named_twice() -> None:
     assert _how("clinics/hist (histogram)", "clinics/hist") == "histogram"
     assert _how("clinics/hist (graphical model)", "clinics/hist") == "graphical model"
     assert _how("something else", "clinics/hist") == "something else"
+    # The page's sentence reads "From clinics/hist (histogram), n ≈ 295 (...): <why>".
+    why = "clinics/hist: narrowest 95 % interval, honestly compared"
+    assert _why(why, "clinics/hist") == "narrowest 95 % interval, honestly compared"
+    assert _why(why, "clinics/m2m") == why  # another sketch's name stays
 
 
 def test_a_negative_noisy_count_shows_as_0_with_its_release() -> None:
