@@ -339,6 +339,26 @@ def test_a_form_error_names_the_forms_fields_not_the_clis_options(tmp_path: Path
     assert in_form_terms("--pki-dir is kept") == "--pki-dir is kept"  # no such field
 
 
+def test_the_owner_consoles_warm_up_reads_its_page_and_survives_no_ledger(
+    tmp_path: Path,
+) -> None:
+    """``start_warming`` reads the page once in the background: with a ledger, the chart it
+    draws is the one the first fetch shows; before the owner's first start (no ledger), it
+    ends quietly (an exception in the thread would fail this test: pytest reports it)."""
+    owner = Identity("owner", "young")
+    empty = OwnerConsole(tmp_path / "none", TransportSecurity.plaintext(), None, owner)
+    empty.start_warming().join(timeout=30)
+    _earning_ledger(tmp_path)
+    party = OwnerConsole(tmp_path, TransportSecurity.plaintext(), None, owner)
+    warming = party.start_warming()
+    warming.join(timeout=30)
+    assert not warming.is_alive()
+    token = ConsoleToken.load_or_create(tmp_path)
+    client = TestClient(create_app(party, owner, token, port=PORT), follow_redirects=False)
+    page = client.get(f"{token.prefix}/owner", headers={"Authorization": f"Bearer {token.value}"})
+    assert page.status_code == 200 and "charges to young" in page.text
+
+
 def test_a_session_says_which_program_gave_its_id(tmp_path: Path) -> None:
     """A session the console started named ``dpmarket consumer request`` as the program that
     printed its id; it says the console started it (the control: a request's record keeps
