@@ -624,25 +624,10 @@ def _owner_routes(owner: OwnerConsole, page: Page) -> list[Route]:
             view = await run_in_threadpool(owner.view)
         except FileNotFoundError as exc:
             return page(request, "missing.html", {"message": str(exc)}, 503)
-        entries = view["entries"]
-        charges_svg = ""
-        if entries:
-            charges_svg = await run_in_threadpool(
-                functools.partial(
-                    plots.charges_plot,
-                    [e["at"] for e in entries],
-                    [e["epsilon"] or 0.0 for e in entries],
-                    [e["points"] for e in entries],
-                    title=f"charges to {identity_name(owner)}'s ledger over time (UTC)",
-                )
-            )
+        charges_svg = await run_in_threadpool(owner.charges_chart, view["entries"])
         return page(request, "owner.html", {"view": view, "charges_svg": charges_svg})
 
     return [Route("/owner", overview)]
-
-
-def identity_name(owner: OwnerConsole) -> str:
-    return owner.identity.name
 
 
 # ------------------------------------------------------------------------------- curator

@@ -261,7 +261,8 @@ def count_row(fraction: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]
     """A count answer's row in records, from its fraction's row: the count estimate, standard
     error and 95 % interval of ``extra`` (:attr:`dpmarket.consumer.explore.Answer.extra`: the
     fraction's, times the record count estimate ``n``), with the fraction's flags and basis;
-    the label says of how many records."""
+    the label says of how many records; ``guess`` says the value is the independence guess
+    (flagged ``model-guess``: it has no standard error, its interval is what holds)."""
     interval = extra.get("count_interval")
     label = str(fraction["label"])
     if label.startswith("P[") and label.endswith("]"):
@@ -272,6 +273,7 @@ def count_row(fraction: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]
         "value": float(extra["count"]),
         "standard_error": float(extra.get("count_standard_error", math.nan)),
         "interval": None if interval is None else [float(interval[0]), float(interval[1])],
+        "guess": any(f["code"] == "model-guess" for f in fraction["flags"]),
     }
 
 
@@ -736,7 +738,7 @@ class ConsumerConsole:
         view = {
             "title": title,
             "spec": explored.spec.name,
-            "reason": explored.reason,
+            "reason": _why(explored.reason, explored.spec.name),
             "owners": owners,
             "n": explored.n_hat,
             "source": _how(answer.source, explored.spec.name),
@@ -1029,6 +1031,12 @@ def _how(source: str, spec: str) -> str:
     if source.startswith(prefix) and source.endswith(")"):
         return source[len(prefix) : -1]
     return source
+
+
+def _why(reason: str, spec: str) -> str:
+    """Why the sketch was chosen (``"<spec>: narrowest 95 % interval..."``), without the
+    spec's name the page's sentence starts with (``"From <spec> (histogram), n ≈ ...: "``)."""
+    return reason.removeprefix(f"{spec}: ")
 
 
 def _refit_child(fits: list[Any], model_dir: str) -> None:

@@ -13,6 +13,8 @@ prices, read in the same ``OwnerLedger`` opening as the budget.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import Any
 
 from dpmarket.common.market.money import EPSILON_UNITS, credits_text
 from dpmarket.common.market.pricing import OwnerPrices
+from dpmarket.console import plots
 from dpmarket.console.probe import Probe, Prober
 from dpmarket.owner.cli import ledger_report, short_session
 from dpmarket.owner.earnings import Earning, Earnings
@@ -71,6 +74,32 @@ class OwnerConsole:
 
     def __post_init__(self) -> None:
         self.prober = Prober(self.security)
+
+    def charges_chart(self, entries: list[dict[str, Any]]) -> str:
+        """The chart of ``entries`` (:meth:`view`'s charges, oldest first): cumulative ε and raw
+        points over time, as inline SVG; "" before the first charge. Drawn once per change of
+        the ledger's charges (:func:`~dpmarket.console.plots.charges_plot` keeps it)."""
+        if not entries:
+            return ""
+        return plots.charges_plot(
+            [e["at"] for e in entries],
+            [e["epsilon"] or 0.0 for e in entries],
+            [e["points"] for e in entries],
+            title=f"charges to {self.identity.name}'s ledger over time (UTC)",
+        )
+
+    def start_warming(self) -> threading.Thread:
+        """Read the page once in the background (a daemon thread): its chart drawn and the
+        health check's channel open (its TLS handshake done) before the first fetch; a ledger
+        not there yet draws nothing (the page says so)."""
+
+        def warm() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                self.charges_chart(self.view()["entries"])
+
+        thread = threading.Thread(target=warm, name="owner-chart", daemon=True)
+        thread.start()
+        return thread
 
     def view(self) -> dict[str, Any]:
         """Everything the owner's page shows.

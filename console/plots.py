@@ -6,7 +6,10 @@ and is read by screen readers and tests, and its size follows the page's width (
 and height matplotlib writes are dropped; the ``viewBox`` stays). Each function takes plain
 numbers and returns the SVG markup; none reads a party's state. They may be called from any
 thread (the console draws off its event loop): one draws at a time, since each sets matplotlib's
-process-wide style (``rc_context``) while it draws.
+process-wide style (``rc_context``) while it draws. A page drawn on every fetch from a party's own
+records (the owner's charges, the curator's requests per hour) keeps its last few drawings by
+their numbers (:func:`_remembered`): the same numbers give the same SVG, so the chart is drawn
+once per change of the records, not once per fetch.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import io
 import math
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -57,6 +61,44 @@ def _one_at_a_time(draw: Callable[..., str]) -> Callable[..., str]:
             return draw(*args, **kwargs)
 
     return drawn
+
+
+#: Drawings :func:`_remembered` keeps per plot function (a few pages' charts at once).
+REMEMBERED = 8
+
+
+def _key(value: Any) -> Any:
+    """``value`` (a number, text, or a flat sequence or mapping of them) as a hashable key."""
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, _key(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return tuple(_key(v) for v in value)
+    return value
+
+
+def _remembered(draw: Callable[..., str]) -> Callable[..., str]:
+    """``draw`` (a plot of plain numbers, texts, flat lists and mappings of them), keeping its
+    last :data:`REMEMBERED` drawings keyed by its arguments: drawn again only when a number
+    changes. Its arguments are copied into the key (a caller changing its list later changes
+    nothing kept)."""
+    kept: OrderedDict[Any, str] = OrderedDict()
+    lock = threading.Lock()
+
+    @functools.wraps(draw)
+    def remembered(*args: Any, **kwargs: Any) -> str:
+        key = (_key(args), _key(kwargs))
+        with lock:
+            if key in kept:
+                kept.move_to_end(key)
+                return kept[key]
+        svg = draw(*args, **kwargs)
+        with lock:
+            kept[key] = svg
+            while len(kept) > REMEMBERED:
+                kept.popitem(last=False)
+        return svg
+
+    return remembered
 
 
 def _svg(fig: Figure, label: str, *, tight: bool = True) -> str:
@@ -232,6 +274,7 @@ def share_plot(shares: Mapping[str, int], left_out: Mapping[str, str], *, title:
         return _svg(fig, title)
 
 
+@_remembered
 @_one_at_a_time
 def charges_plot(
     times: Sequence[float], epsilons: Sequence[float], points: Sequence[int], *, title: str
@@ -255,6 +298,7 @@ def charges_plot(
         return _svg(fig, title)
 
 
+@_remembered
 @_one_at_a_time
 def rate_plot(hours: Sequence[str], counts: Mapping[str, Sequence[int]], *, title: str) -> str:
     """Requests per hour (UTC), stacked by consumer."""

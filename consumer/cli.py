@@ -1748,8 +1748,15 @@ def _print_explored(found: Exploration, query: str, kind: str) -> None:
     console.print(f"answered from {found.reason}")
     if "count" in answer.extra:
         interval = answer.extra.get("count_interval")
+        # The independence guess has no standard error (the table says "— (guess)").
+        guess = any(f["code"] == "model-guess" for f in answer.rows()[0]["flags"])
+        spread = (
+            " (model-guess: no standard error; the interval is what holds)"
+            if guess
+            else f" ± {answer.extra['count_standard_error']:.1f}"
+        )
         console.print(
-            f"count ≈ {answer.extra['count']:.1f} ± {answer.extra['count_standard_error']:.1f}"
+            f"count ≈ {answer.extra['count']:.1f}{spread}"
             + (f", 95 % interval [{interval[0]:.1f}, {interval[1]:.1f}]" if interval else "")
             + f" of n ≈ {answer.extra['n']:.0f}"
         )

@@ -328,7 +328,11 @@ def _records(data_dir: str) -> Any:
         raise click.ClickException(str(exc)) from exc
 
 
-def _eps(book: dict[str, float], party: str) -> str:
+def _eps(book: dict[str, float], party: str, kind: str = "summarization") -> str:
+    """A session's ε (or δ) on ``party``'s data: ``-`` when not known, ``n/a`` for D_v of a
+    CAPE job (it touches no validation set)."""
+    if party == "validation" and kind == "cape":
+        return "n/a"
     return f"{book[party]:.3g}" if party in book else "-"
 
 
@@ -381,7 +385,7 @@ def _compact_sessions(rows: list[dict[str, Any]]) -> Any:
         collapse_padding=True,
         caption="created: UTC; ε: basic composition (owners: the most any owner's ledger "
         "recorded); points: owner points read; -: not known (an owner's record is missing); "
-        "--wide: every column",
+        "n/a: does not apply (a CAPE job uses no D_v); --wide: every column",
         caption_justify="left",
     )
     table.add_column("id", no_wrap=True)
@@ -400,7 +404,7 @@ def _compact_sessions(rows: list[dict[str, Any]]) -> Any:
             r["method"],
             r["status"],
             _eps(r["epsilon"], "owners"),
-            _eps(r["epsilon"], "validation"),
+            _eps(r["epsilon"], "validation", r["kind"]),
             "-" if points is None else str(points),
         )
     return table
@@ -430,9 +434,9 @@ def _wide_sessions(rows: list[dict[str, Any]]) -> Any:
             r["status"],
             str(r["charges"]),
             _eps(r["epsilon"], "owners"),
-            _eps(r["epsilon"], "validation"),
+            _eps(r["epsilon"], "validation", r["kind"]),
             _eps(r["delta"], "owners"),
-            _eps(r["delta"], "validation"),
+            _eps(r["delta"], "validation", r["kind"]),
             "-" if points is None else str(points),
             Text(", ".join(f"{o} ({why})" for o, why in r["left_out"].items())),
             "yes" if r["result_kept"] else "no",

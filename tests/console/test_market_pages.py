@@ -23,6 +23,7 @@ from dpmarket.common.market.statement import (
     sign_statement,
 )
 from dpmarket.common.market.terms import MarketTerms, session_quote
+from dpmarket.console import plots
 from dpmarket.console.app import create_app
 from dpmarket.console.auth import ConsoleToken
 from dpmarket.console.consumer import ConsumerConsole, in_form_terms
@@ -104,6 +105,47 @@ def test_an_owner_without_statements_says_so(tmp_path: Path) -> None:
     page = client.get(f"{token.prefix}/owner", headers={"Authorization": f"Bearer {token.value}"})
     assert page.status_code == 200
     assert 'id="earned-total">0.00<' in page.text and "No statement recorded yet" in page.text
+
+
+def _charges_chart(page: str) -> str:
+    """The owner page's charges chart, its matplotlib ids (random per drawing) made one."""
+    svg = page.split('id="charges"', 1)[1].split("</section>", 1)[0]
+    svg = svg[svg.index("<svg") : svg.rindex("</svg>") + 6]
+    return re.sub(r"\b([a-z])[0-9a-f]{10}\b", r"\1-id", svg)
+
+
+def test_the_owners_chart_is_drawn_once_per_change_of_its_ledger(tmp_path: Path) -> None:
+    """The charges chart was drawn on every fetch (most of the page's server time): it is kept
+    by its numbers, so a fetch with no new charge shows the kept drawing (the same object) and
+    a new charge a new one; each is what a fresh drawing of the ledger shows."""
+    _earning_ledger(tmp_path)
+    owner = Identity("owner", "young")
+    token = ConsoleToken.load_or_create(tmp_path)
+    party = OwnerConsole(tmp_path, TransportSecurity.plaintext(), None, owner)
+    client = TestClient(create_app(party, owner, token, port=PORT), follow_redirects=False)
+    headers = {"Authorization": f"Bearer {token.value}"}
+
+    def drawn_afresh() -> tuple[str, str]:
+        entries = party.view()["entries"]
+        numbers = ([e["at"] for e in entries], [e["epsilon"] or 0.0 for e in entries],
+                   [e["points"] for e in entries])  # fmt: skip
+        title = "charges to young's ledger over time (UTC)"
+        kept = plots.charges_plot(*numbers, title=title)
+        assert plots.charges_plot(*numbers, title=title) is kept  # not drawn again
+        fresh = plots.charges_plot.__wrapped__(*numbers, title=title)
+        return _charges_chart(f'id="charges"{kept}'), _charges_chart(f'id="charges"{fresh}')
+
+    first = _charges_chart(client.get(f"{token.prefix}/owner", headers=headers).text)
+    again = _charges_chart(client.get(f"{token.prefix}/owner", headers=headers).text)
+    kept, fresh = drawn_afresh()
+    assert first == again == kept == fresh
+    with OwnerLedger(tmp_path, None) as ledger:
+        ledger.charge(session="0" * 32, consumer=CONSUMER, curator=CURATOR, mechanism="candidates",
+                      epsilon=0.5, delta=0.0, points=7)  # fmt: skip
+    after = _charges_chart(client.get(f"{token.prefix}/owner", headers=headers).text)
+    assert after != first  # the control: a new charge is drawn
+    kept, fresh = drawn_afresh()
+    assert after == kept == fresh
 
 
 # ------------------------------------------------------------------------------ consumer
@@ -295,3 +337,43 @@ def test_a_form_error_names_the_forms_fields_not_the_clis_options(tmp_path: Path
         "(the form's “Fewest owners (min_owners)” N)"
     )
     assert in_form_terms("--pki-dir is kept") == "--pki-dir is kept"  # no such field
+
+
+def test_the_owner_consoles_warm_up_reads_its_page_and_survives_no_ledger(
+    tmp_path: Path,
+) -> None:
+    """``start_warming`` reads the page once in the background: with a ledger, the chart it
+    draws is the one the first fetch shows; before the owner's first start (no ledger), it
+    ends quietly (an exception in the thread would fail this test: pytest reports it)."""
+    owner = Identity("owner", "young")
+    empty = OwnerConsole(tmp_path / "none", TransportSecurity.plaintext(), None, owner)
+    empty.start_warming().join(timeout=30)
+    _earning_ledger(tmp_path)
+    party = OwnerConsole(tmp_path, TransportSecurity.plaintext(), None, owner)
+    warming = party.start_warming()
+    warming.join(timeout=30)
+    assert not warming.is_alive()
+    token = ConsoleToken.load_or_create(tmp_path)
+    client = TestClient(create_app(party, owner, token, port=PORT), follow_redirects=False)
+    page = client.get(f"{token.prefix}/owner", headers={"Authorization": f"Bearer {token.value}"})
+    assert page.status_code == 200 and "charges to young" in page.text
+
+
+def test_a_session_says_which_program_gave_its_id(tmp_path: Path) -> None:
+    """A session the console started named ``dpmarket consumer request`` as the program that
+    printed its id; it says the console started it (the control: a request's record keeps
+    naming the command)."""
+    client, token = _consumer_console(tmp_path)
+    headers = {"Authorization": f"Bearer {token.value}"}
+    history = SessionHistory(tmp_path)
+    for source, said, unsaid in (
+        ("console", "the session this console started", "consumer request</code> printed"),
+        ("request", "<code>dpmarket consumer request</code> printed", "this console started"),
+    ):
+        record = history.record(
+            status="done", source=source, method="uniform", summary_size=3,
+            session_id=f"{source}-0123456789", result={"points_per_owner": {"a": 3}},
+        )  # fmt: skip
+        page = client.get(f"{token.prefix}/consumer/sessions/{record.key}", headers=headers)
+        assert page.status_code == 200
+        assert said in page.text and unsaid not in page.text, source

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import re
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -13,9 +14,9 @@ import pytest
 from starlette.requests import Request
 
 from dpmarket.console.app import console_templates
-from dpmarket.console.consumer import _how
-from dpmarket.consumer.catalogue import RANK_FLAG_NAMES, noisy_count_text
-from dpmarket.consumer.cli import _print_answer
+from dpmarket.console.consumer import _how, _why, count_row
+from dpmarket.consumer.catalogue import RANK_FLAG_NAMES, Exploration, noisy_count_text
+from dpmarket.consumer.cli import _print_answer, _print_explored
 from dpmarket.consumer.explore import Answer, Flag, Query, _logreg_reason
 from dpmarket.runtime.identity import Identity
 
@@ -71,6 +72,10 @@ def test_the_source_is_not_named_twice() -> None:
     assert _how("clinics/hist (histogram)", "clinics/hist") == "histogram"
     assert _how("clinics/hist (graphical model)", "clinics/hist") == "graphical model"
     assert _how("something else", "clinics/hist") == "something else"
+    # The page's sentence reads "From clinics/hist (histogram), n ≈ 295 (...): <why>".
+    why = "clinics/hist: narrowest 95 % interval, honestly compared"
+    assert _why(why, "clinics/hist") == "narrowest 95 % interval, honestly compared"
+    assert _why(why, "clinics/m2m") == why  # another sketch's name stays
 
 
 def test_a_negative_noisy_count_shows_as_0_with_its_release() -> None:
@@ -98,3 +103,34 @@ def test_explore_prints_no_standard_error_for_a_guess_either(
         _print_answer(answer, "cov")
         printed = capsys.readouterr().out
         assert shown in printed, printed
+
+
+def _count_answer(guessed: bool) -> Answer:
+    """A count of ``bmi>=30`` whose fraction is the independence guess (or, the control, an
+    estimate with its standard error)."""
+    flags = (Flag("model-guess", "the independence guess", "value"),) if guessed else ()
+    return Answer(Query("count", where=("bmi>=30",)), ("P[bmi>=30]",), np.array([0.0]),
+                  {"count": 0.0, "n": 295.0, "count_standard_error": 15.4,
+                   "count_interval": (0.0, 120.0)},
+                  errors=np.array([0.0 if guessed else 0.05]), columns=(("bmi",),),
+                  flags=(flags,), low=np.array([0.0]), high=np.array([0.4]))  # fmt: skip
+
+
+@pytest.mark.parametrize("guessed", [True, False])
+def test_a_guessed_counts_headline_shows_no_plus_minus(
+    guessed: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A guessed count's headline read "Count ≈ 0.0 ± 15.4" while its table said "— (guess)":
+    the console's and ``consumer explore``'s headlines show the value, the flag and the
+    interval, no ± (the control: an estimate keeps its ±)."""
+    answer = _count_answer(guessed)
+    count = count_row(answer.rows()[0], answer.extra)
+    page = _render("explore.html", answer={**_answer(), "count": count}, svg="", question={})
+    line = re.sub(r"<[^>]+>", "", page.split('id="count-line">', 1)[1].split("</p>", 1)[0])
+    found = Exploration(None, "r", (SimpleNamespace(owner="young"),), answer, 295.0)  # type: ignore[arg-type]
+    _print_explored(found, "count", "count")
+    printed = " ".join(capsys.readouterr().err.split("count ≈", 1)[1].split())  # unwrapped
+    for headline in (line, printed):
+        assert ("±" not in headline) == guessed, headline
+        assert ("model-guess" in headline) == guessed, headline
+        assert "95 % interval [0.0, 120.0]" in headline, headline

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import io
+import re
 from typing import Any
 
 from rich.console import Console
+from starlette.requests import Request
 
+from dpmarket.console.app import console_templates
 from dpmarket.curator.cli import _compact_sessions, _wide_sessions
+from dpmarket.runtime.identity import Identity
 
 
 def _row(k: int, method: str, consumer: str, status: str = "done") -> dict[str, Any]:
@@ -60,3 +64,33 @@ def test_the_wide_table_keeps_every_column() -> None:
     for header in ("kind", "finished (UTC)", "δ owners", "left out", "result kept"):
         assert header in text
     assert "senior (budget refused)" in text
+
+
+def test_a_cape_jobs_d_v_column_says_it_does_not_apply() -> None:
+    """A CAPE job uses no validation set: its "ε D_v" read "-", the legend's "not known"; it
+    reads "n/a", said in the legend (the control: a session missing a figure keeps "-")."""
+    cape, session = _row(2, "cape-linear", "consumer:alice"), _row(1, "candidates", "consumer:bob")
+    cape["epsilon"], session["epsilon"] = {"owners": 1.0}, {"owners": 1.0}
+    text = _render(_compact_sessions([cape, session]), 80)
+    lines = {line.split()[0]: line.split() for line in text.splitlines() if line.strip()}
+    assert "n/a" in lines[cape["id"][:8]]
+    assert "n/a" not in lines[session["id"][:8]] and "-" in lines[session["id"][:8]]
+    assert "n/a: does not apply (a CAPE job uses no D_v)" in " ".join(text.split())
+    wide = _render(_wide_sessions([cape]), 300)
+    assert wide.count("n/a") == 2  # ε D_v and δ D_v
+    page = _curator_page([cape, session])
+    cells = re.findall(r"<tr class=\"done\">(.*?)</tr>", page, flags=re.S)
+    assert "n/a" in cells[0] and "n/a" not in cells[1]
+    assert "n/a: does not apply (a CAPE job uses no D_v)" in page
+
+
+def _curator_page(sessions: list[dict[str, Any]]) -> str:
+    """The curator console's page (its template as the application renders it) with only
+    ``sessions``."""
+    templates = console_templates(Identity("curator", "curator"), "/k3y")
+    scope = {"type": "http", "method": "GET", "path": "/k3y/curator", "headers": []}
+    view = {"owners": [], "running": [], "sessions": sessions, "catalogue": [],
+            "rates": {"last_hour": 0, "last_day": 0, "by_consumer": {}}}  # fmt: skip
+    return templates.get_template("curator.html").render(
+        request=Request(scope), role="curator", form_token="t", now=0.0, view=view, rate_svg=""
+    )
