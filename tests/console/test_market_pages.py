@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import re
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -132,7 +133,7 @@ def test_the_owners_chart_is_drawn_once_per_change_of_its_ledger(tmp_path: Path)
         title = "charges to young's ledger over time (UTC)"
         kept = plots.charges_plot(*numbers, title=title)
         assert plots.charges_plot(*numbers, title=title) is kept  # not drawn again
-        fresh = plots.charges_plot.__wrapped__(*numbers, title=title)
+        fresh = cast(Any, plots.charges_plot).__wrapped__(*numbers, title=title)
         return _charges_chart(f'id="charges"{kept}'), _charges_chart(f'id="charges"{fresh}')
 
     first = _charges_chart(client.get(f"{token.prefix}/owner", headers=headers).text)

@@ -109,7 +109,8 @@ def _count_answer(guessed: bool) -> Answer:
     """A count of ``bmi>=30`` whose fraction is the independence guess (or, the control, an
     estimate with its standard error)."""
     flags = (Flag("model-guess", "the independence guess", "value"),) if guessed else ()
-    return Answer(Query("count", where=("bmi>=30",)), ("P[bmi>=30]",), np.array([0.0]),
+    query = Query("count", where=(("bmi", 30.0, float("inf")),))
+    return Answer(query, ("P[bmi>=30]",), np.array([0.0]),
                   {"count": 0.0, "n": 295.0, "count_standard_error": 15.4,
                    "count_interval": (0.0, 120.0)},
                   errors=np.array([0.0 if guessed else 0.05]), columns=(("bmi",),),
