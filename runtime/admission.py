@@ -306,8 +306,9 @@ class RequestBudget:
     :meth:`take` waits until ``size`` fits beside what is held, or nothing is held (a request
     larger than the budget is served alone); :meth:`give` returns bytes taken. Calls are served
     first come first served, those of a caller that is not stalling (:attr:`stalled`) before
-    those of one that is; a call that starts waiting calls each of :attr:`watchers` (the
-    declared requests being read, whose deadline then shortens: :data:`CONTENDED_UPLOAD_SECONDS`).
+    those of one that is; a call of a caller that is not stalling that starts waiting calls
+    each of :attr:`watchers` (the declared requests being read, whose deadline then shortens:
+    :data:`CONTENDED_UPLOAD_SECONDS`).
     A request of at most :data:`SMALL_REQUEST_BYTES` may also take bytes of ``small_lane``
     beyond ``total``, at once, whoever waits. Runs on the server's event loop.
 
@@ -351,6 +352,14 @@ class RequestBudget:
         """Whether a call waits for bytes."""
         return bool(self._waiting)
 
+    @property
+    def pressed(self) -> bool:
+        """Whether a call of a caller that is not stalling waits for bytes: only such a call
+        shortens the declared requests being read (a stalling caller's waiting calls hurried an
+        honest upload until it was refused, every time: two identities that sent nothing stopped
+        every upload longer than :data:`CONTENDED_UPLOAD_SECONDS`)."""
+        return any(not self.stalled(caller) for _, caller, _ in self._waiting)
+
     async def take(self, size: int, caller: str = "") -> None:
         """Take ``size`` bytes for ``caller``, waiting for them if need be."""
         if (not self._waiting and self._fits(size)) or self._in_lane(size):
@@ -359,8 +368,9 @@ class RequestBudget:
         granted = asyncio.get_running_loop().create_future()
         entry = (size, caller, granted)
         self._waiting.append(entry)
-        for watcher in list(self.watchers):
-            watcher()
+        if not self.stalled(caller):
+            for watcher in list(self.watchers):
+                watcher()
         try:
             await granted
         except asyncio.CancelledError:
@@ -1088,7 +1098,8 @@ class _Gate:
     ) -> Any:
         """Read a declared request (:meth:`_read_pieces`) within its deadline: its least rate
         (:data:`MIN_UPLOAD_BYTES_PER_SECOND`), and :data:`CONTENDED_UPLOAD_SECONDS` from the
-        moment another call waits for the request budget if that is sooner. A request that
+        moment a call of a caller that is not stalling waits for the request budget if that is
+        sooner. A request that
         ends before it is whole, refused or gone, makes its caller stalling.
 
         Raises
@@ -1111,7 +1122,7 @@ class _Gate:
 
                 shares.budget.watchers.add(press)
                 try:
-                    if shares.budget.waiting:
+                    if shares.budget.pressed:
                         press()
                     return await self._read_pieces(context, parse, share, declared)
                 finally:

@@ -902,6 +902,48 @@ def test_slow_uploads_holding_the_budget_hurry_once_another_call_waits_for_it(
     _run(pki, scenario)
 
 
+@pytest.mark.parametrize("waiter_stalling", [True, False])
+def test_a_stalling_callers_waiting_call_does_not_hurry_an_upload(
+    pki: Path, monkeypatch: pytest.MonkeyPatch, admissions: list[Any], waiter_stalling: bool
+) -> None:
+    """Two curators' uploads fill the budget, each sending a piece every 0.4 s (about 1.2 s
+    whole, longer than ``CONTENDED_UPLOAD_SECONDS``, 0.5 s); a third curator counted as
+    stalling then asks for the budget: its waiting call hurries nobody, both uploads are served
+    and then it is (a stranger's finding: two identities that sent nothing, each refused as
+    stalling, kept calls waiting and so cut every honest upload longer than 10 s short, 0 of 4
+    served in 75 s). Control: the same waiting call from a caller that is not stalling hurries
+    both uploads, which are refused."""
+    request = _opening(2 * FRAME_BYTES).SerializeToString()
+    _sized_budget(monkeypatch, len(request))
+    monkeypatch.setattr(admission, "MIN_UPLOAD_BYTES_PER_SECOND", 1.0)
+    monkeypatch.setattr(admission, "CONTENDED_UPLOAD_SECONDS", 0.5)
+
+    async def scenario(connect, owner, curator):
+        shares = admissions[0].shares
+        budget = shares.budget
+        if waiter_stalling:
+            shares.stall(str(CURATOR_C))
+        uploads = [
+            asyncio.ensure_future(_slow_upload(connect(who), request, 0.4, [], budget))
+            for who in (CURATOR, CURATOR_B)
+        ]
+        await _until(lambda: budget.held == budget.total)
+        waiter = _slow_upload(connect(CURATOR_C), request, 0.0, [], budget)
+        codes = await asyncio.gather(*uploads, waiter)
+        if waiter_stalling:
+            assert codes == [(grpc.StatusCode.OK, "")] * 3, codes
+            assert owner.opened == [request] * 3
+        else:
+            for code, details in codes[:2]:
+                assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+                assert "within 0.5 s of another call waiting" in details
+            assert codes[2] == (grpc.StatusCode.OK, "")
+        await _until(lambda: not shares.callers)
+        assert budget.held == 0
+
+    _run(pki, scenario)
+
+
 def test_an_upload_at_the_least_rate_on_a_quiet_server_is_served(
     pki: Path, monkeypatch: pytest.MonkeyPatch, admissions: list[Any]
 ) -> None:
