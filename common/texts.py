@@ -17,8 +17,10 @@ __all__ = ["PEER_TEXT_CHARS", "peer_text"]
 #: service keeps in an error or writes to its log.
 PEER_TEXT_CHARS = 500
 #: Unicode categories written escaped: control characters (C0, DEL, C1: newline, carriage
-#: return, escape, NUL, NEL) and the line and paragraph separators.
-_ESCAPED = frozenset({"Cc", "Zl", "Zp"})
+#: return, escape, NUL, NEL), format characters (bidirectional overrides and isolates such as
+#: U+202E and U+2066, which reorder what a terminal shows; zero-width spaces and joiners, the
+#: byte-order mark, the soft hyphen, which hide text) and the line and paragraph separators.
+_ESCAPED = frozenset({"Cc", "Cf", "Zl", "Zp"})
 
 
 def peer_text(text: str, limit: int = PEER_TEXT_CHARS) -> str:
@@ -38,15 +40,15 @@ def peer_text(text: str, limit: int = PEER_TEXT_CHARS) -> str:
     str
         The text with every character of :data:`_ESCAPED`'s categories written as Python
         writes it in a string literal (``\\n``, ``\\x1b``, ``\\u2028``), cut to ``limit``
-        characters: the party cannot start a line in a log, hide text from a terminal or make
-        a line longer than ``limit`` characters and the escapes of those kept.
+        characters: the party cannot start a line in a log, hide or reorder text on a
+        terminal or make a line longer than ``limit`` characters and the escapes of those kept.
     """
     kept = "".join(_escaped(c) for c in text[:limit])
     return kept + ("... (cut)" if len(text) > limit else "")
 
 
 def _escaped(char: str) -> str:
-    """``char``, or its escape when it is a control or line-breaking character."""
+    """``char``, or its escape when it is a control, format or line-breaking character."""
     if unicodedata.category(char) in _ESCAPED:
         return char.encode("unicode_escape").decode("ascii")
     return char

@@ -15,6 +15,7 @@ from dpmarket.common.texts import peer_text
         ("refused: d=9000 exceeds 4096", "refused: d=9000 exceeds 4096"),
         ("a\nb\r\x1b[31mred\x00\u2028c\x85", "a\\nb\\r\\x1b[31mred\\x00\\u2028c\\x85"),
         ("é ünïcode ✓ stays", "é ünïcode ✓ stays"),
+        ("ok\u202egnp.exe\u2066x\u200b\ufeff\xad", "ok\\u202egnp.exe\\u2066x\\u200b\\ufeff\\xad"),
         ("x" * 501, "x" * 500 + "... (cut)"),
         ("x" * 500, "x" * 500),
     ],
