@@ -66,7 +66,7 @@ from fractions import Fraction
 from google.protobuf.message import DecodeError
 
 from dpmarket.owner.ledger_chain import hash_at
-from dpmarket.owner.receipts import ReceiptError, open_receipt, unseal_state
+from dpmarket.owner.receipts import ReceiptError, SealedTotals, open_receipt, unseal_state
 from dpmarket.v1 import privacy_pb2
 
 __all__ = [
@@ -213,6 +213,16 @@ class Owed:
         return epsilon >= self.epsilon and delta >= self.delta and points >= self.points
 
 
+def _beyond(lost: SealedTotals, epsilon: Fraction, delta: Fraction, points: int) -> Owed:
+    """What ``lost`` (a receipt's sealed totals) shows beyond ``epsilon``, ``delta`` and
+    ``points`` already counted: never negative, epsilon and delta rounded up, delta below 1."""
+    return Owed(
+        epsilon=_round_up(max(lost.epsilon - epsilon, Fraction(0))),
+        delta=min(_round_up(max(lost.delta - delta, Fraction(0))), math.nextafter(1.0, 0)),
+        points=max(lost.points - points, 0),
+    )
+
+
 def _round_up(value: Fraction) -> float:
     x = float(value)
     return math.nextafter(x, math.inf) if Fraction(x) < value else x
@@ -275,11 +285,7 @@ def owed(
             epsilon += Fraction(float(eps)) * int(count)
             delta += Fraction(float(dlt)) * int(count)
         points += int(total)
-    return Owed(
-        epsilon=_round_up(max(lost.epsilon - epsilon, Fraction(0))),
-        delta=min(_round_up(max(lost.delta - delta, Fraction(0))), math.nextafter(1.0, 0)),
-        points=max(lost.points - points, 0),
-    )
+    return _beyond(lost, epsilon, delta, points)
 
 
 def beyond_replaced(conn: sqlite3.Connection, state: privacy_pb2.LedgerState) -> Owed | None:
@@ -326,11 +332,7 @@ def beyond_replaced(conn: sqlite3.Connection, state: privacy_pb2.LedgerState) ->
         epsilon += Fraction(float(eps)) * int(count)
         delta += Fraction(float(dlt)) * int(count)
         points += int(total)
-    return Owed(
-        epsilon=_round_up(max(lost.epsilon - epsilon, Fraction(0))),
-        delta=min(_round_up(max(lost.delta - delta, Fraction(0))), math.nextafter(1.0, 0)),
-        points=max(lost.points - points, 0),
-    )
+    return _beyond(lost, epsilon, delta, points)
 
 
 def sealing_key(
