@@ -405,7 +405,7 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
         return RedirectResponse(f"{root(request)}/consumer#{part}", status_code=303)
 
     async def rank(request: Request) -> Response:
-        if request.method == "GET":
+        if request.method != "POST":  # a HEAD too: only a POST, checked, submits
             return await to_form(request)
         form = await request.form()
         upload = form.get("validation")
@@ -439,7 +439,7 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
         return {"summary_error": str(exc), "summary_asked": entered}
 
     async def summary(request: Request) -> Response:
-        if request.method == "GET":
+        if request.method != "POST":  # a HEAD too: only a POST, checked, submits
             return await to_form(request)
         form = await request.form()
         data, name = await _read_upload(form.get("validation"))
@@ -455,7 +455,7 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
         return RedirectResponse(f"{root}/consumer/sessions/{session_id}", status_code=303)
 
     async def quote(request: Request) -> Response:
-        if request.method == "GET":
+        if request.method != "POST":  # a HEAD too: only a POST, checked, submits
             return await to_form(request)
         form = await request.form()
         data, name = await _read_upload(form.get("validation"))
@@ -594,8 +594,13 @@ async def _with_status(response: Awaitable[Response], status: int) -> Response:
 
 
 async def _read_upload(upload: Any) -> tuple[bytes, str]:
+    """An uploaded file's bytes and name (closed once read: its spooled temporary file is not
+    left for the garbage collector); ``(b"", "")`` when the field holds no file."""
     if isinstance(upload, UploadFile):
-        return await upload.read(), upload.filename or "validation"
+        try:
+            return await upload.read(), upload.filename or "validation"
+        finally:
+            await upload.close()
     return b"", ""
 
 
