@@ -95,9 +95,11 @@ EXPLORE_QUERIES = ("mean", "moment2", "cdf", "count", "covariance", "logreg", "m
 #: The explore form's fields, the parameters of an answer's address.
 EXPLORE_FIELDS = ("query", "spec", "owner", "column", "points", "where", "target")
 #: Seconds an explore page waits for its answer; a longer one is computed off the request and
-#: the page says so, reloading itself every :data:`ANSWER_REFRESH_SECONDS` until it is there.
+#: the page says so, reloading itself after :data:`ANSWER_REFRESH_SECONDS` until it is there.
+#: Each reload waits as long again, so the reloads are a long poll: the answer shows within
+#: a page's load of being ready (a reload every second showed one ready after 1.02 s at 2.0 s).
 ANSWER_WAIT_SECONDS = 0.5
-ANSWER_REFRESH_SECONDS = 1
+ANSWER_REFRESH_SECONDS = 0
 #: The summary form's fields shown again, as entered, with its error (a file field cannot be).
 SUMMARY_FIELDS = ("p", "method", "gamma", "min_owners", "max_cost")
 #: Rankings and quotes kept at an address of their own (the newest; in memory).
@@ -403,7 +405,7 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
         return RedirectResponse(f"{root(request)}/consumer#{part}", status_code=303)
 
     async def rank(request: Request) -> Response:
-        if request.method == "GET":
+        if request.method != "POST":  # a HEAD too: only a POST, checked, submits
             return await to_form(request)
         form = await request.form()
         upload = form.get("validation")
@@ -437,7 +439,7 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
         return {"summary_error": str(exc), "summary_asked": entered}
 
     async def summary(request: Request) -> Response:
-        if request.method == "GET":
+        if request.method != "POST":  # a HEAD too: only a POST, checked, submits
             return await to_form(request)
         form = await request.form()
         data, name = await _read_upload(form.get("validation"))
@@ -453,7 +455,7 @@ def _consumer_routes(consumer: ConsumerConsole, page: Page) -> list[Route]:
         return RedirectResponse(f"{root}/consumer/sessions/{session_id}", status_code=303)
 
     async def quote(request: Request) -> Response:
-        if request.method == "GET":
+        if request.method != "POST":  # a HEAD too: only a POST, checked, submits
             return await to_form(request)
         form = await request.form()
         data, name = await _read_upload(form.get("validation"))
@@ -592,8 +594,13 @@ async def _with_status(response: Awaitable[Response], status: int) -> Response:
 
 
 async def _read_upload(upload: Any) -> tuple[bytes, str]:
+    """An uploaded file's bytes and name (closed once read: its spooled temporary file is not
+    left for the garbage collector); ``(b"", "")`` when the field holds no file."""
     if isinstance(upload, UploadFile):
-        return await upload.read(), upload.filename or "validation"
+        try:
+            return await upload.read(), upload.filename or "validation"
+        finally:
+            await upload.close()
     return b"", ""
 
 

@@ -59,7 +59,7 @@ from dpmarket.common.summarization.methods import SummarizationConfig, method_co
 from dpmarket.common.summarization.summary import OwnerSelection
 from dpmarket.common.summarization.terms import MethodOffer
 from dpmarket.console import plots
-from dpmarket.console.background import Background
+from dpmarket.console.background import Background, GiveWay
 from dpmarket.consumer import model_store
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.consumer.history import RecordedSession, SessionHistory, spent
@@ -458,6 +458,8 @@ class ConsumerConsole:
         self._stop_warming = threading.Event()
         #: Answers computed off the request (:meth:`explore_soon`).
         self._background: Background[dict[str, Any]] = Background("explore-answer")
+        #: The warm-up gives way, between its steps, to those answers.
+        self._give_way = GiveWay()
         #: Marginals models kept on disk (shared with ``dpmarket consumer explore --data-dir``).
         self.model_dir = self.data_dir / model_store.FOLDER
         self.warming: threading.Thread | None = None
@@ -474,7 +476,9 @@ class ConsumerConsole:
         read the published fits: they are forgotten), the explore form's questions as it opens
         are answered ahead (:data:`ANSWERED_AHEAD`), so that their pages are read from the
         kept explorations. Start-up and pages do not wait for it; an answer waits only for the
-        design or the model it needs, or the answer ahead in progress."""
+        design or the model it needs, or the step in progress: the warm-up gives way to an
+        answer a page asked for (:meth:`explore_soon`) before each of its steps
+        (:class:`~dpmarket.console.background.GiveWay`)."""
         self.warming = threading.Thread(target=self._warm, name="explore-warm", daemon=True)
         self.warming.start()
         return self.warming
@@ -490,19 +494,22 @@ class ConsumerConsole:
         from dpmarket.consumer.catalogue import published_fits, unstored_fits, verify_fits, warm
 
         try:
-            # Fits this console made before (kept in its model store, e.g. before a restart)
-            # are what answers read from the start: only the others change under them.
-            fits = published_fits(self.client)
-            changing = unstored_fits(fits, self.model_dir)
             # At the console's priority: it holds the lock answers take while it draws a
             # design (a second or so each), and a starved holder would keep them waiting.
+            # First, before anything else, as a first answer needs what it computes.
             warm(
                 self.client,
                 explorers=self._explorers,
                 lock=self._exploring,
                 stop=self._stop_warming,
                 model_dir=self.model_dir,
+                pause=self._give_way.pause,
             )
+            # Fits this console made before (kept in its model store, e.g. before a restart)
+            # are what answers read from the start: only the others change under them. (The
+            # warm-up keeps no published fit in the store: the same ones are unstored after.)
+            fits = published_fits(self.client)
+            changing = unstored_fits(fits, self.model_dir)
             # The refits take seconds of CPU each (about 20 s for the tutorial's three): in
             # this process they would share its interpreter lock with every page for minutes,
             # whatever this thread's priority. A child process at a lower priority fits them
@@ -511,7 +518,10 @@ class ConsumerConsole:
             if changing and not self._stop_warming.is_set():
                 self._refit_elsewhere(changing)
             refitted = not self._stop_warming.is_set() and verify_fits(
-                self.client, stop=self._stop_warming, model_dir=self.model_dir
+                self.client,
+                stop=self._stop_warming,
+                model_dir=self.model_dir,
+                pause=self._give_way.pause,
             )
             if refitted and changing:  # answers now read this console's own fits, those kept
                 # the published ones of the sketches in ``changing``
@@ -526,6 +536,7 @@ class ConsumerConsole:
         query kind that needs no other field) into the kept explorations, one at a time
         (an answer asked meanwhile waits at most for the one in progress)."""
         for kind in ANSWERED_AHEAD:
+            self._give_way.pause()
             if self._stop_warming.is_set():
                 return
             try:
@@ -715,7 +726,12 @@ class ConsumerConsole:
             As :meth:`explore` (once, to the request that reads the result).
         """
         key = json.dumps(form, sort_keys=True)
-        return self._background.result(key, lambda: self.explore(form), wait)
+
+        def answer() -> dict[str, Any]:
+            with self._give_way.asked():
+                return self.explore(form)
+
+        return self._background.result(key, answer, wait)
 
     def _view(self, explored: Any) -> dict[str, Any]:
         """An exploration as its page shows it (:meth:`explore`), with its plot; kept for

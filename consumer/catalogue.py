@@ -548,6 +548,7 @@ def warm(
     lock: threading.Lock | None = None,
     stop: threading.Event | None = None,
     model_dir: str | os.PathLike[str] | None = None,
+    pause: Callable[[], None] | None = None,
 ) -> int:
     """Compute ahead what :func:`explore` computes first: every published marginals sketch's
     model and bootstrap refits (into :data:`~dpmarket.consumer.explore.MARGINALS_MODELS`: read
@@ -573,6 +574,10 @@ def warm(
         Set: stop before the next step.
     model_dir : path, optional
         Where marginals models are kept on disk (as :func:`explore`'s).
+    pause : callable, optional
+        Called before each step; returns when the step may run (a console waits there while
+        a question asked meanwhile is answered, which would otherwise share the interpreter
+        with the step).
 
     Returns
     -------
@@ -599,7 +604,7 @@ def warm(
             refit=options.refit,
         )
         for entry in client.sketches(spec):
-            if stop is not None and stop.is_set():
+            if not _go_on(stop, pause):
                 return done
             if isinstance(entry.sketch, MarginalsSketch):
                 # Not under ``guard``: the model cache makes an answer that needs this
@@ -607,17 +612,25 @@ def warm(
                 marginals.models(entry.sketch)
                 done += 1
     for spec in [s for s in specs if s.kind != "marginals"]:
-        if stop is not None and stop.is_set():
+        if not _go_on(stop, pause):
             return done
         with guard:
             _ = _explorer(kept, spec, options).design  # drawn when first read
         done += 1
     for module in IMPORTED_AHEAD:  # imported on an answer's first use otherwise
-        if stop is not None and stop.is_set():
+        if not _go_on(stop, pause):
             return done
         importlib.import_module(module)
     logger.info("explore caches warmed: %d designs and sketch models", done)
     return done
+
+
+def _go_on(stop: threading.Event | None, pause: Callable[[], None] | None) -> bool:
+    """Whether a step ahead of time may run now: after ``pause`` (if any) returns, unless
+    ``stop`` is set."""
+    if pause is not None:
+        pause()
+    return stop is None or not stop.is_set()
 
 
 def published_fits(
@@ -707,6 +720,7 @@ def verify_fits(
     options: ExploreOptions | None = None,
     stop: threading.Event | None = None,
     model_dir: str | os.PathLike[str] | None = None,
+    pause: Callable[[], None] | None = None,
 ) -> int:
     """Refit here every published marginals sketch whose owner's fit the answers read
     (:func:`published_fits`), so that later answers read this process's own fit, and log a
@@ -726,6 +740,8 @@ def verify_fits(
     model_dir : path, optional
         Where marginals models are kept on disk (the refits are kept there too, and read from
         there when :func:`refit_into_store` fitted them).
+    pause : callable, optional
+        Called before each sketch (as :func:`warm`'s).
 
     Returns
     -------
@@ -740,7 +756,7 @@ def verify_fits(
     options = options if options is not None else ExploreOptions()
     done = 0
     for spec, entry in published_fits(client, options=options):
-        if stop is not None and stop.is_set():
+        if not _go_on(stop, pause):
             return done
         _verify_fit(spec, entry, options, model_dir)
         done += 1

@@ -42,7 +42,11 @@ FOLDER = "explore-models"
 KEEP = 16
 #: A sketch's models larger than this (bytes of float64 tables) are not written.
 MAX_BYTES = 256 << 20
-_FORMAT = 2
+#: Written: format 3 keeps each model's junction-tree edges (a kept model is then read without
+#: importing ``mbi``: :meth:`MarginalsModel.from_state`); a format 2 file is still read, and
+#: written again in format 3.
+_FORMAT = 3
+_READ_FORMATS = (2, 3)
 _PARTS = ("potentials", "marginals", "beliefs")
 
 Fitted = tuple[MarginalsModel, list[MarginalsModel]]
@@ -62,7 +66,7 @@ def save(folder: Path, key: Sequence[Any], fitted: Fitted) -> None:
     layout: list[dict[str, Any]] = []
     for i, model in enumerate(models):
         state = model.state()
-        entry: dict[str, Any] = {"total": state["total"]}
+        entry: dict[str, Any] = {"total": state["total"], "edges": state["edges"]}
         for part in _PARTS:
             entry[part] = []
             for c, (clique, attributes, table) in enumerate(state[part]):
@@ -101,11 +105,13 @@ def load(
     try:
         with np.load(path, allow_pickle=False) as data:
             header = json.loads(str(data["header"]))
-            if header.get("format") != _FORMAT or header.get("key") != list(key):
+            if header.get("format") not in _READ_FORMATS or header.get("key") != list(key):
                 return None
             models = []
             for i, entry in enumerate(header["models"]):
                 state: dict[str, Any] = {"total": float(entry["total"])}
+                if "edges" in entry:
+                    state["edges"] = [(int(a), int(b)) for a, b in entry["edges"]]
                 for part in _PARTS:
                     state[part] = [
                         (tuple(clique), tuple(attributes), data[f"m{i}_{part}_{c}"])
@@ -125,4 +131,6 @@ def load(
         return None
     if not models:
         return None
+    if header["format"] != _FORMAT:  # rewritten with what the next read needs
+        save(folder, key, (models[0], models[1:]))
     return models[0], models[1:]

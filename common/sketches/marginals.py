@@ -35,6 +35,7 @@ import functools
 import hashlib
 import itertools
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -140,10 +141,11 @@ def free_compiled() -> None:
     sketches, an experiment of hundreds of AIM rounds) would eventually exhaust the kernel's
     ``vm.max_map_count`` and abort inside LLVM. Callers drop them once a release or a fit and
     its bootstrap (which share one structure) is done; the next structure compiles afresh.
+    Nothing to drop (and nothing imported) in a process that has not imported jax.
     """
-    import jax
-
-    jax.clear_caches()
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        jax.clear_caches()
 
 
 # ------------------------------------------------------------------------------------ map
@@ -1014,6 +1016,11 @@ class MarginalsModel:
         marginals).
     """
 
+    #: The ``potentials``, ``marginals`` and ``total`` of :meth:`state` that
+    #: :attr:`mbi_model` is built from when first read (None once built, or without).
+    _mbi_parts: Mapping[str, Any] | None
+    _mbi_model: Any
+
     def __init__(
         self,
         feature_map: MarginalsMap,
@@ -1038,9 +1045,22 @@ class MarginalsModel:
                 for node in nodes
             ]
         self._setup(feature_map, measurements, float(model.total), tree, beliefs)
-        #: ``mbi``'s model (an ``mbi.MarkovRandomField``); None for a model built
-        #: :meth:`from_beliefs`.
-        self.mbi_model: Any = model
+        self.mbi_model = model
+
+    @property
+    def mbi_model(self) -> Any:
+        """``mbi``'s model (an ``mbi.MarkovRandomField``); None for a model built
+        :meth:`from_beliefs`. A model rebuilt :meth:`from_state` builds it when first read
+        (importing ``mbi`` and jax then): its answers need only its beliefs."""
+        if self._mbi_model is None and self._mbi_parts is not None:
+            self._mbi_model = _mbi_model_of(self.feature_map, self._mbi_parts)
+            self._mbi_parts = None
+        return self._mbi_model
+
+    @mbi_model.setter
+    def mbi_model(self, model: Any) -> None:
+        self._mbi_model = model
+        self._mbi_parts = None
 
     def _setup(
         self,
@@ -1216,6 +1236,9 @@ class MarginalsModel:
         """Bytes of the model's float64 tables: its calibrated beliefs, and ``mbi``'s
         potentials and marginals (when it has an ``mbi`` model)."""
         n = sum(b.nbytes for b in self._beliefs.values())
+        if self._mbi_parts is not None:  # not built yet: the same tables, as numpy
+            parts = self._mbi_parts
+            return int(n + sum(t.nbytes for k in ("potentials", "marginals") for *_, t in parts[k]))
         for name in ("potentials", "marginals") if self.mbi_model is not None else ():
             vector = getattr(self.mbi_model, name)
             n += sum(8 * math.prod(vector.tables[c].domain.shape) for c in vector.cliques)
@@ -1246,19 +1269,29 @@ class MarginalsModel:
         Returns
         -------
         dict
-            ``{"total": float, "potentials": [...], "marginals": [...], "beliefs": [...]}``,
-            each list holding per clique (of ``mbi``'s vectors; of the junction tree, for the
-            calibrated beliefs) ``(clique, attributes, table)``: the clique's attribute names,
-            its table's axes' names, and the table (ndarray of float64, one axis per attribute,
-            of its column's cells).
+            ``{"total": float, "potentials": [...], "marginals": [...], "beliefs": [...],
+            "edges": [...]}``, each of the first three lists holding per clique (of ``mbi``'s
+            vectors; of the junction tree, for the calibrated beliefs) ``(clique, attributes,
+            table)``: the clique's attribute names, its table's axes' names, and the table
+            (ndarray of float64, one axis per attribute, of its column's cells); ``edges`` the
+            junction tree's (:meth:`tree_edges`).
+
+        Raises
+        ------
+        ValueError
+            For a model built :meth:`from_beliefs` (it has no ``mbi`` model).
         """
         out: dict[str, Any] = {
-            "total": float(self._mbi_fitted().total),
             "beliefs": [
                 (node, tuple(_attribute_of(self._letters, self._axes[node])), belief)
                 for node, belief in self._beliefs.items()
             ],
+            "edges": self.tree_edges(),
         }
+        if self._mbi_parts is not None:  # not built: what it would be built from
+            parts = self._mbi_parts
+            return {**out, **{k: parts[k] for k in ("total", "potentials", "marginals")}}
+        out["total"] = float(self._mbi_fitted().total)
         for name in ("potentials", "marginals"):
             vector = getattr(self._mbi_fitted(), name)
             out[name] = [
@@ -1281,34 +1314,37 @@ class MarginalsModel:
         """The model :meth:`state` described: the same potentials and calibrated beliefs
         (no message passing, nothing compiled), hence the same answers bit for bit.
 
+        With the junction tree's ``edges`` in ``state`` (every :meth:`state` has them), the
+        model is rebuilt from its beliefs and tree as :meth:`from_beliefs` does (checked, with
+        no ``mbi`` and no jax), and :attr:`mbi_model` only when first read (a refit's warm
+        start): a console's first answer from a kept model does not wait for jax's import
+        (about 2 s). Without them (a state written before), ``mbi``'s model is built at once
+        and the tree computed from it.
+
         Raises
         ------
         ValueError
-            If a table's shape is not its attributes' cells, or an attribute is unknown.
+            If a table's shape is not its attributes' cells, or an attribute is unknown; or
+            a check of :meth:`from_beliefs` fails.
         """
-        mbi = _mbi()
-        import jax.numpy as jnp
-
-        domain = _mbi_domain(feature_map)
-        vectors = []
-        for name in ("potentials", "marginals"):
-            tables = {}
-            cliques = []
-            for clique, attributes, values in state[name]:
-                sub = domain.project(tuple(attributes))
-                table = np.asarray(values, dtype=np.float64)
-                if tuple(sub.shape) != table.shape:
-                    raise ValueError(
-                        f"a table over {list(attributes)} must have shape {tuple(sub.shape)}, "
-                        f"got {table.shape}"
-                    )
-                cliques.append(tuple(clique))
-                tables[tuple(clique)] = mbi.Factor(sub, jnp.asarray(table))
-            vectors.append(mbi.CliqueVector(domain, cliques, tables))
-        model = mbi.MarkovRandomField(
-            potentials=vectors[0], marginals=vectors[1], total=float(state["total"])
+        if "edges" in state:
+            beliefs = [
+                (tuple(int(a) for a in node), tuple(int(a) for a in axes), table)
+                for node, axes, table in state["beliefs"]
+            ]
+            edges = [(int(a), int(b)) for a, b in state["edges"]]
+            total = float(state["total"])
+            model = cls.from_beliefs(feature_map, measurements, total, beliefs, edges)
+            _mbi_model_of(feature_map, state, check_only=True)
+            model._mbi_parts = {
+                "total": total,
+                "potentials": list(state["potentials"]),
+                "marginals": list(state["marginals"]),
+            }
+            return model
+        return cls(
+            feature_map, measurements, _mbi_model_of(feature_map, state), beliefs=state["beliefs"]
         )
-        return cls(feature_map, measurements, model, beliefs=state["beliefs"])
 
     @property
     def mbi_domain(self) -> Any:
@@ -1325,6 +1361,8 @@ class MarginalsModel:
     def cliques(self) -> list[tuple[str, ...]]:
         """The model's cliques, as ``mbi`` names them (for a model built :meth:`from_beliefs`,
         its junction tree's nodes)."""
+        if self._mbi_parts is not None:  # not built: its potentials' cliques
+            return [tuple(c) for c, _, _ in self._mbi_parts["potentials"]]
         if self.mbi_model is None:
             return list(self._beliefs)
         return [tuple(c) for c in self.mbi_model.cliques]
@@ -1573,6 +1611,50 @@ class MarginalsModel:
                 e = self.feature_map.edges(j)
                 out[:, j] = ((e[:-1] + e[1:]) / 2.0)[cells[:, j]]
         return out
+
+
+def _mbi_model_of(
+    feature_map: MarginalsMap, state: Mapping[str, Any], *, check_only: bool = False
+) -> Any:
+    """``mbi``'s ``MarkovRandomField`` of :meth:`MarginalsModel.state`'s ``potentials``,
+    ``marginals`` and ``total``; with ``check_only``, only the tables' shapes are checked
+    (nothing imported) and None is returned.
+
+    Raises
+    ------
+    ValueError
+        If a table's shape is not its attributes' cells, or an attribute is unknown.
+    """
+    cells = {str(j): int(c) for j, c in enumerate(feature_map.cells)}
+    for name in ("potentials", "marginals"):
+        for _, attributes, values in state[name]:
+            unknown = [a for a in attributes if a not in cells]
+            if unknown:
+                raise ValueError(f"unknown attribute(s) {unknown} in a {name} table")
+            shape = tuple(cells[a] for a in attributes)
+            if np.shape(values) != shape:
+                raise ValueError(
+                    f"a table over {list(attributes)} must have shape {shape}, "
+                    f"got {np.shape(values)}"
+                )
+    if check_only:
+        return None
+    mbi = _mbi()
+    import jax.numpy as jnp
+
+    domain = _mbi_domain(feature_map)
+    vectors = []
+    for name in ("potentials", "marginals"):
+        tables = {}
+        cliques = []
+        for clique, attributes, values in state[name]:
+            sub = domain.project(tuple(attributes))
+            cliques.append(tuple(clique))
+            tables[tuple(clique)] = mbi.Factor(sub, jnp.asarray(np.asarray(values, np.float64)))
+        vectors.append(mbi.CliqueVector(domain, cliques, tables))
+    return mbi.MarkovRandomField(
+        potentials=vectors[0], marginals=vectors[1], total=float(state["total"])
+    )
 
 
 @functools.lru_cache(maxsize=64)

@@ -219,6 +219,50 @@ def test_without_the_check_a_page_on_another_port_signs_the_browser_out(
     assert forged.status_code == 303 and "Max-Age=0" in forged.headers["set-cookie"]
 
 
+def test_a_head_request_with_a_form_submits_nothing(tmp_path: Path) -> None:
+    """``HEAD`` passes the forgery checks as a safe method, so it must not submit: a ``HEAD``
+    with a summary's, a quote's or a ranking's multipart form and the cookie alone (what a
+    stranger sent with curl) is the form's address opened (303 to the form), and nothing is
+    asked of the console's party. The control: the same form in a ``POST`` with the console's
+    proofs reaches it."""
+    from dpmarket.console.consumer import ConsumerConsole
+    from dpmarket.consumer.client import CuratorClient
+
+    client_of_curator = CuratorClient(
+        "127.0.0.1:9", TransportSecurity.plaintext(), timeout=1.0, connect_timeout=None
+    )
+    party = ConsumerConsole(client_of_curator, tmp_path, None)
+    asked: list[str] = []
+
+    def record(name: str) -> Any:
+        def called(*args: Any, **kwargs: Any) -> Any:
+            asked.append(name)
+            raise console_app.UserError(f"{name} reached")
+
+        return called
+
+    for name in ("start_summary", "quote", "rank"):
+        setattr(party, name, record(name))
+    token = ConsoleToken.load_or_create(tmp_path)
+    consumer = Identity("consumer", "alice")
+    client = TestClient(create_app(party, consumer, token, port=PORT), follow_redirects=False)
+    _signed_in(client, token)
+    upload = {"validation": ("val.csv", b"a,b\n1,2\n", "text/csv")}
+    for page in ("summary", "quote", "rank"):
+        head = client.request(
+            "HEAD", f"{token.prefix}/consumer/{page}", files=upload, data={"p": "5"}
+        )
+        assert head.status_code == 303 and head.headers["location"].endswith(
+            {"summary": "#request", "quote": "#request", "rank": "#rank"}[page]
+        )
+    assert asked == []
+    good = {"csrf": _form_token(client, f"{token.prefix}/consumer"), "p": "5"}
+    posted = client.post(
+        f"{token.prefix}/consumer/quote", headers={"Origin": ORIGIN}, files=upload, data=good
+    )
+    assert posted.status_code == 400 and asked == ["quote"]  # the control: a POST reaches it
+
+
 # ------------------------------------------------------------- sign-in sessions (red team)
 def test_a_cookie_copied_before_signing_out_is_refused_after(tmp_path: Path) -> None:
     """Signing out ends the session in the console, not only in the browser: a copy of the

@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 
 from dpmarket.console.app import create_app
 from dpmarket.console.auth import ConsoleToken
-from dpmarket.console.background import Background
+from dpmarket.console.background import Background, GiveWay
 from dpmarket.console.consumer import ConsumerConsole, UserError
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.runtime.identity import Identity
@@ -46,6 +46,44 @@ def test_a_computation_runs_once_per_key_and_its_result_is_read_once() -> None:
     background.shutdown()
 
 
+def test_work_ahead_gives_way_to_a_page_s_computation() -> None:
+    """While a page's computation runs (:meth:`GiveWay.asked`), the work ahead's next step
+    waits in :meth:`GiveWay.pause` and runs only once it is over; with none running (the
+    control) it goes on at once. A limit bounds the wait (a stream of questions cannot hold
+    the work ahead for ever)."""
+    give_way = GiveWay()
+    order: list[str] = []
+    give_way.pause()  # the control: nothing asked, no wait
+    order.append("ahead, nothing asked")
+    inside, release = threading.Event(), threading.Event()
+
+    def page() -> None:
+        with give_way.asked():
+            inside.set()
+            release.wait(30)
+            order.append("page done")
+
+    asking = threading.Thread(target=page)
+    asking.start()
+    assert inside.wait(30)
+
+    def ahead() -> None:
+        give_way.pause()
+        order.append("ahead's next step")
+
+    step = threading.Thread(target=ahead)
+    step.start()
+    step.join(0.2)
+    assert step.is_alive() and order == ["ahead, nothing asked"]  # waiting for the page
+    release.set()
+    asking.join(30)
+    step.join(30)
+    assert order == ["ahead, nothing asked", "page done", "ahead's next step"]
+    bounded = GiveWay(limit=0.05)
+    with bounded.asked():
+        bounded.pause()  # returns after its limit though a page's computation runs
+
+
 def test_an_answer_that_takes_long_is_computed_off_the_request(tmp_path: Path) -> None:
     """A curator that takes the connection and never answers (a listening socket nobody
     accepts on; the client's deadline 1.5 s): the explore page does not wait for the catalogue's
@@ -69,7 +107,7 @@ def test_an_answer_that_takes_long_is_computed_off_the_request(tmp_path: Path) -
     try:
         first = web.get(address, headers=bearer)
         assert first.status_code == 202, first.text
-        assert '<meta http-equiv="refresh" content="1">' in first.text
+        assert '<meta http-equiv="refresh" content="0">' in first.text
         assert "Computing the mean" in first.text and 'id="computing-bar"' in first.text
         for _ in range(120):
             again = web.get(address, headers=bearer)

@@ -512,6 +512,75 @@ def test_marginals_models_kept_on_disk_answer_the_same_in_the_next_process(
     assert _same(reread.answer(count, [sketch]), first)
 
 
+_READ_KEPT = """
+import json, pickle, sys
+from dpmarket.consumer.explore import MarginalsExplorer, Query
+spec, sketch, folder = pickle.load(open(sys.argv[1], "rb"))
+explorer = MarginalsExplorer(spec, bootstrap=2, seed=0, cache=None, store=folder)
+answer = explorer.answer(Query("count", where=(("a", 0.0, 0.3), ("y", 1, 1))), [sketch])
+print(json.dumps({"jax": "jax" in sys.modules, "value": float(answer.values[0])}))
+"""
+
+
+def test_kept_marginals_models_answer_without_importing_jax(
+    mspecs: dict[str, SketchSpec], tmp_path: Path
+) -> None:
+    """A kept model is rebuilt from its beliefs and junction tree (the format-3 file's edges):
+    a fresh process answers from it without importing jax (about 2 s of a console's first
+    answer), bit for bit as the fitted model; ``mbi``'s model is built only when read (a
+    refit's warm start: the same potentials). A format-2 file (no edges), as an older consumer
+    wrote it, is still read, answering the same; that process imports jax (the control), and
+    writes the file again in format 3."""
+    import pickle
+    import subprocess
+    import sys
+
+    spec = mspecs["marginals"]
+    rng = np.random.default_rng(9)
+    sketch = marginals_mechanism(spec, 1.0).release(_records(400), SeededNoise(rng), rng=rng)
+    count = Query("count", where=(("a", 0.0, 0.3), ("y", 1, 1)))
+    store = tmp_path / "models"
+    fitted = MarginalsExplorer(spec, bootstrap=2, seed=0, cache=None, store=store)
+    first = fitted.answer(count, [sketch])
+    args = tmp_path / "args.pickle"
+    args.write_bytes(pickle.dumps((spec, sketch, store)))
+
+    def read_in_a_fresh_process() -> dict[str, Any]:
+        out = subprocess.run(
+            [sys.executable, "-c", _READ_KEPT, str(args)],
+            capture_output=True, text=True, check=True, timeout=120,
+        )  # fmt: skip
+        return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+    fresh = read_in_a_fresh_process()
+    assert fresh == {"jax": False, "value": float(first.values[0])}
+    loaded = _NoFit(spec, bootstrap=2, seed=0, cache=None, store=store)
+    model, _ = loaded.models(sketch)
+    assert model._mbi_parts is not None  # not built by the answer
+    assert _same(loaded.answer(count, [sketch]), first)
+    own, _ = fitted.models(sketch)
+    for name in ("potentials", "marginals"):  # built when read: the fitted model's tables
+        built, kept = getattr(model.mbi_model, name), getattr(own.mbi_model, name)
+        for clique in kept.cliques:
+            assert np.array_equal(built.tables[clique].values, kept.tables[clique].values)
+    assert model.state()["edges"] == own.tree_edges()
+    # The control: a format-2 file, without edges, read as before (jax imported).
+    (path,) = store.glob("*.npz")
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    header = json.loads(str(arrays["header"]))
+    header["format"] = 2
+    for entry in header["models"]:
+        del entry["edges"]
+    arrays["header"] = np.array(json.dumps(header))
+    np.savez(path, **arrays)
+    assert read_in_a_fresh_process() == {"jax": True, "value": float(first.values[0])}
+    # ... and rewritten in format 3 by that read: the next process imports no jax.
+    assert read_in_a_fresh_process() == {"jax": False, "value": float(first.values[0])}
+    old = _NoFit(spec, bootstrap=2, seed=0, cache=None, store=store)
+    assert _same(old.answer(count, [sketch]), first)
+
+
 class _Refits(MarginalsExplorer):
     """An explorer whose fits are counted (and answered by a fit computed once beforehand)."""
 
