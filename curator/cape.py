@@ -394,7 +394,8 @@ class _CapeRun(Generic[SpecT, PlanT]):
         ------
         DPMarketError
             When too few sites opened and one refused: that refusal (the first owner by name),
-            of its class, naming the owner; nothing is drawn or charged.
+            of its class, naming the owner (with ``min_sites`` below every site, followed by
+            how many could take part); nothing is drawn or charged.
         FailedPreconditionError
             If fewer than ``min_sites`` sites opened it, none refusing.
         """
@@ -417,9 +418,14 @@ class _CapeRun(Generic[SpecT, PlanT]):
                 "(--min-owners N lets it run with N); nothing was charged"
             )
             if self.refused:
+                # The refusal as the consumer would read it had it asked that owner alone; with
+                # every owner needed (the default), nothing else: the others' answers add
+                # nothing the consumer can act on.
                 name = min(self.refused)
                 where = f"job {short_id(self.job_id)}, open"
                 refusal = public_error(name, self.refused[name], where=where)
+                if need >= len(self.sites):
+                    raise refusal from self.refused[name]
                 raise type(refusal)(f"{refusal}; {said}") from self.refused[name]
             if self.min_sites is not None:
                 raise FailedPreconditionError(f"{said} (dropped: {self.dropped})")

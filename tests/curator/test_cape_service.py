@@ -195,7 +195,12 @@ def test_an_owner_refusing_at_open_is_left_out_where_min_owners_allows(
 
     failed = _error(jobs, SPEC, "all", "mean")
     assert type(failed) is type(refusal), failed
-    assert str(failed).startswith("owner site-2: ") and "the job needs all 3" in str(failed)
-    assert "0.5 left" not in str(failed)
+    assert str(failed).startswith("owner site-2: ") and "0.5 left" not in str(failed)
     assert jobs.store is not None and jobs.store.find_request(CONSUMER, "all") is None
+    owners[1].refuse = refusal  # two of three refuse: min_owners 2 is not met either
+    with pytest.raises(DPMarketError) as info:
+        asyncio.run(jobs.fit(SPEC, None, consumer=CONSUMER, min_owners=2))
+    failed = info.value
+    assert type(failed) is type(refusal) and str(failed).startswith("owner site-1: ")
+    assert "1 of 3 owners can take part; the job needs at least 2" in str(failed)
     assert [o.releases for o in owners] == [1, 1, 0]
