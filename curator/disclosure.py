@@ -22,8 +22,9 @@ unreachable, no answer                       :data:`UNREACHABLE`
 the curator's own deadline passed            its own text (:class:`NoAnswerError`)
 a reply above its limit, refused unread      the method and the curator's limit
 the curator's identity refused               :data:`REFUSED_CURATOR`
-INVALID_ARGUMENT, FAILED_PRECONDITION,       ``refused (CODE: policy keys)``, then the
-NOT_FOUND, ALREADY_EXISTS, ABORTED           owner's text quoted as its own words
+INVALID_ARGUMENT, FAILED_PRECONDITION,       ``refused (CODE: policy keys)`` (ABORTED:
+NOT_FOUND, ALREADY_EXISTS, ABORTED           ``aborted``), then its text quoted as its own
+                                             words
 RESOURCE_EXHAUSTED, INTERNAL, UNKNOWN, any   :data:`FAILED`
 other failure
 ===========================================  =============================================
@@ -219,9 +220,11 @@ def _own_words(exc: BaseException) -> tuple[str, str] | None:
 
 
 def _refused(code: str, text: str) -> str:
-    """``refused (CODE)``, with the policy keys ``text`` names: ``refused (CODE: k1, k2)``."""
+    """``refused (CODE)``, with the policy keys ``text`` names: ``refused (CODE: k1, k2)``
+    (``aborted (ABORTED)`` for an owner's own abort of a job it found tampered with)."""
     keys = policy_keys_in(text)
-    return f"refused ({code}{': ' + ', '.join(keys) if keys else ''})"
+    verb = "aborted" if code == "ABORTED" else "refused"
+    return f"{verb} ({code}{': ' + ', '.join(keys) if keys else ''})"
 
 
 def _quoted(text: str) -> str:

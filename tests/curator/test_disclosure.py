@@ -50,7 +50,8 @@ ADDRESS = "ipv4:10.1.2.3:50051"
 
 def _own(code: str, text: str) -> str:
     """What a consumer reads of an owner's refusal ``text`` of status ``code`` naming no key."""
-    return f"refused ({code}); the owner's own words: «{text}»"
+    verb = "aborted" if code == "ABORTED" else "refused"
+    return f"{verb} ({code}); the owner's own words: «{text}»"
 
 
 @pytest.mark.parametrize(
