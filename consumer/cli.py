@@ -958,8 +958,9 @@ def _cape_options(default_out: str, default_delta: float) -> list[Callable[..., 
             default=None,
             type=click.IntRange(min=1),
             metavar="N",
-            help="Let the job run without owners that cannot be reached when it opens, as long as "
-            "at least N open it (the report's 'dropped' names who was left out). Default: every "
+            help="Let the job run without owners that cannot be reached or refuse it (their "
+            "budget, their policy) when it opens, as long as at least N open it (the report's "
+            "'dropped' names who was left out, and why). Default: every "
             "owner the curator serves must, or the job fails before anything is charged.",
         ),
         click.option(

@@ -1,7 +1,9 @@
 """The curator as CAPE aggregator: capeFM models (Algorithm 4), means (Algorithm 2) and gradient
 descent (Section 5.1) across the owners.
 
-Every job opens at every owner, is planned over the owners that answered, runs its zero-sum noise
+Every job opens at every owner, is planned over the owners that opened it (one that refuses — its
+budget, its policy, a column it lacks — or does not answer is left out where ``min_sites`` allows,
+charged nothing, and the job fails naming it where not), runs its zero-sum noise
 round through secure aggregation (:mod:`dpmarket.curator.secagg`), then collects the sites' releases
 and averages them. The zero-sum property must hold over exactly the sites whose releases are
 averaged, and the stated noise must be the estimate's:
@@ -74,7 +76,13 @@ from dpmarket.common.secagg.fixedpoint import FixedPoint
 from dpmarket.common.secagg.graph import failure_bound as graph_failure_bound
 from dpmarket.common.secagg.graph import plan_graph
 from dpmarket.common.secagg.protocol import RoundParams, min_threshold
-from dpmarket.curator.disclosure import NoAnswerError, owner_failed, public_error, public_text
+from dpmarket.curator.disclosure import (
+    NoAnswerError,
+    owner_failed,
+    public_error,
+    public_text,
+    refusal_text,
+)
 from dpmarket.curator.secagg import AggregationOutcome, SitesLostError, aggregate
 from dpmarket.curator.summarization.state import stage_deadline
 
@@ -273,10 +281,12 @@ class _CapeRun(Generic[SpecT, PlanT]):
         ``on_progress(done, total)`` after every iteration of a training (public: the count of
         iterations, no value computed from the data).
     min_sites : int, optional
-        Sites that must open the job, or it fails ``FAILED_PRECONDITION`` before anything is
-        drawn or charged (the curator's service: every owner unless the consumer's
-        ``min_owners`` says otherwise); None: any 2. Sites lost after the opening are left out as
-        the protocol tolerates.
+        Sites that must open the job, or it fails before anything is drawn or charged (the
+        curator's service: every owner unless the consumer's ``min_owners`` says otherwise);
+        None: any 2. A site that refuses or does not answer at the opening is left out when as
+        many open it without it; else a refusal fails the job with that refusal, naming the
+        owner, and no refusal ``FAILED_PRECONDITION``. Sites lost or refusing after the opening
+        (planning, noise rounds, releases) are left out as the protocol tolerates.
     market : mapping of str to MarketTerms, optional
         Each site's line of the job's quote, sent when it opens (a site without one: unquoted).
     """
@@ -309,6 +319,8 @@ class _CapeRun(Generic[SpecT, PlanT]):
         self.min_sites = min_sites
         self.market = dict(market or {})
         self.dropped: dict[str, str] = {}
+        #: The sites that refused the job when it opened, with their refusal.
+        self.refused: dict[str, DPMarketError] = {}
         self.timings = _Timings()
         self._charged = False
 
@@ -321,9 +333,10 @@ class _CapeRun(Generic[SpecT, PlanT]):
         refusals: bool = False,
         aborts: bool = False,
     ) -> dict[str, T]:
-        """Call sites concurrently; drop the unavailable (and, during the job, the refusing);
-        with ``aborts``, a site that aborts the job (a signed count that does not verify) fails
-        it, as with ``refusals`` any refusal does."""
+        """Call sites concurrently; drop the unavailable and the refusing; with ``aborts``, a
+        site that aborts the job (a signed count that does not verify) fails it. With
+        ``refusals`` (the opening), each refusal is also kept in :attr:`refused`: the caller
+        fails the job with it when too few sites remain."""
 
         # A release computes the site's statistic: a pass over its table, whose deadline grows
         # with the rows it declared when the job opened (an opening scans nothing but names).
@@ -343,15 +356,19 @@ class _CapeRun(Generic[SpecT, PlanT]):
         out: dict[str, T] = {}
         for name, answer in zip(names, answers, strict=True):
             # One rule (dpmarket.curator.disclosure.owner_failed): a site whose call failed in
-            # any way but a refusal failed the step, as one that does not answer, and is
-            # dropped; a refusal while the job opens, or a site's own ABORTED (it found the job
-            # tampered with) with ``aborts``, fails the job.
+            # any way, or refused, is dropped (the job goes on where min_sites allows: the
+            # opening's caller checks); a site's own ABORTED (it found the job tampered with)
+            # with ``aborts`` fails the job.
             failed = isinstance(answer, BaseException) and owner_failed(answer)
-            fatal = (refusals and not failed) or (aborts and _aborted(answer))
+            fatal = aborts and _aborted(answer)
             # The report and the errors a consumer reads state an owner's failure publicly
-            # (no address, no budget figure); the curator's log has the answer, as one line.
+            # (no address, no budget figure, an owner's own words quoted as its own); the
+            # curator's log has the answer, as one line.
             if isinstance(answer, DPMarketError) and not fatal:
-                self.dropped[name] = f"{stage}: {public_text(answer)}"
+                said = public_text(answer) if failed else refusal_text(answer)
+                self.dropped[name] = f"{stage}: {said}"
+                if refusals and not failed:
+                    self.refused[name] = answer
                 logger.warning(
                     "job %s: site %s dropped at %s: %s", short_id(self.job_id), name, stage, answer
                 )
@@ -365,14 +382,22 @@ class _CapeRun(Generic[SpecT, PlanT]):
         return out
 
     async def _open(self) -> list[str]:
-        """Open the job at every owner; return the sites that answered, sorted.
+        """Open the job at every owner; return the sites that opened it, sorted.
+
+        A site that refuses (its budget, its policy, a column it lacks) is dropped like one
+        that does not answer, when ``min_sites`` sites (any 2 without it) open the job without
+        it: the report's ``dropped`` names it and its public reason, and the plan — sizes,
+        weights, zero-sum shares, ``S_C`` — is built over the sites that opened alone. It
+        charged nothing (a refusal charges nothing); its own ledger says so when the job closes.
 
         Raises
         ------
         DPMarketError
-            The first refusal (missing column, value out of bounds, policy), naming the owner.
+            When too few sites opened and one refused: that refusal (the first owner by name),
+            of its class, naming the owner (with ``min_sites`` below every site, followed by
+            how many could take part); nothing is drawn or charged.
         FailedPreconditionError
-            If fewer than ``min_sites`` sites opened it.
+            If fewer than ``min_sites`` sites opened it, none refusing.
         """
         seeds = owner_seeds(self.rng, list(self.sites))
         t0 = time.perf_counter()
@@ -385,17 +410,25 @@ class _CapeRun(Generic[SpecT, PlanT]):
             )
 
         opened = await self._each(sorted(self.sites), open_one, "open", refusals=True)
-        if self.min_sites is not None and len(opened) < self.min_sites:
-            needs = (
-                f"all {len(self.sites)}"
-                if self.min_sites >= len(self.sites)
-                else f"at least {self.min_sites}"
-            )
-            raise FailedPreconditionError(
+        need = 2 if self.min_sites is None else self.min_sites
+        if len(opened) < need:
+            needs = f"all {len(self.sites)}" if need >= len(self.sites) else f"at least {need}"
+            said = (
                 f"{len(opened)} of {len(self.sites)} owners can take part; the job needs {needs} "
-                f"(--min-owners N lets it run with N); nothing was charged (dropped: "
-                f"{self.dropped})"
+                "(--min-owners N lets it run with N); nothing was charged"
             )
+            if self.refused:
+                # The refusal as the consumer would read it had it asked that owner alone; with
+                # every owner needed (the default), nothing else: the others' answers add
+                # nothing the consumer can act on.
+                name = min(self.refused)
+                where = f"job {short_id(self.job_id)}, open"
+                refusal = public_error(name, self.refused[name], where=where)
+                if need >= len(self.sites):
+                    raise refusal from self.refused[name]
+                raise type(refusal)(f"{refusal}; {said}") from self.refused[name]
+            if self.min_sites is not None:
+                raise FailedPreconditionError(f"{said} (dropped: {self.dropped})")
         for name, answer in opened.items():
             self.sites[name].size = int(answer.rows)
             self.sites[name].min_colluders = int(answer.min_colluders)
@@ -563,8 +596,9 @@ class _OneReleaseJob(_CapeRun[SpecT, OnePlanT], Generic[SpecT, OnePlanT, ResultT
         Raises
         ------
         InvalidArgumentError, FailedPreconditionError
-            If an owner refuses the job when it opens (missing column, value out of bounds, its
-            policy), or fewer than 2 sites remain.
+            If fewer than ``min_sites`` sites open the job (the refusal of one that refused: a
+            missing column, a value out of bounds, its policy or budget), or fewer than 2 sites
+            remain.
         AbortedError
             If no noise round completes over the sites that can release.
         """
@@ -718,8 +752,9 @@ class CapeTrainingJob(_CapeRun[CapeTrainingSpec, CapeTrainingPlan]):
         Raises
         ------
         InvalidArgumentError, FailedPreconditionError
-            If an owner refuses the job when it opens (missing column, value out of bounds, label
-            not 0/1, its budget), or fewer than 2 sites remain (also mid-training).
+            If fewer than ``min_sites`` sites open the job (the refusal of one that refused: a
+            missing column, a value out of bounds, a label not 0/1, its budget), or fewer than 2
+            sites remain (also mid-training).
         AbortedError
             If a noise round aborts, or no site releases an iteration.
         """

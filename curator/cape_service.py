@@ -203,8 +203,8 @@ class CapeJobs:
             open the job; nothing is drawn, released or charged. If the quote exceeds
             ``max_cost`` (``CostCapExceededError``); nothing is stored, opened or charged.
         DPMarketError
-            As the job's ``run`` (:mod:`dpmarket.curator.cape`); nothing is released when an owner
-            refuses at open.
+            As the job's ``run`` (:mod:`dpmarket.curator.cape`): the refusal of an owner that
+            refused at open when fewer than required opened it; nothing is released or charged.
         """
         await self._check(spec, seed, schema, min_owners)
         if not request_id:

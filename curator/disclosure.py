@@ -22,11 +22,21 @@ unreachable, no answer                       :data:`UNREACHABLE`
 the curator's own deadline passed            its own text (:class:`NoAnswerError`)
 a reply above its limit, refused unread      the method and the curator's limit
 the curator's identity refused               :data:`REFUSED_CURATOR`
-INVALID_ARGUMENT, FAILED_PRECONDITION,       the owner's own text (public inputs only), at
-NOT_FOUND, ALREADY_EXISTS, ABORTED           most 500 characters, one line
+INVALID_ARGUMENT, FAILED_PRECONDITION,       ``refused (CODE: policy keys)`` (ABORTED:
+NOT_FOUND, ALREADY_EXISTS, ABORTED           ``aborted``), then its text quoted as its own
+                                             words
 RESOURCE_EXHAUSTED, INTERNAL, UNKNOWN, any   :data:`FAILED`
 other failure
 ===========================================  =============================================
+
+An owner's own text is its words, not the curator's: a hostile owner can write "the curator
+could not verify your validation set; upload it again at ..." or "re-run with --exclude-owner a,
+owner a is compromised" there. So a consumer reads of a refusal what the curator can vouch for —
+its status and the keys of the owner's policy it names (:data:`~dpmarket.common.policy_keys.
+POLICY_KEYS`, a closed vocabulary) — and then the owner's text, escaped to one line of at most
+500 characters and quoted: ``refused (FAILED_PRECONDITION: access.allow_steered_selection); the
+owner's own words: «access.allow_steered_selection off»``. The quote cannot be closed from
+inside (a ``«`` or ``»`` of the owner's is written escaped).
 
 ``RESOURCE_EXHAUSTED`` is not the owner's text: gRPC's client makes that status itself when an
 owner's answer breaks one of its limits (status details above 16 KiB of metadata: "received
@@ -62,8 +72,10 @@ from dpmarket.common.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
+from dpmarket.common.policy_keys import policy_keys_in
 from dpmarket.common.texts import peer_text
 from dpmarket.runtime.replies import ReplyTooLargeError
+from dpmarket.runtime.status import status_for
 
 __all__ = [
     "BUDGET_REFUSED",
@@ -73,7 +85,9 @@ __all__ = [
     "NoAnswerError",
     "owner_failed",
     "public_error",
+    "public_reason",
     "public_text",
+    "refusal_text",
 ]
 
 logger = logging.getLogger(__name__)
@@ -142,8 +156,10 @@ def public_text(exc: BaseException) -> str:
     Returns
     -------
     str
-        A fixed text for the outcome's kind (see the module's table), or the owner's own text
-        for a refusal decided on public inputs, never its address or a budget figure.
+        A fixed text for the outcome's kind (see the module's table), or for a refusal decided
+        on public inputs ``refused (CODE: policy keys); the owner's own words: «...»``: what
+        the curator vouches for, then the owner's text quoted (one line, at most 500
+        characters, its own « and » escaped); never its address or a budget figure.
     """
     if isinstance(exc, BudgetRefusedError):
         return BUDGET_REFUSED
@@ -155,14 +171,66 @@ def public_text(exc: BaseException) -> str:
         return UNREACHABLE
     if isinstance(exc, PermissionDeniedError | UnauthenticatedError):
         return REFUSED_CURATOR
+    said = _own_words(exc)
+    if said is None:
+        return FAILED
+    code, text = said
+    return f"{_refused(code, text)}; the owner's own words: «{_quoted(text)}»"
+
+
+def public_reason(exc: BaseException) -> str:
+    """The short public reason for an owner's failed call, as a report lists it (a CAPE job's
+    ``dropped``, a session's ``left_out``): :data:`BUDGET_REFUSED`'s ``"budget refused"``,
+    ``"refused (CODE: policy keys)"`` for another refusal, ``"reply over 1.04 MiB to
+    GetOwnerInfo"`` for a reply refused for its size, else ``"unreachable"``. Nothing of the
+    owner's text but the policy keys it names (:data:`~dpmarket.common.policy_keys.
+    POLICY_KEYS`)."""
+    if isinstance(exc, BudgetRefusedError):
+        return "budget refused"
+    if isinstance(exc, ReplyTooLargeError):
+        return exc.reason
+    said = _own_words(exc)
+    if said is None or owner_failed(exc):
+        return "unreachable"
+    return _refused(*said)
+
+
+def refusal_text(exc: BaseException) -> str:
+    """:func:`public_reason` of a refusal, then the owner's own words quoted when there are
+    any (a budget refusal has none): what a report states of an owner that refused."""
+    reason = public_reason(exc)
+    said = None if isinstance(exc, BudgetRefusedError) else _own_words(exc)
+    return reason if said is None else f"{reason}; the owner's own words: «{_quoted(said[1])}»"
+
+
+def _own_words(exc: BaseException) -> tuple[str, str] | None:
+    """The status code and the text of a refusal an owner wrote itself (the module's table),
+    the text at most 500 characters, one line; None for any other outcome."""
     remote = exc.remote if isinstance(exc, DPMarketError) else None
     # An owner in process raises its refusals as they are; over gRPC an ABORTED status is the
     # owner's own (INTERNAL, UNKNOWN and the rest also arrive as AbortedError).
     if isinstance(exc, _PUBLIC_TEXT) or (
         isinstance(exc, AbortedError) and (remote is None or remote.code == "ABORTED")
     ):
-        return remote.details if remote is not None else peer_text(str(exc))
-    return FAILED
+        if remote is not None:
+            return remote.code, remote.details
+        status = status_for(exc)
+        return (status.name if status is not None else "ABORTED"), peer_text(str(exc))
+    return None
+
+
+def _refused(code: str, text: str) -> str:
+    """``refused (CODE)``, with the policy keys ``text`` names: ``refused (CODE: k1, k2)``
+    (``aborted (ABORTED)`` for an owner's own abort of a job it found tampered with)."""
+    keys = policy_keys_in(text)
+    verb = "aborted" if code == "ABORTED" else "refused"
+    return f"{verb} ({code}{': ' + ', '.join(keys) if keys else ''})"
+
+
+def _quoted(text: str) -> str:
+    """An owner's ``text`` (one line already) to put between « and »: its own « and » escaped,
+    so that nothing after its quote reads as the curator's."""
+    return text.replace("«", "\\u00ab").replace("»", "\\u00bb")
 
 
 def public_error(owner: str, exc: DPMarketError, *, where: str = "") -> DPMarketError:

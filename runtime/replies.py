@@ -124,6 +124,9 @@ class ReplyTooLargeError(UnavailableError):
     public : str
         The text without the party's name: the method and the limit, which are the caller's,
         and nothing of the reply (its size is the party's).
+    reason : str
+        The same in a report's few words: ``"reply over 1.04 MiB to GetOwnerInfo"`` (the
+        limit in MiB, 3 significant digits).
     """
 
     def __init__(self, peer: str, method: str, limit: int) -> None:
@@ -131,6 +134,7 @@ class ReplyTooLargeError(UnavailableError):
             f"its {method} reply is larger than the {limit} bytes accepted for that call, and "
             "was refused unread (its operator can check that it runs this version of dpmarket)"
         )
+        self.reason = f"reply over {limit / (1 << 20):.3g} MiB to {method}"
         super().__init__(f"{peer}: {self.public}")
         self.peer, self.method, self.limit = peer, method, limit
 

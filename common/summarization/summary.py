@@ -112,6 +112,8 @@ class SessionReport:
 
 #: The public reasons a session gives for running without an owner (``SessionReport.left_out``):
 #: each depends on the request, the owner's budget or the network, never on the owner's data.
+#: One more form names the curator's own limit on an owner's reply, which it refused unread:
+#: ``"reply over 1.04 MiB to GetOwnerInfo"`` (the method and the limit, nothing of the reply).
 LEFT_OUT_REASONS: tuple[str, ...] = (
     "excluded by the consumer",
     "budget refused",

@@ -46,7 +46,13 @@ from dpmarket.common.summarization.rff import RFFParams
 from dpmarket.common.summarization.summary import ProgressEvent, SessionRequest
 from dpmarket.common.summarization.terms import OwnerTerms
 from dpmarket.common.validation import check_matrix
-from dpmarket.curator.disclosure import NoAnswerError, owner_failed, public_error, public_text
+from dpmarket.curator.disclosure import (
+    NoAnswerError,
+    owner_failed,
+    public_error,
+    public_reason,
+    public_text,
+)
 
 __all__ = [
     "OwnerSlot",
@@ -331,7 +337,9 @@ class SessionState:
         An owner whose call fails in any way but a refusal
         (:func:`dpmarket.curator.disclosure.owner_failed`: unreachable, a deadline, a reset
         stream, a limit of gRPC's own such as status details above 16 KiB, an internal error) is
-        dropped as "unreachable": no answer of one owner fails the request by itself. An owner
+        dropped as "unreachable" (a reply refused for its size: as "reply over 1.04 MiB to
+        GetOwnerInfo", its method and the curator's limit): no answer of one owner fails the
+        request by itself. An owner
         that refuses a step (``FailedPreconditionError``, its budget among them, or
         ``InvalidArgumentError``) is dropped too (``refusals="drop"``, during a session), or
         its refusal fails the request with the same error naming the owner (``"raise"``), or
@@ -376,7 +384,8 @@ class SessionState:
             public = public_error(name, answer, where=where)
             text = public_text(answer)
             if owner_failed(answer):  # the owner failed the step, as one that does not answer
-                self.drop(index, text, "unreachable")
+                # "unreachable", or the method and limit of a reply refused for its size.
+                self.drop(index, text, public_reason(answer))
             elif not isinstance(answer, _REFUSALS):  # no other failure under that rule
                 raise AbortedError(str(public)) from answer
             elif refusals == "drop":

@@ -759,11 +759,22 @@ def test_the_default_s_c_is_raised_to_the_highest_floor_and_so_is_the_threshold(
 
 
 def test_a_job_asking_for_fewer_colluders_than_an_owners_floor_releases_nothing() -> None:
+    """An owner refuses S_C = 1 below its floor of 2 when the job opens: a job that needs every
+    site fails naming it, before anything is drawn or released; one that may run on any 2 runs
+    without it, planned over the others alone, the refusal's policy key in its report."""
     sites = _sites(_tables(40), floors={"site-2": 2})
     spec = dataclasses.replace(_spec(), colluders=1)
+    every = CapeJob("job-32", spec, list(sites.values()), make_rng(32), min_sites=len(sites))
     with pytest.raises(FailedPreconditionError, match=r"owner site-2: .*S_C=1 .* floor of 2"):
-        _run(spec, sites, seed=32)
+        asyncio.run(every.run())
     assert all(not s.inputs and not s.releases for s in sites.values())
+    result = _run(spec, sites, seed=33)
+    others = sorted(set(sites) - {"site-2"})
+    assert result.report["sites"] == others and list(result.report["sizes"]) == others
+    assert result.report["dropped"]["site-2"].startswith(
+        "open: refused (FAILED_PRECONDITION: cape.min_colluders); the owner's own words: «"
+    )
+    assert not sites["site-2"].inputs and not sites["site-2"].releases
 
 
 class LiesAboutItsSize(Site):

@@ -5,6 +5,7 @@ curator's real SQLite store (a restart is a new :class:`CapeJobs` over the same 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 from dpmarket.common.cape.spec import CapeMeanSpec
 from dpmarket.common.errors import (
     AbortedError,
+    BudgetRefusedError,
     DPMarketError,
     FailedPreconditionError,
     InvalidArgumentError,
@@ -40,11 +42,15 @@ class Counting(LocalCapeSiteEndpoint):
         super().__init__(inner.site, inner.rounds)
         self.fail_release = fail_release
         self.down = down
+        #: A refusal to raise when the job opens (as the owner's ledger or policy would).
+        self.refuse: DPMarketError | None = None
         self.releases = 0
 
     async def open_job(self, *args: Any, **kwargs: Any) -> Any:
         if self.down:
             raise UnavailableError("not reachable")
+        if self.refuse is not None:
+            raise self.refuse
         return await super().open_job(*args, **kwargs)
 
     async def release(self, *args: Any, **kwargs: Any) -> Any:
@@ -153,3 +159,48 @@ def test_a_job_that_failed_after_its_charge_fails_again_on_retry_charging_nothin
         assert type(again) is AbortedError and str(again) == str(first)
     assert sum(o.releases for o in owners) == releases
     assert jobs.store.charges(row.id) == charges
+
+
+@pytest.mark.parametrize(
+    ("refusal", "reason"),
+    [
+        (BudgetRefusedError("epsilon: spent 9.5 of 10, 0.5 left"), "open: budget refused"),
+        (
+            FailedPreconditionError("S_C=1 is below this owner's floor (cape.min_colluders)"),
+            "open: refused (FAILED_PRECONDITION: cape.min_colluders); the owner's own words: «",
+        ),
+    ],
+)
+def test_an_owner_refusing_at_open_is_left_out_where_min_owners_allows(
+    tmp_path: Path, refusal: DPMarketError, reason: str
+) -> None:
+    """One owner of three refuses the job when it opens (its budget, its policy): with
+    min_owners 2 the mean runs on the other two, planned over them alone, the third in the
+    report's ``dropped`` with its public reason, asked for no release and charged nothing; by
+    default (every owner) the job fails naming it, nothing kept or charged. (Before, the
+    refusal failed the job whatever min_owners said.)"""
+    owners = _owners()
+    owners[2].refuse = refusal
+    jobs = _jobs(owners, tmp_path)
+    ran = asyncio.run(
+        jobs.fit(SPEC, None, consumer=CONSUMER, request_id="two", request_digest="m", min_owners=2)
+    )
+    report = ran["report"]
+    assert report["sites"] == ["site-0", "site-1"] == list(report["sizes"])
+    assert report["dropped"]["site-2"].startswith(reason), report["dropped"]
+    assert "0.5 left" not in json.dumps(report)
+    assert [o.releases for o in owners] == [1, 1, 0]
+    spent = report["owner_spend"]
+    assert spent["site-2"]["epsilon"] == 0 and spent["site-0"]["epsilon"] > 0
+
+    failed = _error(jobs, SPEC, "all", "mean")
+    assert type(failed) is type(refusal), failed
+    assert str(failed).startswith("owner site-2: ") and "0.5 left" not in str(failed)
+    assert jobs.store is not None and jobs.store.find_request(CONSUMER, "all") is None
+    owners[1].refuse = refusal  # two of three refuse: min_owners 2 is not met either
+    with pytest.raises(DPMarketError) as info:
+        asyncio.run(jobs.fit(SPEC, None, consumer=CONSUMER, min_owners=2))
+    failed = info.value
+    assert type(failed) is type(refusal) and str(failed).startswith("owner site-1: ")
+    assert "1 of 3 owners can take part; the job needs at least 2" in str(failed)
+    assert [o.releases for o in owners] == [1, 1, 0]

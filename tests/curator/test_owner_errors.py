@@ -95,11 +95,11 @@ async def _hostile(pki: Path, handlers: dict[str, Handler]) -> tuple[grpc.aio.Se
     return await hostile_owner(pki, handlers)
 
 
-def _request() -> SessionRequest:
+def _request(min_owners: int = 2) -> SessionRequest:
     return SessionRequest(
         CandidatesConfig(summary_size=5, rff_dimension=32),
         np.random.default_rng(1).random((12, FEATURES)),
-        selection=OwnerSelection(min_owners=2),
+        selection=OwnerSelection(min_owners=min_owners),
     )
 
 
@@ -236,3 +236,34 @@ def test_an_owner_s_progress_stage_is_one_line_cut(pki: Path) -> None:
     kept, done, total, ticks = asyncio.run(run())
     assert (done, total, ticks) == (1, 2, 3)
     assert "\n" not in kept and kept.endswith("... (cut)") and kept.count(MARK) < 250
+
+
+#: A hostile owner's refusal written as the system's advice.
+ADVICE = "please re-run with --exclude-owner owner-0 --min-owners 1, owner owner-0 is compromised"
+
+
+def _refusing(details: str) -> Handler:
+    """A handler that refuses its call (FAILED_PRECONDITION) with ``details``."""
+
+    async def handler(request: bytes, context: Any) -> bytes:
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, details)
+        raise AssertionError("abort returned")  # pragma: no cover
+
+    return handler
+
+
+def test_a_hostile_refusal_reaches_the_consumer_only_quoted_as_the_owners_words(pki: Path) -> None:
+    """owner-2 refuses OpenSession with advice that reads as the curator's; the request needs
+    all 3 owners, so it fails saying why: the consumer's error states the refusal's status and
+    then owner-2's text between « and », never as "owner-2: please re-run ..." (the form the
+    curator relayed before, which reads as its own)."""
+
+    async def create(manager: SessionManager) -> Any:
+        return await manager.create(_request(min_owners=3), consumer="consumer:alice")
+
+    handlers = {"GetOwnerInfo": _info, "OpenSession": _refusing(ADVICE)}
+    failed = _with_hostile(pki, handlers, create)
+    assert isinstance(failed, DPMarketError), failed
+    said = str(failed)
+    assert f"owner-2: refused (FAILED_PRECONDITION); the owner's own words: «{ADVICE}»" in said
+    assert f"owner-2: {ADVICE}" not in said and said.count(ADVICE) == 1

@@ -154,6 +154,45 @@ def _largest_schema() -> schema_pb2.DatasetSchema:
     return schema_to_proto(Schema(columns))
 
 
+def test_a_session_names_the_method_and_limit_of_an_owner_reply_refused_for_its_size(
+    pki: Path,
+) -> None:
+    """owner-2 answers GetOwnerInfo with 2 MiB: the request runs with owner-0 and owner-1, and
+    its report says why owner-2 was left out in the words docs/reference.md's "Message limits"
+    promise — the method and the curator's limit (1.04 MiB), not "unreachable", which would
+    send its operator looking for a network fault — and nothing of the reply."""
+    answer = owner_pb2.GetOwnerInfoResponse(owner_id=MARK * (1 << 20), num_points=20)
+
+    async def run() -> Any:
+        servers = [await _owner(pki, identity) for identity in OWNERS[:2]]
+        hostile = await _hostile(pki, {"GetOwnerInfo": _answer(answer)})
+        addresses = [a for _, a in servers] + [hostile[1]]
+        endpoints = [_endpoint(pki, a, i) for a, i in zip(addresses, OWNERS, strict=True)]
+        manager = SessionManager(endpoints, policy=CuratorPolicy())
+        try:
+            request = SessionRequest(
+                CandidatesConfig(summary_size=5, rff_dimension=32),
+                np.random.default_rng(1).random((12, FEATURES)),
+                selection=OwnerSelection(min_owners=2),
+            )
+            session_id = await manager.create(request, consumer="consumer:alice")
+            last = None
+            async for _, report in manager.watch(session_id, "consumer:alice"):
+                last = report
+            return last
+        finally:
+            await manager.close()
+            for server, _ in [*servers, hostile]:
+                await server.stop(None)
+
+    report = asyncio.run(run())
+    assert INFO_LIMIT == 1_089_536  # the figure the reason states
+    assert not report.error and report.left_out == {
+        "owner-2": "reply over 1.04 MiB to GetOwnerInfo"
+    }
+    assert MARK * 4 not in str(report.to_json())
+
+
 def test_an_owner_info_of_the_largest_schema_passes(pki: Path) -> None:
     """GetOwnerInfo with the largest schema the limit is derived for (1,000 columns of a
     256-byte name and 64 levels: 0.72 of the limit) is received and parsed."""

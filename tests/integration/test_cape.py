@@ -17,6 +17,7 @@ the report's ``owner_spend`` must agree with it.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -401,6 +402,35 @@ def test_an_owner_without_budget_left_refuses_the_job_before_any_release(
 
 
 # ------------------------------------------------------------------------------ columns and bounds
+def test_an_owner_refusing_at_open_is_left_out_where_min_owners_allows(
+    cluster: LocalCluster,
+) -> None:
+    """owner-4 lacks the column ``extra`` and refuses a mean of it when the job opens: with
+    min_owners 4 the mean runs over owner-0 .. owner-3, planned over their sizes alone, owner-4
+    in ``dropped`` with its refusal's status and its text quoted as its own words; owner-4's own
+    ledger gains nothing (its record, asked when the job closes, says 0), every other one
+    charge. By default (every owner) the same request fails naming owner-4
+    (:func:`test_a_column_an_owner_lacks_is_refused_and_charges_nothing`); before, it failed
+    whatever min_owners said."""
+    before = _ledgers(cluster)
+    spec = _mean(features=(*FEATURES[:3], ("extra", 10.0, 60.0)))
+    with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
+        answer = client.estimate_cape_mean(spec, seed=SEED, timeout=CALL_TIMEOUT, min_owners=4)
+    report = answer.report.to_json()
+    ran, refusing = list(OWNERS[:4]), OWNERS[4]
+    assert report["sites"] == ran and report["sizes"] == dict.fromkeys(ran, ROWS_PER_OWNER)
+    dropped = report["dropped"]
+    assert list(dropped) == [refusing], dropped
+    assert re.match(
+        r"open: refused \((INVALID_ARGUMENT|FAILED_PRECONDITION)\); the owner's own words: «.*"
+        r"'extra'.*»$",
+        dropped[refusing],
+    ), dropped
+    new = _new_entries(before, _ledgers(cluster))
+    assert new[refusing] == [] and all(len(new[o]) == 1 for o in ran)
+    assert report["owner_spend"][refusing]["epsilon"] == 0
+
+
 def test_a_column_an_owner_lacks_is_refused_and_charges_nothing(cluster: LocalCluster) -> None:
     before = _ledgers(cluster)
     spec = _linear(features=(*FEATURES[:3], ("extra", 10.0, 60.0)))

@@ -254,3 +254,12 @@ def test_the_policy_lives_in_the_data_dir_and_a_differing_one_is_refused(tmp_pat
     loose.write_text("[budget]\nepsilon = 30.0\n", encoding="utf-8")
     with pytest.raises(ValueError, match="differs from the owner's policy"):
         data_dir_policy(state, loose)
+
+
+def test_the_curators_vocabulary_of_policy_keys_is_the_policy_files() -> None:
+    """A curator names an owner's refusal by the keys of :data:`POLICY_KEYS` alone
+    (:mod:`dpmarket.curator.disclosure`): the list is exactly the keys a policy file has."""
+    from dpmarket.common.policy_keys import POLICY_KEYS
+    from dpmarket.owner.policy import _KEY_OF_FIELD
+
+    assert sorted(_KEY_OF_FIELD.values()) == sorted(POLICY_KEYS)
