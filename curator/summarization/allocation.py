@@ -265,6 +265,7 @@ class Allocator:
             uniform_shares={state.owner_name(i): r.uniform for i, r in requests.items()},
             gaussian_sigma=sigma,
             embedding_prior=cfg.embedding_prior if owner_sigma > 0 else "none",
+            shrinkage_metric=cfg.shrinkage_metric,
             relevance_threshold=threshold,
             # Post-processing of the Laplace release, so safe to report; the exact counts are not.
             noisy_counts={
@@ -314,6 +315,7 @@ class Allocator:
             uniform_shares={state.owner_name(i): r.uniform for i, r in requests.items()},
             gaussian_sigma=sigma_g,
             embedding_prior=cfg.embedding_prior,
+            shrinkage_metric=cfg.shrinkage_metric,
             relevance_score=cfg.relevance_score,
             allocation_share=share,
             allocation_sigma=sigma_a,

@@ -276,3 +276,5 @@ def test_owners_are_told_where_to_read_the_shrinkage(metric: str) -> None:
         assert endpoint.score_metric is (metric == "scores")
         assert endpoint.shrinkage_sigma == pytest.approx(sigma)
     assert len(result.report.ledger.to_json()["validation"]["entries"]) == 2
+    # The session report's allocation section says where the owners read it.
+    assert result.report.ledger.to_json()["candidates"]["shrinkage_metric"] == metric
