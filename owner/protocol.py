@@ -63,7 +63,12 @@ from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from dpmarket.common.privacy.rng import production_rng
 from dpmarket.common.schema import Schema
-from dpmarket.common.summarization.candidates import shrink_towards_moments, shrink_towards_points
+from dpmarket.common.summarization.candidates import (
+    SHRINKAGE_METRICS,
+    ShrinkageMetric,
+    shrink_towards_moments,
+    shrink_towards_points,
+)
 from dpmarket.common.summarization.endpoints import (
     OwnerBid,
     OwnerInfo,
@@ -198,13 +203,11 @@ class _MemoryWork:
         target: NDArray[np.floating],
         sigma: float,
         prior: NDArray[np.floating] | None,
-        score_metric: bool,
+        metric: ShrinkageMetric,
         _progress: Progress,
         _cancel: threading.Event,
     ) -> NDArray[np.float64]:
-        return shrink_towards_points(
-            target, self.features, sigma, prior=prior, score_metric=score_metric
-        )[0]
+        return shrink_towards_points(target, self.features, sigma, prior=prior, metric=metric)[0]
 
     def sample(
         self,
@@ -310,15 +313,13 @@ class _PartitionedWork:
         target: NDArray[np.floating],
         sigma: float,
         prior: NDArray[np.floating] | None,
-        score_metric: bool,
+        metric: ShrinkageMetric,
         progress: Progress,
         cancel: threading.Event,
     ) -> NDArray[np.float64]:
         progress.start("shrink", len(self.data.partitions))
         mean, second = self.data.h1_moments(self.rff, progress=progress.update, cancel=cancel)
-        return shrink_towards_moments(
-            target, mean, second, sigma, prior=prior, score_metric=score_metric
-        )[0]
+        return shrink_towards_moments(target, mean, second, sigma, prior=prior, metric=metric)[0]
 
     def sample(
         self,
@@ -416,8 +417,8 @@ class OwnerSession:
         self.validation_embedding: NDArray[np.floating] | None = None
         #: The validation embedding's noise per coordinate (0: use the embedding as given).
         self.shrinkage_sigma = 0.0
-        #: Whether the shrinkage reads its amount in the metric of this owner's scores.
-        self.score_metric = False
+        #: Where the shrinkage reads its amount (the embedding, this owner's scores, or auto).
+        self.shrinkage_metric: ShrinkageMetric = "embedding"
         self.prior_embedding: NDArray[np.floating] | None = None
         self.round = 0
         self._offered: int | None = None
@@ -491,7 +492,7 @@ class OwnerSession:
         *,
         shrinkage_sigma: float = 0.0,
         prior_embedding: NDArray[np.float64] | None = None,
-        score_metric: bool = False,
+        shrinkage_metric: ShrinkageMetric = "embedding",
     ) -> None:
         """Store the private validation embedding gtilde (Algorithm 3, step 3).
 
@@ -510,16 +511,18 @@ class OwnerSession:
             use ``embedding`` as given (the curator verifies them against it).
         prior_embedding : ndarray of shape (d,), optional
             A public embedding (the request's seed set's mean h1).
-        score_metric : bool
-            Read the shrinkage's amount in the metric of this owner's scores
-            (:func:`dpmarket.common.summarization.candidates.shrink_in_score_metric`) instead of
-            in all d coordinates of the embedding.
+        shrinkage_metric : {"embedding", "scores", "auto"}
+            Where the shrinkage's amount is read: in all d coordinates of the embedding, in the
+            metric of this owner's scores, or in the latter only where the release is
+            noise-dominated in the former
+            (:func:`dpmarket.common.summarization.candidates.shrink_in_metric`).
 
         Raises
         ------
         InvalidArgumentError
             If ``embedding`` or ``prior_embedding`` is not of shape (d,) or is not finite, or
-            ``shrinkage_sigma`` is negative or not finite.
+            ``shrinkage_sigma`` is negative or not finite, or ``shrinkage_metric`` is not one of
+            the three.
         FailedPreconditionError
             If the terms' method takes no validation embedding (uniform), or the embedding was
             set already and this one differs (the same embedding again changes nothing).
@@ -544,11 +547,15 @@ class OwnerSession:
                 if prior_embedding is None
                 else check_vector(prior_embedding, "prior_embedding", size=self.d)
             )
+            if shrinkage_metric not in SHRINKAGE_METRICS:
+                raise ValueError(
+                    f"shrinkage_metric must be one of {SHRINKAGE_METRICS}, got {shrinkage_metric!r}"
+                )
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from exc
         if repeat:
             if not self._same_embedding(
-                validation, float(shrinkage_sigma), prior, bool(score_metric)
+                validation, float(shrinkage_sigma), prior, shrinkage_metric
             ):
                 raise FailedPreconditionError(
                     "the validation embedding is set once per session and this one differs "
@@ -558,7 +565,7 @@ class OwnerSession:
         self.validation_embedding = validation
         self.prior_embedding = prior
         self.shrinkage_sigma = float(shrinkage_sigma)
-        self.score_metric = bool(score_metric)
+        self.shrinkage_metric = shrinkage_metric
         self.steps.done(Step.VALIDATION_EMBEDDING)
 
     def _same_embedding(
@@ -566,7 +573,7 @@ class OwnerSession:
         embedding: NDArray[np.floating],
         shrinkage_sigma: float,
         prior: NDArray[np.floating] | None,
-        score_metric: bool,
+        shrinkage_metric: str,
     ) -> bool:
         """Whether a repeated SetValidationEmbedding holds exactly what was set."""
         assert self.validation_embedding is not None
@@ -578,7 +585,7 @@ class OwnerSession:
         return (
             same_prior
             and shrinkage_sigma == self.shrinkage_sigma
-            and score_metric == self.score_metric
+            and shrinkage_metric == self.shrinkage_metric
             and np.array_equal(embedding, self.validation_embedding)
         )
 
@@ -831,7 +838,7 @@ class OwnerSession:
                         g,
                         self.shrinkage_sigma,
                         self.prior_embedding,
-                        self.score_metric,
+                        self.shrinkage_metric,
                         self.progress,
                         self.cancel,
                     )
@@ -1356,7 +1363,7 @@ class Owner:
         *,
         shrinkage_sigma: float = 0.0,
         prior_embedding: NDArray[np.float64] | None = None,
-        score_metric: bool = False,
+        shrinkage_metric: ShrinkageMetric = "embedding",
     ) -> None:
         """See :meth:`OwnerSession.set_validation_embedding`."""
         with self._step(session_id, curator) as session:
@@ -1364,7 +1371,7 @@ class Owner:
                 embedding,
                 shrinkage_sigma=shrinkage_sigma,
                 prior_embedding=prior_embedding,
-                score_metric=score_metric,
+                shrinkage_metric=shrinkage_metric,
             )
 
     def bid(
