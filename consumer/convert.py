@@ -77,7 +77,6 @@ _ENUM_PARAMS: dict[str, dict[str, int]] = {
     "shrinkage_metric": {
         "embedding": curator_pb2.SHRINKAGE_METRIC_EMBEDDING,
         "scores": curator_pb2.SHRINKAGE_METRIC_SCORES,
-        "auto": curator_pb2.SHRINKAGE_METRIC_AUTO,
     },
 }
 _STAGES: dict[int, SessionStage] = {

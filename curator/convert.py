@@ -202,7 +202,6 @@ _ENUM_PARAMS: dict[str, dict[int, str]] = {
     "shrinkage_metric": {
         curator_pb2.SHRINKAGE_METRIC_EMBEDDING: "embedding",
         curator_pb2.SHRINKAGE_METRIC_SCORES: "scores",
-        curator_pb2.SHRINKAGE_METRIC_AUTO: "auto",
     },
 }
 _STAGES = {

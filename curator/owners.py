@@ -39,7 +39,6 @@ from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.schema import Schema
 from dpmarket.common.secagg.endpoints import MaskedInput, SurvivorAttestation
 from dpmarket.common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
-from dpmarket.common.summarization.candidates import ShrinkageMetric
 from dpmarket.common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
 from dpmarket.common.summarization.hashes import HashAdvert
 from dpmarket.common.summarization.rff import RFFParams
@@ -60,7 +59,6 @@ from dpmarket.runtime.replies import (
     reply_refused,
 )
 from dpmarket.runtime.serving import CHANNEL_OPTIONS
-from dpmarket.runtime.shrinkage import shrinkage_metric_to_proto
 from dpmarket.runtime.status import error_from_rpc
 from dpmarket.runtime.terms import terms_to_proto
 from dpmarket.runtime.transport import (
@@ -633,14 +631,14 @@ class OwnerServiceClient(OwnerChannel):
         *,
         shrinkage_sigma: float = 0.0,
         prior_embedding: NDArray[np.float64] | None = None,
-        shrinkage_metric: ShrinkageMetric = "embedding",
+        score_metric: bool = False,
     ) -> None:
         """SetValidationEmbedding."""
         request = owner_pb2.SetValidationEmbeddingRequest(
             session_id=session_id,
             validation_embedding=array_to_proto(embedding),
             shrinkage_sigma=shrinkage_sigma,
-            shrinkage_metric=shrinkage_metric_to_proto(shrinkage_metric),
+            score_metric=score_metric,
         )
         if prior_embedding is not None:
             request.prior_embedding.CopyFrom(array_to_proto(prior_embedding))

@@ -21,7 +21,6 @@ from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.schema import Schema
 from dpmarket.common.secagg.endpoints import MaskedInput, SurvivorAttestation
 from dpmarket.common.secagg.protocol import KeyAdvertisement, RoundParams, UnmaskResponse
-from dpmarket.common.summarization.candidates import ShrinkageMetric
 from dpmarket.common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
 from dpmarket.common.summarization.hashes import HashAdvert
 from dpmarket.common.summarization.rff import RFFParams
@@ -67,7 +66,7 @@ class LocalOwnerEndpoint:
         *,
         shrinkage_sigma: float = 0.0,
         prior_embedding: NDArray[np.float64] | None = None,
-        shrinkage_metric: ShrinkageMetric = "embedding",
+        score_metric: bool = False,
     ) -> None:
         """See :meth:`OwnerSession.set_validation_embedding`."""
         self.owner.set_validation_embedding(
@@ -75,7 +74,7 @@ class LocalOwnerEndpoint:
             embedding,
             shrinkage_sigma=shrinkage_sigma,
             prior_embedding=prior_embedding,
-            shrinkage_metric=shrinkage_metric,
+            score_metric=score_metric,
         )
 
     async def bid(

@@ -63,12 +63,7 @@ from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from dpmarket.common.privacy.rng import production_rng
 from dpmarket.common.schema import Schema
-from dpmarket.common.summarization.candidates import (
-    SHRINKAGE_METRICS,
-    ShrinkageMetric,
-    shrink_towards_moments,
-    shrink_towards_points,
-)
+from dpmarket.common.summarization.candidates import shrink_towards_moments, shrink_towards_points
 from dpmarket.common.summarization.endpoints import (
     OwnerBid,
     OwnerInfo,
@@ -203,11 +198,13 @@ class _MemoryWork:
         target: NDArray[np.floating],
         sigma: float,
         prior: NDArray[np.floating] | None,
-        metric: ShrinkageMetric,
+        score_metric: bool,
         _progress: Progress,
         _cancel: threading.Event,
     ) -> NDArray[np.float64]:
-        return shrink_towards_points(target, self.features, sigma, prior=prior, metric=metric)[0]
+        return shrink_towards_points(
+            target, self.features, sigma, prior=prior, score_metric=score_metric
+        )[0]
 
     def sample(
         self,
@@ -313,13 +310,15 @@ class _PartitionedWork:
         target: NDArray[np.floating],
         sigma: float,
         prior: NDArray[np.floating] | None,
-        metric: ShrinkageMetric,
+        score_metric: bool,
         progress: Progress,
         cancel: threading.Event,
     ) -> NDArray[np.float64]:
         progress.start("shrink", len(self.data.partitions))
         mean, second = self.data.h1_moments(self.rff, progress=progress.update, cancel=cancel)
-        return shrink_towards_moments(target, mean, second, sigma, prior=prior, metric=metric)[0]
+        return shrink_towards_moments(
+            target, mean, second, sigma, prior=prior, score_metric=score_metric
+        )[0]
 
     def sample(
         self,
@@ -417,8 +416,8 @@ class OwnerSession:
         self.validation_embedding: NDArray[np.floating] | None = None
         #: The validation embedding's noise per coordinate (0: use the embedding as given).
         self.shrinkage_sigma = 0.0
-        #: Where the shrinkage reads its amount (the embedding, this owner's scores, or auto).
-        self.shrinkage_metric: ShrinkageMetric = "embedding"
+        #: Whether the shrinkage reads its amount in the metric of this owner's scores.
+        self.score_metric = False
         self.prior_embedding: NDArray[np.floating] | None = None
         self.round = 0
         self._offered: int | None = None
@@ -492,7 +491,7 @@ class OwnerSession:
         *,
         shrinkage_sigma: float = 0.0,
         prior_embedding: NDArray[np.float64] | None = None,
-        shrinkage_metric: ShrinkageMetric = "embedding",
+        score_metric: bool = False,
     ) -> None:
         """Store the private validation embedding gtilde (Algorithm 3, step 3).
 
@@ -511,18 +510,16 @@ class OwnerSession:
             use ``embedding`` as given (the curator verifies them against it).
         prior_embedding : ndarray of shape (d,), optional
             A public embedding (the request's seed set's mean h1).
-        shrinkage_metric : {"embedding", "scores", "auto"}
-            Where the shrinkage's amount is read: in all d coordinates of the embedding, in the
-            metric of this owner's scores, or in the latter only where the release is
-            noise-dominated in the former
-            (:func:`dpmarket.common.summarization.candidates.shrink_in_metric`).
+        score_metric : bool
+            Read the shrinkage's amount in the metric of this owner's scores
+            (:func:`dpmarket.common.summarization.candidates.shrink_in_score_metric`) instead of
+            in all d coordinates of the embedding.
 
         Raises
         ------
         InvalidArgumentError
             If ``embedding`` or ``prior_embedding`` is not of shape (d,) or is not finite, or
-            ``shrinkage_sigma`` is negative or not finite, or ``shrinkage_metric`` is not one of
-            the three.
+            ``shrinkage_sigma`` is negative or not finite.
         FailedPreconditionError
             If the terms' method takes no validation embedding (uniform), or the embedding was
             set already and this one differs (the same embedding again changes nothing).
@@ -547,15 +544,11 @@ class OwnerSession:
                 if prior_embedding is None
                 else check_vector(prior_embedding, "prior_embedding", size=self.d)
             )
-            if shrinkage_metric not in SHRINKAGE_METRICS:
-                raise ValueError(
-                    f"shrinkage_metric must be one of {SHRINKAGE_METRICS}, got {shrinkage_metric!r}"
-                )
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from exc
         if repeat:
             if not self._same_embedding(
-                validation, float(shrinkage_sigma), prior, shrinkage_metric
+                validation, float(shrinkage_sigma), prior, bool(score_metric)
             ):
                 raise FailedPreconditionError(
                     "the validation embedding is set once per session and this one differs "
@@ -565,7 +558,7 @@ class OwnerSession:
         self.validation_embedding = validation
         self.prior_embedding = prior
         self.shrinkage_sigma = float(shrinkage_sigma)
-        self.shrinkage_metric = shrinkage_metric
+        self.score_metric = bool(score_metric)
         self.steps.done(Step.VALIDATION_EMBEDDING)
 
     def _same_embedding(
@@ -573,7 +566,7 @@ class OwnerSession:
         embedding: NDArray[np.floating],
         shrinkage_sigma: float,
         prior: NDArray[np.floating] | None,
-        shrinkage_metric: str,
+        score_metric: bool,
     ) -> bool:
         """Whether a repeated SetValidationEmbedding holds exactly what was set."""
         assert self.validation_embedding is not None
@@ -585,7 +578,7 @@ class OwnerSession:
         return (
             same_prior
             and shrinkage_sigma == self.shrinkage_sigma
-            and shrinkage_metric == self.shrinkage_metric
+            and score_metric == self.score_metric
             and np.array_equal(embedding, self.validation_embedding)
         )
 
@@ -838,7 +831,7 @@ class OwnerSession:
                         g,
                         self.shrinkage_sigma,
                         self.prior_embedding,
-                        self.shrinkage_metric,
+                        self.score_metric,
                         self.progress,
                         self.cancel,
                     )
@@ -1363,7 +1356,7 @@ class Owner:
         *,
         shrinkage_sigma: float = 0.0,
         prior_embedding: NDArray[np.float64] | None = None,
-        shrinkage_metric: ShrinkageMetric = "embedding",
+        score_metric: bool = False,
     ) -> None:
         """See :meth:`OwnerSession.set_validation_embedding`."""
         with self._step(session_id, curator) as session:
@@ -1371,7 +1364,7 @@ class Owner:
                 embedding,
                 shrinkage_sigma=shrinkage_sigma,
                 prior_embedding=prior_embedding,
-                shrinkage_metric=shrinkage_metric,
+                score_metric=score_metric,
             )
 
     def bid(

@@ -43,7 +43,6 @@ from dpmarket.runtime.authz import Authorizer, rpc, rpc_stream
 from dpmarket.runtime.identity import Identity, peer_public_key
 from dpmarket.runtime.metrics import register_all
 from dpmarket.runtime.serving import serve_until_signalled, start_server, write_port
-from dpmarket.runtime.shrinkage import shrinkage_metric_from_proto
 from dpmarket.runtime.terms import terms_from_proto
 from dpmarket.runtime.transport import TransportSecurity
 from dpmarket.v1 import (
@@ -197,7 +196,7 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
             str(caller),
             shrinkage_sigma=request.shrinkage_sigma,
             prior_embedding=prior,
-            shrinkage_metric=shrinkage_metric_from_proto(request.shrinkage_metric),
+            score_metric=request.score_metric,
         )
         return owner_pb2.SetValidationEmbeddingResponse()
 

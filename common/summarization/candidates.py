@@ -21,21 +21,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from dpmarket.common.summarization.rff import RFFParams, random_fourier_features
 from dpmarket.common.validation import check_matrix, check_positive_int, check_vector
-
-#: Where an owner reads its shrinkage's amount (``CandidatesConfig.shrinkage_metric``): in all d
-#: coordinates of the embedding (:func:`shrink_embedding`), in the metric of its own scores
-#: (:func:`shrink_in_score_metric`), or in the second where the first cannot tell the release's
-#: signal from its noise (:func:`noise_dominated`).
-ShrinkageMetric = Literal["embedding", "scores", "auto"]
-#: The allowed values of :data:`ShrinkageMetric`, the default first.
-SHRINKAGE_METRICS: tuple[ShrinkageMetric, ...] = ("embedding", "scores", "auto")
 
 #: L2 norm bound of one h1 feature vector: ``||h1(x)||^2 = (2/d) sum cos^2 <= 2``.
 H1_NORM_BOUND = math.sqrt(2.0)
@@ -280,114 +271,6 @@ def shrink_in_score_metric(
     return g0 + alpha * diff, alpha
 
 
-def noise_dominated(noisy: ArrayLike, prior: ArrayLike, noise_sigma: float) -> bool:
-    """Whether a Gaussian release is, in all d coordinates, within one standard deviation of
-    what its noise alone would give: ``||noisy - prior||^2 <= sigma^2 (d + sqrt(2 d))``.
-
-    With no signal (``g = prior``), ``||noisy - prior||^2 / sigma^2`` is chi-square with d
-    degrees of freedom: mean d, standard deviation ``sqrt(2 d)``. Below that level the plug-in
-    estimate of the signal, ``||noisy - prior||^2 - d sigma^2``, is within one of its own
-    standard errors of 0, and James-Stein's amount (:func:`shrink_embedding`; at most
-    ``1 - (d - 2) / (d + sqrt(2 d))`` there, 0.12 at d = 140) says "cannot tell the signal from
-    the noise" rather than "the embedding is near the prior".
-
-    Parameters
-    ----------
-    noisy : array-like of shape (d,)
-        ``g + N(0, noise_sigma^2 I_d)``, the released embedding.
-    prior : array-like of shape (d,)
-        What the shrinkage pulls towards.
-    noise_sigma : float
-        The noise standard deviation per coordinate the shrinkage assumes, > 0 (public).
-
-    Returns
-    -------
-    bool
-
-    Raises
-    ------
-    ValueError
-        If a value is not finite, the shapes differ, or ``noise_sigma`` is not a finite number
-        > 0.
-
-    Notes
-    -----
-    Privacy: a function of the release, the public ``noise_sigma`` and ``prior`` (the owner's
-    own mean at the owner): post-processing, no privacy cost.
-
-    The level is the null distribution's mean plus one standard deviation, fixed by d alone
-    (Johnson, Kotz & Balakrishnan, "Continuous Univariate Distributions", vol. 1, ch. 18: the
-    chi-square's mean and variance); it was written down before any measurement of the rule
-    that uses it (:func:`shrink_in_metric`, ``"auto"``).
-    """
-    y = check_vector(noisy, "noisy embedding").astype(np.float64)
-    g0 = check_vector(prior, "prior embedding", size=y.shape[0]).astype(np.float64)
-    if not (math.isfinite(noise_sigma) and noise_sigma > 0):
-        raise ValueError(f"noise_sigma must be a finite number > 0, got {noise_sigma}")
-    d = y.shape[0]
-    diff = y - g0
-    return float(diff @ diff) <= noise_sigma**2 * (d + math.sqrt(2.0 * d))
-
-
-def shrink_in_metric(
-    noisy: ArrayLike,
-    prior: ArrayLike,
-    second_moment: ArrayLike,
-    noise_sigma: float,
-    metric: ShrinkageMetric,
-) -> tuple[NDArray[np.float64], float]:
-    """Shrink the release towards ``prior`` by the amount read in ``metric``.
-
-    ``"embedding"``: :func:`shrink_embedding` (James-Stein in R^d); ``"scores"``:
-    :func:`shrink_in_score_metric` (the metric of the owner's scores); ``"auto"``: the score
-    metric's amount where the release is noise-dominated in R^d (:func:`noise_dominated`),
-    James-Stein's elsewhere.
-
-    Parameters
-    ----------
-    noisy, prior : array-like of shape (d,)
-        As :func:`shrink_in_score_metric`.
-    second_moment : array-like of shape (d, d)
-        The owner's points' uncentered h1 second moment; not read with ``"embedding"``.
-    noise_sigma : float
-        The noise standard deviation per coordinate the shrinkage assumes, > 0 (public).
-    metric : {"embedding", "scores", "auto"}
-
-    Returns
-    -------
-    shrunk : ndarray of shape (d,), float64
-    alpha : float
-        The amount kept, in [0, 1].
-
-    Raises
-    ------
-    ValueError
-        As :func:`shrink_in_score_metric`, or if ``metric`` is not one of the three.
-
-    Notes
-    -----
-    Privacy: a function of the release, the public ``noise_sigma`` and the owner's own data
-    (``prior``, ``second_moment``), computed at the owner and never sent: post-processing of
-    the release, no privacy cost beyond it.
-
-    Why ``"auto"`` reads the score metric only where the release is noise-dominated in R^d:
-    James-Stein's amount ``1 - (d - 2) sigma^2 / ||r||^2`` is then below
-    ``1 - (d - 2) / (d + sqrt(2 d))`` and close to 0 whatever the embedding, so every owner
-    proposes a sample of its own data, also where it holds little of D_v's kind; the owner's
-    loss, the error of its scores ``g . h1(x)``, sees only ``sigma^2 tr Sigma`` of the noise
-    (about d times less) and still finds the signal there. Where the signal stands out of the
-    R^d noise, James-Stein's amount estimates a real signal and its pull towards the owner's
-    own mean keeps the proposals representative of the owner, which the curator's exact
-    re-ranking needs where m is large (docs/results.md, "The shrinkage read in the owner's
-    score metric").
-    """
-    if metric not in SHRINKAGE_METRICS:
-        raise ValueError(f"metric must be one of {SHRINKAGE_METRICS}, got {metric!r}")
-    if metric == "scores" or (metric == "auto" and noise_dominated(noisy, prior, noise_sigma)):
-        return shrink_in_score_metric(noisy, prior, second_moment, noise_sigma)
-    return shrink_embedding(noisy, prior, noise_sigma)
-
-
 def _check_second_moment(second_moment: ArrayLike, d: int) -> NDArray[np.float64]:
     """``second_moment`` as a finite (d, d) float64 matrix, or ValueError naming its shape."""
     sigma = np.asarray(second_moment, dtype=np.float64)
@@ -520,7 +403,7 @@ def shrink_towards_points(
     noise_sigma: float,
     *,
     prior: ArrayLike | None = None,
-    metric: ShrinkageMetric = "embedding",
+    score_metric: bool = False,
 ) -> tuple[NDArray[np.float64], float, bool]:
     """Shrink a Gaussian-noised embedding towards a point set's own mean h1, or towards a public
     prior when the release lies nearer to that in the metric of the set's own scores.
@@ -534,10 +417,9 @@ def shrink_towards_points(
     positive-part James-Stein (:func:`shrink_embedding`), whose factor charges the noise of all
     d directions: with a small validation set the proposal is a representative sample of the
     owner's points (or of those nearest the public prior), which the curator's exact re-ranking
-    sorts; with a large one it follows the embedding. ``metric`` says where the amount is read
-    (:func:`shrink_in_metric`): with ``"scores"`` in the metric of the set's scores (the noise
-    the scores see, not the noise of all d coordinates), with ``"auto"`` there only where the
-    release is noise-dominated in R^d.
+    sorts; with a large one it follows the embedding. With ``score_metric`` the amount is read in
+    the metric of the set's scores instead (:func:`shrink_in_score_metric`): the noise the scores
+    see, not the noise of all d coordinates.
 
     Parameters
     ----------
@@ -549,8 +431,8 @@ def shrink_towards_points(
         The release's noise per coordinate, > 0 (public).
     prior : array-like of shape (d,), optional
         A public embedding fixed before the release.
-    metric : {"embedding", "scores", "auto"}
-        Where the amount is read (:func:`shrink_in_metric`).
+    score_metric : bool
+        Shrink by :func:`shrink_in_score_metric` (False: :func:`shrink_embedding`).
 
     Returns
     -------
@@ -579,12 +461,14 @@ def shrink_towards_points(
         )
     mean = x.mean(axis=0, dtype=np.float64)
     second = np.zeros((x.shape[1], x.shape[1]), dtype=np.float64)
-    if prior is not None or metric != "embedding":
+    if prior is not None or score_metric:
         for start in range(0, x.shape[0], _MOMENT_BLOCK):
             block = np.asarray(x[start : start + _MOMENT_BLOCK], dtype=np.float64)
             second += block.T @ block
         second /= x.shape[0]
-    return shrink_towards_moments(y, mean, second, noise_sigma, prior=prior, metric=metric)
+    return shrink_towards_moments(
+        y, mean, second, noise_sigma, prior=prior, score_metric=score_metric
+    )
 
 
 #: Rows whose h1 second moment :func:`shrink_towards_points` adds at once (in float64).
@@ -598,7 +482,7 @@ def shrink_towards_moments(
     noise_sigma: float,
     *,
     prior: ArrayLike | None = None,
-    metric: ShrinkageMetric = "embedding",
+    score_metric: bool = False,
 ) -> tuple[NDArray[np.float64], float, bool]:
     """:func:`shrink_towards_points` from the points' h1 moments instead of the points: for a
     table read partition by partition, whose moments are sums over partitions.
@@ -611,12 +495,12 @@ def shrink_towards_moments(
         ``mu = mean_x h1(x)`` over the points.
     second_moment : array-like of shape (d, d)
         ``Sigma = mean_x h1(x) h1(x)^T`` (uncentered), symmetric positive semi-definite; read
-        only with a ``prior`` or a ``metric`` other than ``"embedding"``.
+        only with a ``prior`` or ``score_metric``.
     noise_sigma : float
         The release's noise per coordinate, > 0 (public).
     prior : array-like of shape (d,), optional
         A public embedding fixed before the release.
-    metric : {"embedding", "scores", "auto"}
+    score_metric : bool
         As :func:`shrink_towards_points`.
 
     Returns
@@ -641,5 +525,8 @@ def shrink_towards_moments(
         own, other = y - mu, y - g0
         if float(other @ sigma @ other) < float(own @ sigma @ own):
             mu, public = g0, True
-    shrunk, alpha = shrink_in_metric(y, mu, second_moment, noise_sigma, metric)
+    if score_metric:
+        shrunk, alpha = shrink_in_score_metric(y, mu, second_moment, noise_sigma)
+    else:
+        shrunk, alpha = shrink_embedding(y, mu, noise_sigma)
     return shrunk, alpha, public

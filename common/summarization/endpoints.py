@@ -19,7 +19,6 @@ from dpmarket.common.market.pricing import OwnerPrices
 from dpmarket.common.market.terms import FREE
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.schema import Schema
-from dpmarket.common.summarization.candidates import ShrinkageMetric
 from dpmarket.common.summarization.hashes import HashAdvert
 from dpmarket.common.summarization.rff import RFFParams
 
@@ -123,12 +122,12 @@ class OwnerEndpoint(Protocol):
         *,
         shrinkage_sigma: float = 0.0,
         prior_embedding: NDArray[np.float64] | None = None,
-        shrinkage_metric: ShrinkageMetric = "embedding",
+        score_metric: bool = False,
     ) -> None:
         """Broadcast the validation embedding gtilde, with its noise per coordinate when the
         owner's candidate proposal should shrink it towards the owner's own mean h1 or the
-        public ``prior_embedding``, whichever it lies nearer to (0: no shrinkage), by the amount
-        read where ``shrinkage_metric`` says (``candidates.shrink_in_metric``)."""
+        public ``prior_embedding``, whichever it lies nearer to (0: no shrinkage); with
+        ``score_metric``, by the amount read in the metric of the owner's own scores."""
         ...
 
     async def bid(

@@ -30,7 +30,6 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal
 
 from dpmarket.common.summarization.auction import AUCTION_VARIANTS, AuctionVariant
-from dpmarket.common.summarization.candidates import SHRINKAGE_METRICS, ShrinkageMetric
 from dpmarket.common.summarization.sketch_allocation import RELEVANCE_SCORES, RelevanceScore
 from dpmarket.common.validation import check_delta, check_epsilon, check_positive_int
 
@@ -77,12 +76,14 @@ SummaryRelease = Literal["mwem", "tree", "none"]
 PoolScoring = Literal["embedding", "exact"]
 Allocation = Literal["sketch", "counts"]
 EmbeddingPrior = Literal["owner", "seed", "none"]
+ShrinkageMetric = Literal["embedding", "scores"]
 #: Allowed values of the options with a choice, the default first.
 VALIDATION_RELEASES: tuple[ValidationRelease, ...] = ("mwem", "gaussian")
 SUMMARY_RELEASES: tuple[SummaryRelease, ...] = ("mwem", "tree", "none")
 POOL_SCORINGS: tuple[PoolScoring, ...] = ("embedding", "exact")
 ALLOCATIONS: tuple[Allocation, ...] = ("sketch", "counts")
 EMBEDDING_PRIORS: tuple[EmbeddingPrior, ...] = ("owner", "seed", "none")
+SHRINKAGE_METRICS: tuple[ShrinkageMetric, ...] = ("embedding", "scores")
 #: PrivAuction variants (:mod:`dpmarket.common.summarization.auction`).
 AUCTIONS: tuple[AuctionVariant, ...] = AUCTION_VARIANTS
 #: delta~ of the owners' composition bound in the summarization paper's Section 4 (its summary
@@ -495,12 +496,11 @@ class AllocationFields(GaussianFields):
     shrinkage_metric: ShrinkageMetric = param(
         "embedding",
         "Where each owner reads the shrinkage's amount: the release's noise in all d coordinates "
-        "of the embedding (James-Stein), in the metric of the owner's own scores, where the "
-        "noise is about d times smaller, or auto: the scores' metric only where the release is "
-        "within one standard deviation of pure noise in all d coordinates (per owner and "
-        "request, from the public noise and the owner's own points).",
+        "of the embedding (James-Stein), or in the metric of the owner's own scores, where the "
+        "noise is about d times smaller (per owner and request, from the public noise and the "
+        "owner's own points).",
         unit="choice",
-        source="candidates.shrink_in_metric, candidates.noise_dominated; docs/results.md, "
+        source="candidates.shrink_embedding, candidates.shrink_in_score_metric; docs/results.md, "
         "'The shrinkage read in the owner's score metric'",
         choices=SHRINKAGE_METRICS,
     )

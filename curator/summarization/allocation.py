@@ -156,11 +156,12 @@ class Allocator:
         self, owners: Sequence[int], g_val: NDArray[np.float64], sigma: float
     ) -> float:
         """SetValidationEmbedding to every owner in ``owners``: gtilde (noise ``sigma`` per
-        coordinate) and how to shrink it (:meth:`owner_view`, and where each owner reads the amount:
-        the request's ``shrinkage_metric``). Returns the noise the owners assume (0: no
-        shrinkage)."""
+        coordinate) and how to shrink it (:meth:`owner_view`; with ``shrinkage_metric="scores"``,
+        the amount read in the metric of each owner's scores). Returns the noise the owners
+        assume (0: no shrinkage)."""
         state = self.state
         owner_sigma, prior = self.owner_view(sigma)
+        score_metric = self.config.shrinkage_metric == "scores"
         await state.gather(
             owners,
             lambda i: state.endpoint(i).set_validation_embedding(
@@ -168,7 +169,7 @@ class Allocator:
                 g_val,
                 shrinkage_sigma=owner_sigma,
                 prior_embedding=prior,
-                shrinkage_metric=self.config.shrinkage_metric,
+                score_metric=score_metric,
             ),
         )
         return owner_sigma

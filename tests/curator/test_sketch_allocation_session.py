@@ -212,7 +212,7 @@ class _Recording(LocalOwnerEndpoint):
     ):
         self.embedding = np.array(embedding, copy=True)
         self.shrinkage_sigma, self.prior = shrinkage_sigma, prior_embedding
-        self.shrinkage_metric = kw.get("shrinkage_metric", "embedding")
+        self.score_metric = kw.get("score_metric", False)
         await super().set_validation_embedding(
             session_id,
             embedding,
@@ -256,7 +256,7 @@ def test_owners_receive_the_release_the_noise_and_the_public_seed_prior() -> Non
         assert len(result.report.ledger.to_json()["validation"]["entries"]) == 2
 
 
-@pytest.mark.parametrize("metric", ["embedding", "scores", "auto"])
+@pytest.mark.parametrize("metric", ["embedding", "scores"])
 def test_owners_are_told_where_to_read_the_shrinkage(metric: str) -> None:
     """shrinkage_metric reaches every owner with the release; the noise it assumes is the same
     either way (the rule changes where the amount is read, not what is released or charged)."""
@@ -273,7 +273,7 @@ def test_owners_are_told_where_to_read_the_shrinkage(metric: str) -> None:
     )
     sigma = result.report.ledger.to_json()["candidates"]["gaussian_sigma"]
     for endpoint in endpoints:
-        assert endpoint.shrinkage_metric == metric
+        assert endpoint.score_metric is (metric == "scores")
         assert endpoint.shrinkage_sigma == pytest.approx(sigma)
     assert len(result.report.ledger.to_json()["validation"]["entries"]) == 2
     # The session report's allocation section says where the owners read it.

@@ -128,15 +128,13 @@ def test_networked_run_equals_in_process_run(
     assert events[-1].stage == "done" and events[-1].round == events[-1].total_rounds
 
 
-@pytest.mark.parametrize("metric", ["scores", "auto"])
 def test_networked_score_metric_shrinkage_equals_in_process(
-    cluster: LocalCluster, digits: Scenario, metric: str
+    cluster: LocalCluster, digits: Scenario
 ) -> None:
-    """shrinkage_metric "scores" and "auto" cross both wires (the consumer's request, the
-    curator's SetValidationEmbedding): the networked summary is the in-process one, and (the
-    control) not the default's, so a value lost on the way would show (digits' m = 44 at
-    epsilon 1 leaves the release noise-dominated in R^d, where "auto" reads the scores)."""
-    config = method_config("candidates", summary_size=P, shrinkage_metric=metric)
+    """shrinkage_metric = "scores" crosses both wires (the consumer's request, the curator's
+    SetValidationEmbedding): the networked summary is the in-process one, and (the control) not
+    the default's, so a flag lost on the way would show."""
+    config = method_config("candidates", summary_size=P, shrinkage_metric="scores")
     with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
         networked = client.summarize(config, digits.validation, digits.seed_set, seed=11)
     local = simulate(digits.owners, digits.validation, digits.seed_set, config, seed=11)

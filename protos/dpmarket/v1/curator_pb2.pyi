@@ -232,10 +232,6 @@ class _ShrinkageMetricEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Shrin
     """The release's noise in all d coordinates of the embedding (James-Stein)."""
     SHRINKAGE_METRIC_SCORES: _ShrinkageMetric.ValueType  # 2
     """The release's noise in the metric of the owner's own scores (its points' h1 second moment)."""
-    SHRINKAGE_METRIC_AUTO: _ShrinkageMetric.ValueType  # 3
-    """The scores' metric where the release is within one standard deviation of pure noise in all
-    d coordinates, the embedding's elsewhere (per owner and request).
-    """
 
 class ShrinkageMetric(_ShrinkageMetric, metaclass=_ShrinkageMetricEnumTypeWrapper):
     """Candidates method: where each owner reads the shrinkage's amount."""
@@ -246,10 +242,6 @@ SHRINKAGE_METRIC_EMBEDDING: ShrinkageMetric.ValueType  # 1
 """The release's noise in all d coordinates of the embedding (James-Stein)."""
 SHRINKAGE_METRIC_SCORES: ShrinkageMetric.ValueType  # 2
 """The release's noise in the metric of the owner's own scores (its points' h1 second moment)."""
-SHRINKAGE_METRIC_AUTO: ShrinkageMetric.ValueType  # 3
-"""The scores' metric where the release is within one standard deviation of pure noise in all
-d coordinates, the embedding's elsewhere (per owner and request).
-"""
 Global___ShrinkageMetric: _TypeAlias = ShrinkageMetric  # noqa: Y015
 
 class _Auction:

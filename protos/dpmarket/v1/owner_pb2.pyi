@@ -70,40 +70,6 @@ SESSION_METHOD_GREEDY: SessionMethod.ValueType  # 8
 """Non-private greedy: refused unless the owner's policy allows non-private sessions."""
 Global___SessionMethod: _TypeAlias = SessionMethod  # noqa: Y015
 
-class _OwnerShrinkageMetric:
-    ValueType = _typing.NewType("ValueType", _builtins.int)
-    V: _TypeAlias = ValueType  # noqa: Y015
-
-class _OwnerShrinkageMetricEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_OwnerShrinkageMetric.ValueType], _builtins.type):
-    DESCRIPTOR: _descriptor.EnumDescriptor
-    OWNER_SHRINKAGE_METRIC_UNSPECIFIED: _OwnerShrinkageMetric.ValueType  # 0
-    """The default: the release's noise in all d coordinates of the embedding (James-Stein)."""
-    OWNER_SHRINKAGE_METRIC_SCORES: _OwnerShrinkageMetric.ValueType  # 1
-    """The release's noise in the metric of the owner's own scores (sigma^2 tr Sigma, Sigma its
-    points' h1 second moment).
-    """
-    OWNER_SHRINKAGE_METRIC_AUTO: _OwnerShrinkageMetric.ValueType  # 2
-    """The scores' metric where the release is within one standard deviation of pure noise in all
-    d coordinates (||gtilde - mu||^2 <= sigma^2 (d + sqrt(2 d))), the embedding's elsewhere.
-    """
-
-class OwnerShrinkageMetric(_OwnerShrinkageMetric, metaclass=_OwnerShrinkageMetricEnumTypeWrapper):
-    """Where an owner reads its shrinkage's amount (SetValidationEmbeddingRequest). Values 0 and 1
-    are what the earlier bool field 5 (score_metric) carried on the wire.
-    """
-
-OWNER_SHRINKAGE_METRIC_UNSPECIFIED: OwnerShrinkageMetric.ValueType  # 0
-"""The default: the release's noise in all d coordinates of the embedding (James-Stein)."""
-OWNER_SHRINKAGE_METRIC_SCORES: OwnerShrinkageMetric.ValueType  # 1
-"""The release's noise in the metric of the owner's own scores (sigma^2 tr Sigma, Sigma its
-points' h1 second moment).
-"""
-OWNER_SHRINKAGE_METRIC_AUTO: OwnerShrinkageMetric.ValueType  # 2
-"""The scores' metric where the release is within one standard deviation of pure noise in all
-d coordinates (||gtilde - mu||^2 <= sigma^2 (d + sqrt(2 d))), the embedding's elsewhere.
-"""
-Global___OwnerShrinkageMetric: _TypeAlias = OwnerShrinkageMetric  # noqa: Y015
-
 @_typing.final
 class GetOwnerInfoRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -368,7 +334,7 @@ class SetValidationEmbeddingRequest(_message.Message):
     VALIDATION_EMBEDDING_FIELD_NUMBER: _builtins.int
     SHRINKAGE_SIGMA_FIELD_NUMBER: _builtins.int
     PRIOR_EMBEDDING_FIELD_NUMBER: _builtins.int
-    SHRINKAGE_METRIC_FIELD_NUMBER: _builtins.int
+    SCORE_METRIC_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     shrinkage_sigma: _builtins.float
     """How much noise per coordinate ProposeCandidates assumes in validation_embedding: the
@@ -378,8 +344,11 @@ class SetValidationEmbeddingRequest(_message.Message):
     prior_embedding when the embedding lies nearer to it in the metric of the owner's own
     scores, by as much as that noise hides the difference; bids use the embedding as given.
     """
-    shrinkage_metric: Global___OwnerShrinkageMetric.ValueType
-    """Where the owner reads the shrinkage's amount (the embedding's d coordinates by default)."""
+    score_metric: _builtins.bool
+    """Whether the owner reads the shrinkage's amount in the metric of its own scores (the noise
+    its scores see, sigma^2 tr Sigma with Sigma its points' h1 second moment) instead of in all
+    d coordinates of the embedding (James-Stein); false by default.
+    """
     @_builtins.property
     def validation_embedding(self) -> _array_pb2.Array:
         """float64 of shape (d,): private estimate of the mean of h1 over the validation set."""
@@ -397,11 +366,11 @@ class SetValidationEmbeddingRequest(_message.Message):
         validation_embedding: _array_pb2.Array | None = ...,
         shrinkage_sigma: _builtins.float = ...,
         prior_embedding: _array_pb2.Array | None = ...,
-        shrinkage_metric: Global___OwnerShrinkageMetric.ValueType = ...,
+        score_metric: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["prior_embedding", b"prior_embedding", "validation_embedding", b"validation_embedding"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["prior_embedding", b"prior_embedding", "session_id", b"session_id", "shrinkage_metric", b"shrinkage_metric", "shrinkage_sigma", b"shrinkage_sigma", "validation_embedding", b"validation_embedding"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prior_embedding", b"prior_embedding", "score_metric", b"score_metric", "session_id", b"session_id", "shrinkage_sigma", b"shrinkage_sigma", "validation_embedding", b"validation_embedding"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

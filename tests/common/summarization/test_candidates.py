@@ -6,14 +6,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy import stats
 
 from dpmarket.common.summarization.candidates import (
     allocate_candidates,
-    noise_dominated,
     relevance_threshold,
     shrink_embedding,
-    shrink_in_metric,
     shrink_in_score_metric,
     shrink_towards_points,
     validation_embedding,
@@ -220,90 +217,6 @@ def test_score_metric_shrinkage_serves_the_owners_scores_better_than_james_stein
     assert np.mean(plain["js"]) < np.mean(plain["scores"])
 
 
-def test_auto_reads_the_scores_metric_exactly_where_the_release_is_noise_dominated() -> None:
-    """ "auto": the score metric's amount iff ||noisy - prior||^2 <= sigma^2 (d + sqrt(2 d)) (pure
-    noise's chi-square mean plus one standard deviation), James-Stein's above; at the level
-    James-Stein keeps 1 - (d - 2) / (d + sqrt(2 d)), 0.12 at d = 140."""
-    rng = np.random.default_rng(11)
-    d, sigma = 140, 0.3
-    prior = rng.normal(size=d)
-    direction = rng.normal(size=d)
-    direction /= np.linalg.norm(direction)
-    level = sigma * np.sqrt(d + np.sqrt(2 * d))
-    x = rng.normal(size=(60, d)) / np.sqrt(d)
-    second = x.T @ x / 60
-    for scale, dominated in ((0.999, True), (1.001, False)):
-        noisy = prior + scale * level * direction
-        assert noise_dominated(noisy, prior, sigma) is dominated
-        expected = (
-            shrink_in_score_metric(noisy, prior, second, sigma)
-            if dominated
-            else shrink_embedding(noisy, prior, sigma)
-        )
-        shrunk, alpha = shrink_in_metric(noisy, prior, second, sigma, "auto")
-        assert alpha == pytest.approx(expected[1])
-        np.testing.assert_allclose(shrunk, expected[0])
-        js_alpha = shrink_embedding(noisy, prior, sigma)[1]
-        assert js_alpha == pytest.approx(1 - (d - 2) / (d + np.sqrt(2 * d)), abs=3e-3)
-        assert js_alpha == pytest.approx(0.12, abs=5e-3)
-    noisy = prior + 0.5 * level * direction
-    assert shrink_in_metric(noisy, prior, second, sigma, "embedding")[1] == 0.0
-    assert shrink_in_metric(noisy, prior, second, sigma, "scores")[1] == pytest.approx(
-        shrink_in_score_metric(noisy, prior, second, sigma)[1]
-    )
-    with pytest.raises(ValueError, match="metric must be one of"):
-        shrink_in_metric(noisy, prior, second, sigma, "both")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="noise_sigma"):
-        noise_dominated(noisy, prior, 0.0)
-
-
-def test_auto_follows_the_scores_at_small_m_and_james_stein_at_large_m() -> None:
-    """Seeded draws of an owner holding D_v's kind as a tenth of its points (d = 140). With
-    sigma = 0.28 (m = 30 at epsilon 1) the release is noise-dominated in R^d on most draws (at
-    the noncentral chi-square's rate), and "auto" serves the owner's scores better than
-    James-Stein (mean score error 0.65 times its); with sigma = 0.02 (m about 400) the signal
-    stands out and "auto" is James-Stein's target exactly, while (the control) "scores" differs
-    from it there, so the rule's choice is what makes the two cases differ. With no signal at
-    all the rule flags the release at chi-square's rate, P(chi2_140 <= 140 + sqrt(280)) =
-    0.84."""
-    rng = np.random.default_rng(5)
-    d = 140
-    rff = draw_rff_params(2, d, 0.5, rng)
-    owner = np.concatenate([rng.normal(0, 1, (900, 2)), rng.normal(3, 0.5, (100, 2))])
-    h = random_fourier_features(owner, rff, dtype=np.float64)
-    mu, second = h.mean(axis=0), h.T @ h / h.shape[0]
-    g = validation_embedding(
-        random_fourier_features(rng.normal(3, 0.5, (30, 2)), rff, dtype=np.float64)
-    )
-
-    def score_error(target: np.ndarray) -> float:
-        return float((target - g) @ second @ (target - g))
-
-    errors: dict[str, list[float]] = {"js": [], "auto": []}
-    flagged = 0
-    for _ in range(200):
-        noisy = g + rng.normal(0, 0.28, d)
-        flagged += noise_dominated(noisy, mu, 0.28)
-        errors["js"].append(score_error(shrink_embedding(noisy, mu, 0.28)[0]))
-        errors["auto"].append(score_error(shrink_in_metric(noisy, mu, second, 0.28, "auto")[0]))
-    # The signal is ||g - mu||^2 = 11.3 sigma^2, less than the noise's standard deviation
-    # sqrt(280) sigma^2: the rule flags a draw at the noncentral chi-square's rate,
-    # P(chi2_140(11.3) <= 140 + sqrt(280)) = 0.63 (126 of 200 here).
-    rate = stats.ncx2.cdf(d + np.sqrt(2 * d), d, float((g - mu) @ (g - mu)) / 0.28**2)
-    assert abs(flagged / 200 - rate) < 4 * np.sqrt(rate * (1 - rate) / 200)
-    assert np.mean(errors["auto"]) < 0.75 * np.mean(errors["js"])
-    for _ in range(50):
-        noisy = g + rng.normal(0, 0.02, d)
-        assert not noise_dominated(noisy, mu, 0.02)
-        auto = shrink_in_metric(noisy, mu, second, 0.02, "auto")
-        js = shrink_embedding(noisy, mu, 0.02)
-        np.testing.assert_array_equal(auto[0], js[0])
-        assert abs(shrink_in_score_metric(noisy, mu, second, 0.02)[1] - js[1]) > 0.01
-    null = sum(noise_dominated(mu + rng.normal(0, 0.28, d), mu, 0.28) for _ in range(1000))
-    rate = stats.chi2.cdf(d + np.sqrt(2 * d), d)
-    assert abs(null / 1000 - rate) < 4 * np.sqrt(rate * (1 - rate) / 1000)
-
-
 def test_an_owner_shrinks_in_its_score_metric_from_its_own_points() -> None:
     """shrink_towards_points with score_metric is shrink_in_score_metric towards the points'
     mean h1 with their second moment (and without it, James-Stein's)."""
@@ -311,7 +224,7 @@ def test_an_owner_shrinks_in_its_score_metric_from_its_own_points() -> None:
     x = rng.normal(size=(50, 12))
     noisy = x[:5].mean(axis=0) + rng.normal(0, 0.2, 12)
     mean, second = x.mean(axis=0), x.T @ x / 50
-    shrunk, alpha, public = shrink_towards_points(noisy, x, 0.2, metric="scores")
+    shrunk, alpha, public = shrink_towards_points(noisy, x, 0.2, score_metric=True)
     expected, expected_alpha = shrink_in_score_metric(noisy, mean, second, 0.2)
     assert alpha == pytest.approx(expected_alpha) and not public
     np.testing.assert_allclose(shrunk, expected)
