@@ -74,6 +74,10 @@ _ENUM_PARAMS: dict[str, dict[str, int]] = {
         "seed": curator_pb2.EMBEDDING_PRIOR_SEED,
         "none": curator_pb2.EMBEDDING_PRIOR_NONE,
     },
+    "shrinkage_metric": {
+        "embedding": curator_pb2.SHRINKAGE_METRIC_EMBEDDING,
+        "scores": curator_pb2.SHRINKAGE_METRIC_SCORES,
+    },
 }
 _STAGES: dict[int, SessionStage] = {
     curator_pb2.STAGE_SETUP: "setup",

@@ -199,6 +199,10 @@ _ENUM_PARAMS: dict[str, dict[int, str]] = {
         curator_pb2.EMBEDDING_PRIOR_SEED: "seed",
         curator_pb2.EMBEDDING_PRIOR_NONE: "none",
     },
+    "shrinkage_metric": {
+        curator_pb2.SHRINKAGE_METRIC_EMBEDDING: "embedding",
+        curator_pb2.SHRINKAGE_METRIC_SCORES: "scores",
+    },
 }
 _STAGES = {
     "setup": curator_pb2.STAGE_SETUP,

@@ -631,12 +631,14 @@ class OwnerServiceClient(OwnerChannel):
         *,
         shrinkage_sigma: float = 0.0,
         prior_embedding: NDArray[np.float64] | None = None,
+        score_metric: bool = False,
     ) -> None:
         """SetValidationEmbedding."""
         request = owner_pb2.SetValidationEmbeddingRequest(
             session_id=session_id,
             validation_embedding=array_to_proto(embedding),
             shrinkage_sigma=shrinkage_sigma,
+            score_metric=score_metric,
         )
         if prior_embedding is not None:
             request.prior_embedding.CopyFrom(array_to_proto(prior_embedding))

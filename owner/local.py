@@ -66,6 +66,7 @@ class LocalOwnerEndpoint:
         *,
         shrinkage_sigma: float = 0.0,
         prior_embedding: NDArray[np.float64] | None = None,
+        score_metric: bool = False,
     ) -> None:
         """See :meth:`OwnerSession.set_validation_embedding`."""
         self.owner.set_validation_embedding(
@@ -73,6 +74,7 @@ class LocalOwnerEndpoint:
             embedding,
             shrinkage_sigma=shrinkage_sigma,
             prior_embedding=prior_embedding,
+            score_metric=score_metric,
         )
 
     async def bid(

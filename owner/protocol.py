@@ -198,10 +198,13 @@ class _MemoryWork:
         target: NDArray[np.floating],
         sigma: float,
         prior: NDArray[np.floating] | None,
+        score_metric: bool,
         _progress: Progress,
         _cancel: threading.Event,
     ) -> NDArray[np.float64]:
-        return shrink_towards_points(target, self.features, sigma, prior=prior)[0]
+        return shrink_towards_points(
+            target, self.features, sigma, prior=prior, score_metric=score_metric
+        )[0]
 
     def sample(
         self,
@@ -307,12 +310,15 @@ class _PartitionedWork:
         target: NDArray[np.floating],
         sigma: float,
         prior: NDArray[np.floating] | None,
+        score_metric: bool,
         progress: Progress,
         cancel: threading.Event,
     ) -> NDArray[np.float64]:
         progress.start("shrink", len(self.data.partitions))
         mean, second = self.data.h1_moments(self.rff, progress=progress.update, cancel=cancel)
-        return shrink_towards_moments(target, mean, second, sigma, prior=prior)[0]
+        return shrink_towards_moments(
+            target, mean, second, sigma, prior=prior, score_metric=score_metric
+        )[0]
 
     def sample(
         self,
@@ -410,6 +416,8 @@ class OwnerSession:
         self.validation_embedding: NDArray[np.floating] | None = None
         #: The validation embedding's noise per coordinate (0: use the embedding as given).
         self.shrinkage_sigma = 0.0
+        #: Whether the shrinkage reads its amount in the metric of this owner's scores.
+        self.score_metric = False
         self.prior_embedding: NDArray[np.floating] | None = None
         self.round = 0
         self._offered: int | None = None
@@ -483,6 +491,7 @@ class OwnerSession:
         *,
         shrinkage_sigma: float = 0.0,
         prior_embedding: NDArray[np.float64] | None = None,
+        score_metric: bool = False,
     ) -> None:
         """Store the private validation embedding gtilde (Algorithm 3, step 3).
 
@@ -501,6 +510,10 @@ class OwnerSession:
             use ``embedding`` as given (the curator verifies them against it).
         prior_embedding : ndarray of shape (d,), optional
             A public embedding (the request's seed set's mean h1).
+        score_metric : bool
+            Read the shrinkage's amount in the metric of this owner's scores
+            (:func:`dpmarket.common.summarization.candidates.shrink_in_score_metric`) instead of
+            in all d coordinates of the embedding.
 
         Raises
         ------
@@ -534,7 +547,9 @@ class OwnerSession:
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from exc
         if repeat:
-            if not self._same_embedding(validation, float(shrinkage_sigma), prior):
+            if not self._same_embedding(
+                validation, float(shrinkage_sigma), prior, bool(score_metric)
+            ):
                 raise FailedPreconditionError(
                     "the validation embedding is set once per session and this one differs "
                     "from it; open a new session for another embedding"
@@ -543,6 +558,7 @@ class OwnerSession:
         self.validation_embedding = validation
         self.prior_embedding = prior
         self.shrinkage_sigma = float(shrinkage_sigma)
+        self.score_metric = bool(score_metric)
         self.steps.done(Step.VALIDATION_EMBEDDING)
 
     def _same_embedding(
@@ -550,6 +566,7 @@ class OwnerSession:
         embedding: NDArray[np.floating],
         shrinkage_sigma: float,
         prior: NDArray[np.floating] | None,
+        score_metric: bool,
     ) -> bool:
         """Whether a repeated SetValidationEmbedding holds exactly what was set."""
         assert self.validation_embedding is not None
@@ -561,6 +578,7 @@ class OwnerSession:
         return (
             same_prior
             and shrinkage_sigma == self.shrinkage_sigma
+            and score_metric == self.score_metric
             and np.array_equal(embedding, self.validation_embedding)
         )
 
@@ -810,7 +828,12 @@ class OwnerSession:
             if count > uniform_count:
                 if self.shrinkage_sigma > 0:
                     g = self.work.shrink(
-                        g, self.shrinkage_sigma, self.prior_embedding, self.progress, self.cancel
+                        g,
+                        self.shrinkage_sigma,
+                        self.prior_embedding,
+                        self.score_metric,
+                        self.progress,
+                        self.cancel,
                     )
                 sent = np.union1d(self.sent_indices, uniform)
                 greedy = self.work.candidates(
@@ -1333,11 +1356,15 @@ class Owner:
         *,
         shrinkage_sigma: float = 0.0,
         prior_embedding: NDArray[np.float64] | None = None,
+        score_metric: bool = False,
     ) -> None:
         """See :meth:`OwnerSession.set_validation_embedding`."""
         with self._step(session_id, curator) as session:
             session.set_validation_embedding(
-                embedding, shrinkage_sigma=shrinkage_sigma, prior_embedding=prior_embedding
+                embedding,
+                shrinkage_sigma=shrinkage_sigma,
+                prior_embedding=prior_embedding,
+                score_metric=score_metric,
             )
 
     def bid(

@@ -196,6 +196,7 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
             str(caller),
             shrinkage_sigma=request.shrinkage_sigma,
             prior_embedding=prior,
+            score_metric=request.score_metric,
         )
         return owner_pb2.SetValidationEmbeddingResponse()
 

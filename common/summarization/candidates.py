@@ -192,6 +192,95 @@ def shrink_embedding(
     return g0 + alpha * diff, alpha
 
 
+def shrink_in_score_metric(
+    noisy: ArrayLike, prior: ArrayLike, second_moment: ArrayLike, noise_sigma: float
+) -> tuple[NDArray[np.float64], float]:
+    """:func:`shrink_embedding`'s rule in the metric of one owner's scores: the amount read from
+    how noisy the release is where that owner's points see it, not in all d coordinates.
+
+    Returns ``prior + alpha * (noisy - prior)`` with
+    ``alpha = clip(1 - sigma^2 tr(Sigma) / ((noisy - prior)^T Sigma (noisy - prior)), 0, 1)``,
+    ``Sigma = mean_x h1(x) h1(x)^T`` over the owner's points. An owner uses the embedding only
+    through its scores ``g . h1(x)`` on its own points, whose squared error, averaged over them,
+    is ``(g^ - g)^T Sigma (g^ - g)``; in that metric the release's noise is ``sigma^2 tr(Sigma)``
+    (about ``sigma^2``: ``||h1(x)|| ~ 1``), where :func:`shrink_embedding` charges all d
+    coordinates, ``(d - 2) sigma^2`` (11.1 at m = 30, epsilon 1, d = 140, against a signal
+    ``||g - mu||^2`` below 1). So with a small validation set James-Stein in R^d shrinks an
+    owner's target almost to its own mean (alpha 0-0.05), while in the owner's metric the
+    release still carries most of what its scores need (alpha 0.3-0.9); with a large one both
+    are close to 1.
+
+    Parameters
+    ----------
+    noisy : array-like of shape (d,)
+        ``g + N(0, noise_sigma^2 I_d)``, the released embedding.
+    prior : array-like of shape (d,)
+        What to shrink towards (the owner's own mean h1).
+    second_moment : array-like of shape (d, d)
+        ``Sigma``, the owner's points' uncentered h1 second moment (symmetric positive
+        semi-definite).
+    noise_sigma : float
+        The noise standard deviation per coordinate the shrinkage assumes, > 0 (public: the
+        release's, times the square root of the session's shrinkage strength).
+
+    Returns
+    -------
+    shrunk : ndarray of shape (d,), float64
+    alpha : float
+        In [0, 1]; 0 when ``noisy - prior`` is 0 in the metric.
+
+    Raises
+    ------
+    ValueError
+        If a value is not finite, the shapes differ, or ``noise_sigma`` is not a finite number
+        > 0.
+
+    Notes
+    -----
+    Privacy: a function of the release, of the public ``noise_sigma`` and of the owner's own data
+    (``prior``, ``Sigma``), computed at the owner, whose result never leaves it; post-processing
+    of the release for the validation set: it costs nothing beyond the release.
+
+    Derivation: with ``r = noisy - prior = theta + n``, ``theta = g - prior``,
+    ``n ~ N(0, sigma^2 I)``, ``E[r^T Sigma r] = theta^T Sigma theta + sigma^2 tr(Sigma)``, so
+    ``r^T Sigma r - sigma^2 tr(Sigma)`` estimates the signal ``s = theta^T Sigma theta`` without
+    bias. Among ``prior + a r`` the error ``E (a r - theta)^T Sigma (a r - theta)`` is least at
+    ``a = s / (s + sigma^2 tr Sigma)``; the plug-in estimate of it is ``alpha`` above (the
+    method-of-moments, or "positive-part", James-Stein factor; in the identity metric,
+    ``Sigma = I``, it is :func:`shrink_embedding`'s with d for d - 2). Stein's unbiased risk
+    estimate gives the same rule with ``tr(Sigma) - 2 r^T Sigma^2 r / r^T Sigma r`` in place of
+    ``tr(Sigma)`` (Bock 1975, for a quadratic loss of general matrix): the plug-in shrinks a
+    little more, never less.
+
+    References
+    ----------
+    James, W. & Stein, C. (1961), "Estimation with quadratic loss"; Bock, M. E. (1975),
+    "Minimax estimators of the mean of a multivariate normal distribution", Ann. Statist. 3;
+    the summarization paper's h1 embedding (Algorithm 1) and its Gaussian release (Algorithm 3,
+    step 3).
+    """
+    y = check_vector(noisy, "noisy embedding").astype(np.float64)
+    g0 = check_vector(prior, "prior embedding", size=y.shape[0]).astype(np.float64)
+    sigma = _check_second_moment(second_moment, y.shape[0])
+    if not (math.isfinite(noise_sigma) and noise_sigma > 0):
+        raise ValueError(f"noise_sigma must be a finite number > 0, got {noise_sigma}")
+    diff = y - g0
+    signal = float(diff @ sigma @ diff)
+    noise = noise_sigma**2 * float(np.trace(sigma))
+    alpha = 0.0 if signal <= 0.0 else min(1.0, max(0.0, 1.0 - noise / signal))
+    return g0 + alpha * diff, alpha
+
+
+def _check_second_moment(second_moment: ArrayLike, d: int) -> NDArray[np.float64]:
+    """``second_moment`` as a finite (d, d) float64 matrix, or ValueError naming its shape."""
+    sigma = np.asarray(second_moment, dtype=np.float64)
+    if sigma.shape != (d, d) or not np.all(np.isfinite(sigma)):
+        raise ValueError(
+            f"second_moment must be a finite ({d}, {d}) matrix, got shape {sigma.shape}"
+        )
+    return sigma
+
+
 def relevance_threshold(embedding: ArrayLike, kappa: float, *, noise_sigma: float = 0.0) -> float:
     """Score threshold ``kappa * ||g||^2`` above which a point counts as relevant.
 
@@ -314,6 +403,7 @@ def shrink_towards_points(
     noise_sigma: float,
     *,
     prior: ArrayLike | None = None,
+    score_metric: bool = False,
 ) -> tuple[NDArray[np.float64], float, bool]:
     """Shrink a Gaussian-noised embedding towards a point set's own mean h1, or towards a public
     prior when the release lies nearer to that in the metric of the set's own scores.
@@ -327,7 +417,9 @@ def shrink_towards_points(
     positive-part James-Stein (:func:`shrink_embedding`), whose factor charges the noise of all
     d directions: with a small validation set the proposal is a representative sample of the
     owner's points (or of those nearest the public prior), which the curator's exact re-ranking
-    sorts; with a large one it follows the embedding.
+    sorts; with a large one it follows the embedding. With ``score_metric`` the amount is read in
+    the metric of the set's scores instead (:func:`shrink_in_score_metric`): the noise the scores
+    see, not the noise of all d coordinates.
 
     Parameters
     ----------
@@ -339,6 +431,8 @@ def shrink_towards_points(
         The release's noise per coordinate, > 0 (public).
     prior : array-like of shape (d,), optional
         A public embedding fixed before the release.
+    score_metric : bool
+        Shrink by :func:`shrink_in_score_metric` (False: :func:`shrink_embedding`).
 
     Returns
     -------
@@ -367,12 +461,14 @@ def shrink_towards_points(
         )
     mean = x.mean(axis=0, dtype=np.float64)
     second = np.zeros((x.shape[1], x.shape[1]), dtype=np.float64)
-    if prior is not None:
+    if prior is not None or score_metric:
         for start in range(0, x.shape[0], _MOMENT_BLOCK):
             block = np.asarray(x[start : start + _MOMENT_BLOCK], dtype=np.float64)
             second += block.T @ block
         second /= x.shape[0]
-    return shrink_towards_moments(y, mean, second, noise_sigma, prior=prior)
+    return shrink_towards_moments(
+        y, mean, second, noise_sigma, prior=prior, score_metric=score_metric
+    )
 
 
 #: Rows whose h1 second moment :func:`shrink_towards_points` adds at once (in float64).
@@ -386,6 +482,7 @@ def shrink_towards_moments(
     noise_sigma: float,
     *,
     prior: ArrayLike | None = None,
+    score_metric: bool = False,
 ) -> tuple[NDArray[np.float64], float, bool]:
     """:func:`shrink_towards_points` from the points' h1 moments instead of the points: for a
     table read partition by partition, whose moments are sums over partitions.
@@ -398,11 +495,13 @@ def shrink_towards_moments(
         ``mu = mean_x h1(x)`` over the points.
     second_moment : array-like of shape (d, d)
         ``Sigma = mean_x h1(x) h1(x)^T`` (uncentered), symmetric positive semi-definite; read
-        only with a ``prior``.
+        only with a ``prior`` or ``score_metric``.
     noise_sigma : float
         The release's noise per coordinate, > 0 (public).
     prior : array-like of shape (d,), optional
         A public embedding fixed before the release.
+    score_metric : bool
+        As :func:`shrink_towards_points`.
 
     Returns
     -------
@@ -422,14 +521,12 @@ def shrink_towards_moments(
     public = False
     if prior is not None:
         g0 = check_vector(prior, "prior embedding", size=y.shape[0]).astype(np.float64)
-        sigma = np.asarray(second_moment, dtype=np.float64)
-        if sigma.shape != (y.shape[0], y.shape[0]) or not np.all(np.isfinite(sigma)):
-            raise ValueError(
-                f"second_moment must be a finite ({y.shape[0]}, {y.shape[0]}) matrix, "
-                f"got shape {sigma.shape}"
-            )
+        sigma = _check_second_moment(second_moment, y.shape[0])
         own, other = y - mu, y - g0
         if float(other @ sigma @ other) < float(own @ sigma @ own):
             mu, public = g0, True
-    shrunk, alpha = shrink_embedding(y, mu, noise_sigma)
+    if score_metric:
+        shrunk, alpha = shrink_in_score_metric(y, mu, second_moment, noise_sigma)
+    else:
+        shrunk, alpha = shrink_embedding(y, mu, noise_sigma)
     return shrunk, alpha, public

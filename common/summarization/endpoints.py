@@ -122,10 +122,12 @@ class OwnerEndpoint(Protocol):
         *,
         shrinkage_sigma: float = 0.0,
         prior_embedding: NDArray[np.float64] | None = None,
+        score_metric: bool = False,
     ) -> None:
         """Broadcast the validation embedding gtilde, with its noise per coordinate when the
         owner's candidate proposal should shrink it towards the owner's own mean h1 or the
-        public ``prior_embedding``, whichever it lies nearer to (0: no shrinkage)."""
+        public ``prior_embedding``, whichever it lies nearer to (0: no shrinkage); with
+        ``score_metric``, by the amount read in the metric of the owner's own scores."""
         ...
 
     async def bid(

@@ -43,6 +43,7 @@ __all__ = [
     "PAPER_DELTA_OWNERS",
     "PARAMETER_NAMES",
     "POOL_SCORINGS",
+    "SHRINKAGE_METRICS",
     "SUMMARY_RELEASES",
     "VALIDATION_RELEASES",
     "AllocationFields",
@@ -75,12 +76,14 @@ SummaryRelease = Literal["mwem", "tree", "none"]
 PoolScoring = Literal["embedding", "exact"]
 Allocation = Literal["sketch", "counts"]
 EmbeddingPrior = Literal["owner", "seed", "none"]
+ShrinkageMetric = Literal["embedding", "scores"]
 #: Allowed values of the options with a choice, the default first.
 VALIDATION_RELEASES: tuple[ValidationRelease, ...] = ("mwem", "gaussian")
 SUMMARY_RELEASES: tuple[SummaryRelease, ...] = ("mwem", "tree", "none")
 POOL_SCORINGS: tuple[PoolScoring, ...] = ("embedding", "exact")
 ALLOCATIONS: tuple[Allocation, ...] = ("sketch", "counts")
 EMBEDDING_PRIORS: tuple[EmbeddingPrior, ...] = ("owner", "seed", "none")
+SHRINKAGE_METRICS: tuple[ShrinkageMetric, ...] = ("embedding", "scores")
 #: PrivAuction variants (:mod:`dpmarket.common.summarization.auction`).
 AUCTIONS: tuple[AuctionVariant, ...] = AUCTION_VARIANTS
 #: delta~ of the owners' composition bound in the summarization paper's Section 4 (its summary
@@ -489,6 +492,17 @@ class AllocationFields(GaussianFields):
         unit="multiple of the noise variance",
         source="James & Stein (1961); candidates.shrink_towards_points",
         check=_positive,
+    )
+    shrinkage_metric: ShrinkageMetric = param(
+        "embedding",
+        "Where each owner reads the shrinkage's amount: the release's noise in all d coordinates "
+        "of the embedding (James-Stein), or in the metric of the owner's own scores, where the "
+        "noise is about d times smaller (per owner and request, from the public noise and the "
+        "owner's own points).",
+        unit="choice",
+        source="candidates.shrink_embedding, candidates.shrink_in_score_metric; docs/results.md, "
+        "'The shrinkage read in the owner's score metric'",
+        choices=SHRINKAGE_METRICS,
     )
     relevance_threshold: float = param(
         0.5,

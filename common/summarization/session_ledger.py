@@ -147,6 +147,10 @@ class AllocationReport:
         The Gaussian validation embedding's noise, in h1 units.
     embedding_prior : str
         What the owners shrank the embedding towards (``"none"`` when they did not).
+    shrinkage_metric : str
+        Where the owners read the shrinkage's amount (``"embedding"``, ``"scores"`` or
+        ``"auto"``: ``CandidatesConfig.shrinkage_metric``; ``"embedding"`` in reports written
+        before the field, and meaningless when ``embedding_prior`` is ``"none"``).
     shares : dict of str to int
         Each owner's candidates asked for.
     hedge : HedgeReport or None
@@ -163,6 +167,7 @@ class AllocationReport:
     gaussian_sigma: float
     embedding_prior: str
     shares: dict[str, int]
+    shrinkage_metric: str = "embedding"
     hedge: HedgeReport | None = None
     hash_key_id: str | None = None
 

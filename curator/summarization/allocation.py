@@ -152,6 +152,28 @@ class Allocator:
             prior = seed.mean(axis=0)
         return sigma * math.sqrt(cfg.shrinkage), prior
 
+    async def send_embedding(
+        self, owners: Sequence[int], g_val: NDArray[np.float64], sigma: float
+    ) -> float:
+        """SetValidationEmbedding to every owner in ``owners``: gtilde (noise ``sigma`` per
+        coordinate) and how to shrink it (:meth:`owner_view`; with ``shrinkage_metric="scores"``,
+        the amount read in the metric of each owner's scores). Returns the noise the owners
+        assume (0: no shrinkage)."""
+        state = self.state
+        owner_sigma, prior = self.owner_view(sigma)
+        score_metric = self.config.shrinkage_metric == "scores"
+        await state.gather(
+            owners,
+            lambda i: state.endpoint(i).set_validation_embedding(
+                state.owner_session_id,
+                g_val,
+                shrinkage_sigma=owner_sigma,
+                prior_embedding=prior,
+                score_metric=score_metric,
+            ),
+        )
+        return owner_sigma
+
     def allocation_share(self) -> float:
         """The sketch allocation's share of the validation party's Gaussian budget: the
         request's ``allocation_share``, or when 0 :func:`derived_allocation_share`."""
@@ -213,13 +235,7 @@ class Allocator:
         g_val, sigma = self.releases.gaussian_validation_release(embedding, m, cfg)
         # Owners count relevant points against gtilde as released, and denoise it for their
         # proposals only.
-        owner_sigma, prior = self.owner_view(sigma)
-        await state.gather(
-            state.active(),
-            lambda i: state.endpoint(i).set_validation_embedding(
-                state.owner_session_id, g_val, shrinkage_sigma=owner_sigma, prior_embedding=prior
-            ),
-        )
+        owner_sigma = await self.send_embedding(state.active(), g_val, sigma)
         # Relevance counts, each a function of one owner's data: sensitivity 1 under replacing or
         # adding one point, so the Laplace(1 / eps_o) noise each owner adds to its own count (the
         # session's terms) makes the vector eps_o-DP. Charged here too: the session's ledger.
@@ -249,6 +265,7 @@ class Allocator:
             uniform_shares={state.owner_name(i): r.uniform for i, r in requests.items()},
             gaussian_sigma=sigma,
             embedding_prior=cfg.embedding_prior if owner_sigma > 0 else "none",
+            shrinkage_metric=cfg.shrinkage_metric,
             relevance_threshold=threshold,
             # Post-processing of the Laplace release, so safe to report; the exact counts are not.
             noisy_counts={
@@ -290,13 +307,7 @@ class Allocator:
         self._charge_sketch_releases((sigma_g, sens_g), (sigma_a, sens_a))
         g_val = self.embedding_release(embedding, sigma_g)
         noisy, decision, decision_alpha = self.decision_release(pi, sigma_a)
-        owner_sigma, prior = self.owner_view(sigma_g)
-        await state.gather(
-            owners,
-            lambda i: state.endpoint(i).set_validation_embedding(
-                state.owner_session_id, g_val, shrinkage_sigma=owner_sigma, prior_embedding=prior
-            ),
-        )
+        await self.send_embedding(owners, g_val, sigma_g)
         state.require_owners()
         requests = self.requests(owners, np.maximum(decision, 0.0))
         info = SketchAllocationReport(
@@ -304,6 +315,7 @@ class Allocator:
             uniform_shares={state.owner_name(i): r.uniform for i, r in requests.items()},
             gaussian_sigma=sigma_g,
             embedding_prior=cfg.embedding_prior,
+            shrinkage_metric=cfg.shrinkage_metric,
             relevance_score=cfg.relevance_score,
             allocation_share=share,
             allocation_sigma=sigma_a,

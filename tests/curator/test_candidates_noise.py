@@ -29,11 +29,15 @@ class Tap(LocalOwnerEndpoint):
         self.count = -1
 
     async def set_validation_embedding(
-        self, session_id, embedding, *, shrinkage_sigma=0.0, prior_embedding=None
+        self, session_id, embedding, *, shrinkage_sigma=0.0, prior_embedding=None, **kw
     ):
         self.embedding = np.array(embedding)
         await super().set_validation_embedding(
-            session_id, embedding, shrinkage_sigma=shrinkage_sigma, prior_embedding=prior_embedding
+            session_id,
+            embedding,
+            shrinkage_sigma=shrinkage_sigma,
+            prior_embedding=prior_embedding,
+            **kw,
         )
 
     async def count_relevant(self, session_id, threshold):

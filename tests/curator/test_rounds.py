@@ -47,11 +47,15 @@ class RecordingEndpoint(LocalOwnerEndpoint):
         self.received: list[tuple[int, str, object]] = []
 
     async def set_validation_embedding(
-        self, session_id, embedding, *, shrinkage_sigma=0.0, prior_embedding=None
+        self, session_id, embedding, *, shrinkage_sigma=0.0, prior_embedding=None, **kw
     ):
         self.received.append((0, "embedding", embedding.tobytes()))
         await super().set_validation_embedding(
-            session_id, embedding, shrinkage_sigma=shrinkage_sigma, prior_embedding=prior_embedding
+            session_id,
+            embedding,
+            shrinkage_sigma=shrinkage_sigma,
+            prior_embedding=prior_embedding,
+            **kw,
         )
 
     async def bid(self, session_id, round_, summary_embedding, q):

@@ -208,12 +208,17 @@ class _Recording(LocalOwnerEndpoint):
         )
 
     async def set_validation_embedding(
-        self, session_id, embedding, *, shrinkage_sigma=0.0, prior_embedding=None
+        self, session_id, embedding, *, shrinkage_sigma=0.0, prior_embedding=None, **kw
     ):
         self.embedding = np.array(embedding, copy=True)
         self.shrinkage_sigma, self.prior = shrinkage_sigma, prior_embedding
+        self.score_metric = kw.get("score_metric", False)
         await super().set_validation_embedding(
-            session_id, embedding, shrinkage_sigma=shrinkage_sigma, prior_embedding=prior_embedding
+            session_id,
+            embedding,
+            shrinkage_sigma=shrinkage_sigma,
+            prior_embedding=prior_embedding,
+            **kw,
         )
 
 
@@ -249,3 +254,27 @@ def test_owners_receive_the_release_the_noise_and_the_public_seed_prior() -> Non
         else:
             assert first.prior is None
         assert len(result.report.ledger.to_json()["validation"]["entries"]) == 2
+
+
+@pytest.mark.parametrize("metric", ["embedding", "scores"])
+def test_owners_are_told_where_to_read_the_shrinkage(metric: str) -> None:
+    """shrinkage_metric reaches every owner with the release; the noise it assumes is the same
+    either way (the rule changes where the amount is read, not what is released or charged)."""
+    owners, validation, seed_set = _world(3, m=100)
+    sketches = publish_sketches(owners, _mechanism(), seed=0)
+    endpoints = [_Recording(Owner(o.name, o, allow_seeded_sessions=True)) for o in owners]
+    result = run_session(
+        endpoints,
+        validation,
+        seed_set,
+        _config(shrinkage_metric=metric),
+        seed=0,
+        owner_sketches=sketches,
+    )
+    sigma = result.report.ledger.to_json()["candidates"]["gaussian_sigma"]
+    for endpoint in endpoints:
+        assert endpoint.score_metric is (metric == "scores")
+        assert endpoint.shrinkage_sigma == pytest.approx(sigma)
+    assert len(result.report.ledger.to_json()["validation"]["entries"]) == 2
+    # The session report's allocation section says where the owners read it.
+    assert result.report.ledger.to_json()["candidates"]["shrinkage_metric"] == metric

@@ -128,6 +128,28 @@ def test_networked_run_equals_in_process_run(
     assert events[-1].stage == "done" and events[-1].round == events[-1].total_rounds
 
 
+def test_networked_score_metric_shrinkage_equals_in_process(
+    cluster: LocalCluster, digits: Scenario
+) -> None:
+    """shrinkage_metric = "scores" crosses both wires (the consumer's request, the curator's
+    SetValidationEmbedding): the networked summary is the in-process one, and (the control) not
+    the default's, so a flag lost on the way would show."""
+    config = method_config("candidates", summary_size=P, shrinkage_metric="scores")
+    with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
+        networked = client.summarize(config, digits.validation, digits.seed_set, seed=11)
+    local = simulate(digits.owners, digits.validation, digits.seed_set, config, seed=11)
+    default = simulate(
+        digits.owners,
+        digits.validation,
+        digits.seed_set,
+        method_config("candidates", summary_size=P),
+        seed=11,
+    )
+    np.testing.assert_array_equal(networked.points, local.points)
+    assert networked.report.ledger == local.report.ledger
+    assert not np.array_equal(local.points, default.points)
+
+
 def _status(call, request) -> tuple[grpc.StatusCode, str]:
     with pytest.raises(grpc.RpcError) as info:
         response = call(request, timeout=30)

@@ -211,6 +211,11 @@ def test_the_shrinkage_from_partition_moments_equals_the_in_memory_one(table, en
     shrunk, found, found_public = shrink_towards_moments(noisy, mean, second, sigma, prior=prior)
     assert found == pytest.approx(alpha, rel=1e-9) and found_public == public
     np.testing.assert_allclose(shrunk, expected, rtol=1e-9, atol=1e-12)
+    # The same in the metric of the owner's scores (its second moment read without a prior).
+    expected, alpha, _ = shrink_towards_points(noisy, features, sigma, score_metric=True)
+    shrunk, found, _ = shrink_towards_moments(noisy, mean, second, sigma, score_metric=True)
+    assert found == pytest.approx(alpha, rel=1e-9)
+    np.testing.assert_allclose(shrunk, expected, rtol=1e-9, atol=1e-12)
 
 
 def test_a_marginals_sketch_of_a_partitioned_table_is_refused_charging_nothing(

@@ -167,6 +167,9 @@ def test_set_validation_embedding_is_set_once_and_refused_where_no_step_reads_it
     _refused(
         lambda: owner.set_validation_embedding("s", G, shrinkage_sigma=0.1), "set once per session"
     )
+    _refused(
+        lambda: owner.set_validation_embedding("s", G, score_metric=True), "set once per session"
+    )
     first = owner.noisy_relevant_count("s", 0.0)
     _refused(lambda: owner.set_validation_embedding("s", -G), "set once per session")
     np.testing.assert_array_equal(session.validation_embedding, G)

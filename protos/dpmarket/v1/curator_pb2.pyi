@@ -220,6 +220,30 @@ EMBEDDING_PRIOR_NONE: EmbeddingPrior.ValueType  # 3
 """No shrinkage: owners match the embedding as released."""
 Global___EmbeddingPrior: _TypeAlias = EmbeddingPrior  # noqa: Y015
 
+class _ShrinkageMetric:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ShrinkageMetricEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ShrinkageMetric.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SHRINKAGE_METRIC_UNSPECIFIED: _ShrinkageMetric.ValueType  # 0
+    """The default, SHRINKAGE_METRIC_EMBEDDING."""
+    SHRINKAGE_METRIC_EMBEDDING: _ShrinkageMetric.ValueType  # 1
+    """The release's noise in all d coordinates of the embedding (James-Stein)."""
+    SHRINKAGE_METRIC_SCORES: _ShrinkageMetric.ValueType  # 2
+    """The release's noise in the metric of the owner's own scores (its points' h1 second moment)."""
+
+class ShrinkageMetric(_ShrinkageMetric, metaclass=_ShrinkageMetricEnumTypeWrapper):
+    """Candidates method: where each owner reads the shrinkage's amount."""
+
+SHRINKAGE_METRIC_UNSPECIFIED: ShrinkageMetric.ValueType  # 0
+"""The default, SHRINKAGE_METRIC_EMBEDDING."""
+SHRINKAGE_METRIC_EMBEDDING: ShrinkageMetric.ValueType  # 1
+"""The release's noise in all d coordinates of the embedding (James-Stein)."""
+SHRINKAGE_METRIC_SCORES: ShrinkageMetric.ValueType  # 2
+"""The release's noise in the metric of the owner's own scores (its points' h1 second moment)."""
+Global___ShrinkageMetric: _TypeAlias = ShrinkageMetric  # noqa: Y015
+
 class _Auction:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -334,6 +358,7 @@ class SummarizationParams(_message.Message):
     EMBEDDING_PRIOR_FIELD_NUMBER: _builtins.int
     SHRINKAGE_FIELD_NUMBER: _builtins.int
     RELEVANCE_NORM_WEIGHT_FIELD_NUMBER: _builtins.int
+    SHRINKAGE_METRIC_FIELD_NUMBER: _builtins.int
     rff_dimension: _builtins.int
     """h1 dimension d (default 140)."""
     gamma: _builtins.float
@@ -416,6 +441,8 @@ class SummarizationParams(_message.Message):
     """Sketch allocation, MMD score: the weight in (0, 1] of each sketch's squared norm in the
     distance to a validation point (default 0.25).
     """
+    shrinkage_metric: Global___ShrinkageMetric.ValueType
+    """Candidates method: where each owner reads the shrinkage's amount (default the embedding)."""
     def __init__(
         self,
         *,
@@ -449,10 +476,11 @@ class SummarizationParams(_message.Message):
         embedding_prior: Global___EmbeddingPrior.ValueType = ...,
         shrinkage: _builtins.float = ...,
         relevance_norm_weight: _builtins.float = ...,
+        shrinkage_metric: Global___ShrinkageMetric.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation", "allocation_share", b"allocation_share", "auction", b"auction", "auction_share", b"auction_share", "candidate_even_share", b"candidate_even_share", "candidate_fraction", b"candidate_fraction", "candidate_multiple", b"candidate_multiple", "delta", b"delta", "delta_owners", b"delta_owners", "delta_validation", b"delta_validation", "embedding_prior", b"embedding_prior", "embedding_rerank", b"embedding_rerank", "epsilon_auction", b"epsilon_auction", "epsilon_first_epoch", b"epsilon_first_epoch", "epsilon_owners_total", b"epsilon_owners_total", "epsilon_summary", b"epsilon_summary", "epsilon_validation", b"epsilon_validation", "epsilon_validation_total", b"epsilon_validation_total", "gamma", b"gamma", "iterations_initial", b"iterations_initial", "iterations_subsequent", b"iterations_subsequent", "pool_scoring", b"pool_scoring", "quantization_step", b"quantization_step", "relevance_norm_weight", b"relevance_norm_weight", "relevance_score", b"relevance_score", "relevance_threshold", b"relevance_threshold", "rff_dimension", b"rff_dimension", "shrinkage", b"shrinkage", "summary_release", b"summary_release", "validation_release", b"validation_release"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation", "allocation_share", b"allocation_share", "auction", b"auction", "auction_share", b"auction_share", "candidate_even_share", b"candidate_even_share", "candidate_fraction", b"candidate_fraction", "candidate_multiple", b"candidate_multiple", "delta", b"delta", "delta_owners", b"delta_owners", "delta_validation", b"delta_validation", "embedding_prior", b"embedding_prior", "embedding_rerank", b"embedding_rerank", "epsilon_auction", b"epsilon_auction", "epsilon_first_epoch", b"epsilon_first_epoch", "epsilon_owners_total", b"epsilon_owners_total", "epsilon_summary", b"epsilon_summary", "epsilon_validation", b"epsilon_validation", "epsilon_validation_total", b"epsilon_validation_total", "gamma", b"gamma", "iterations_initial", b"iterations_initial", "iterations_subsequent", b"iterations_subsequent", "pool_scoring", b"pool_scoring", "quantization_step", b"quantization_step", "relevance_norm_weight", b"relevance_norm_weight", "relevance_score", b"relevance_score", "relevance_threshold", b"relevance_threshold", "rff_dimension", b"rff_dimension", "shrinkage", b"shrinkage", "shrinkage_metric", b"shrinkage_metric", "summary_release", b"summary_release", "validation_release", b"validation_release"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -334,6 +334,7 @@ class SetValidationEmbeddingRequest(_message.Message):
     VALIDATION_EMBEDDING_FIELD_NUMBER: _builtins.int
     SHRINKAGE_SIGMA_FIELD_NUMBER: _builtins.int
     PRIOR_EMBEDDING_FIELD_NUMBER: _builtins.int
+    SCORE_METRIC_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     shrinkage_sigma: _builtins.float
     """How much noise per coordinate ProposeCandidates assumes in validation_embedding: the
@@ -342,6 +343,11 @@ class SetValidationEmbeddingRequest(_message.Message):
     matches the embedding shrunk (James-Stein) towards its own mean h1, or towards
     prior_embedding when the embedding lies nearer to it in the metric of the owner's own
     scores, by as much as that noise hides the difference; bids use the embedding as given.
+    """
+    score_metric: _builtins.bool
+    """Whether the owner reads the shrinkage's amount in the metric of its own scores (the noise
+    its scores see, sigma^2 tr Sigma with Sigma its points' h1 second moment) instead of in all
+    d coordinates of the embedding (James-Stein); false by default.
     """
     @_builtins.property
     def validation_embedding(self) -> _array_pb2.Array:
@@ -360,10 +366,11 @@ class SetValidationEmbeddingRequest(_message.Message):
         validation_embedding: _array_pb2.Array | None = ...,
         shrinkage_sigma: _builtins.float = ...,
         prior_embedding: _array_pb2.Array | None = ...,
+        score_metric: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["prior_embedding", b"prior_embedding", "validation_embedding", b"validation_embedding"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["prior_embedding", b"prior_embedding", "session_id", b"session_id", "shrinkage_sigma", b"shrinkage_sigma", "validation_embedding", b"validation_embedding"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prior_embedding", b"prior_embedding", "score_metric", b"score_metric", "session_id", b"session_id", "shrinkage_sigma", b"shrinkage_sigma", "validation_embedding", b"validation_embedding"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

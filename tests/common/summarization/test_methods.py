@@ -70,6 +70,7 @@ OWN_FIELDS = {
         "allocation_share",
         "embedding_prior",
         "shrinkage",
+        "shrinkage_metric",
         "relevance_threshold",
         "candidate_even_share",
         "candidate_multiple",

@@ -36,6 +36,7 @@ COUNTS_KEYS = {
     "uniform_shares",
     "gaussian_sigma",
     "embedding_prior",
+    "shrinkage_metric",
     "relevance_threshold",
     "noisy_counts",
     "shares",

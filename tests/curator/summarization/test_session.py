@@ -249,11 +249,15 @@ class RecordingEndpoint(LocalOwnerEndpoint):
         self.received: list[tuple[object, ...]] = []
 
     async def set_validation_embedding(
-        self, session_id, embedding, *, shrinkage_sigma=0.0, prior_embedding=None
+        self, session_id, embedding, *, shrinkage_sigma=0.0, prior_embedding=None, **kw
     ):
         self.received.append(("embedding", embedding.tobytes(), shrinkage_sigma))
         await super().set_validation_embedding(
-            session_id, embedding, shrinkage_sigma=shrinkage_sigma, prior_embedding=prior_embedding
+            session_id,
+            embedding,
+            shrinkage_sigma=shrinkage_sigma,
+            prior_embedding=prior_embedding,
+            **kw,
         )
 
     async def count_relevant(self, session_id, threshold):
