@@ -11,6 +11,15 @@ The cosine and sine are then off by that plus numpy's float32 error (a few units
 at most about 4e-6 in absolute terms, far below the Monte Carlo error of any feature map
 (``1/sqrt(d)``) and, summed over rows, below any release's noise.
 
+Every function here is total: an angle that is NaN, infinite or beyond :data:`ANGLE_LIMIT` in
+magnitude is taken as 0 (cosine 1, sine 0) whatever else the block holds, so no input makes a
+feature NaN or raises. Beyond the limit float64 no longer holds an angle to the accuracy above,
+and without the rule a huge finite angle reduced in float64 is still too large for float32 (an
+infinite float32 angle, a NaN cosine): a feature that is NaN for some rows and finite for others
+would make a computation on an owner's rows fail or succeed with the rows. Owners refuse
+parameters that can reach the limit on their public bounds (:func:`check_angle_bound`); the rule
+covers whatever is left (a table without public bounds, any map built elsewhere).
+
 Nothing here bounds a sensitivity by itself: callers that release sums of these values enforce
 their declared norms on the float32 values (h1 clips every value to ``[-1, 1]``; the RFF sketch
 scales each row into its L1 and L2 bounds, computed in float64).
@@ -28,10 +37,97 @@ TWO_PI = 2.0 * math.pi
 #: Largest angle magnitude (rad) rounded to float32 without a float64 reduction first.
 DIRECT_LIMIT = 64.0
 
+#: Largest angle magnitude (rad) evaluated; a larger, NaN or infinite angle is taken as 0. ``2**40``
+#: (1.1e12): a float64 angle ``t`` computed as ``omega . x + phase`` over ``n`` terms is off by at
+#: most ``(n + 1) 2**-53`` times ``sum_j |omega_j x_j| + |phase|`` (each product and sum rounds
+#: once), and its float64 reduction (``t - 2 pi round(t / 2 pi)``, with ``2 pi`` itself rounded) by
+#: about ``2**-52 |t|`` more: at most ``(n + 3) 2**-13 = (n + 3) 1.2e-4`` rad at the limit, below
+#: the Monte Carlo error ``1 / sqrt(2048) = 0.022`` of the largest random feature map a curator
+#: allows for up to 175 features, and reduced angles of at most ``pi + 2**-12`` whose float32 cast
+#: is always finite (the cast fails from about ``1e54`` on). Honest parameters stay far inside it:
+#: h1's frequencies are ``N(0, 2 gamma)`` and its phases lie in ``[0, 2 pi)``, so at the largest
+#: ``gamma`` a consumer may ask (1e6) a row's ``sum_j |omega_j| b_j`` is at most about
+#: ``5 sqrt(2 gamma) sum_j b_j = 7,100 sum_j b_j`` over 2,048 rows: beyond the limit only when the
+#: public bounds ``b_j`` sum to 1.5e8 or more, and the curator's kernel-width check refuses that
+#: ``gamma`` unless the validation points' median distance is below 4e-3 (a median kernel value
+#: of at least 1e-6), so only for data packed at a scale 1e10 times smaller than its bounds.
+ANGLE_LIMIT = 2.0**40
+
+
+def angle_bound(
+    omega: NDArray[np.float64], phase: NDArray[np.float64] | None, magnitudes: NDArray[np.float64]
+) -> NDArray[np.float64]:
+    """The largest ``|omega_i . x + phase_i|`` over every ``x`` with ``|x_j| <= magnitudes_j``.
+
+    Parameters
+    ----------
+    omega : ndarray of shape (d, n), float64
+        Frequencies, one row per feature.
+    phase : ndarray of shape (d,), float64, or None
+        Phases (None: 0).
+    magnitudes : ndarray of shape (n,), float64
+        The largest ``|x_j|`` each input column may take, >= 0 (an owner's public bounds:
+        ``max(|low_j|, |high_j|)``).
+
+    Returns
+    -------
+    ndarray of shape (d,), float64
+        ``sum_j |omega_ij| magnitudes_j + |phase_i|`` (the triangle inequality; attained at a
+        corner of the box when the bounds are symmetric). ``inf`` where it overflows.
+    """
+    with np.errstate(over="ignore"):
+        bound = np.abs(omega) @ magnitudes
+        if phase is not None:
+            bound = bound + np.abs(phase)
+    return np.where(np.isnan(bound), np.inf, bound)
+
+
+def check_angle_bound(
+    omega: NDArray[np.float64],
+    phase: NDArray[np.float64] | None,
+    magnitudes: NDArray[np.float64] | None,
+    what: str,
+) -> None:
+    """Refuse a feature map whose angles can exceed :data:`ANGLE_LIMIT` on inputs within
+    ``magnitudes``, on these public inputs alone (no data is read).
+
+    Parameters
+    ----------
+    omega, phase
+        As :func:`angle_bound`.
+    magnitudes : ndarray of shape (n,), float64, or None
+        The inputs' public magnitudes; None when there are none: the bound is then taken at
+        magnitude 1 per column (``sum_j |omega_ij| + |phase_i|``), which refuses frequencies and
+        phases too large for data of any scale; angles that larger data still takes beyond the
+        limit are taken as 0 (:func:`reduced_angles`).
+    what : str
+        Names the map in the message (e.g. ``"h1"``).
+
+    Raises
+    ------
+    ValueError
+        If some row's bound exceeds :data:`ANGLE_LIMIT` (the message names the row and its
+        bound, and what to do).
+    """
+    n = omega.shape[1]
+    scale = np.ones(n) if magnitudes is None else np.asarray(magnitudes, dtype=np.float64)
+    bound = angle_bound(omega, phase, scale)
+    if bound.size == 0 or float(bound.max()) <= ANGLE_LIMIT:
+        return
+    row = int(np.argmax(bound))
+    over = "the inputs' public bounds" if magnitudes is not None else "inputs of magnitude 1"
+    raise ValueError(
+        f"{what} row {row} reaches an angle of {float(bound[row]):.3g} rad on {over}, beyond "
+        f"the limit of {ANGLE_LIMIT:.3g} rad (|omega|_1 * max|x| + |phase|): such angles carry "
+        "no accuracy in float64; draw frequencies for the data's scale (a smaller gamma) and "
+        "phases in [0, 2 pi)"
+    )
+
 
 def reduced_angles(t: NDArray[np.float64]) -> NDArray[np.float32]:
     """The angles ``t`` in float32: as they are when ``|t| <= DIRECT_LIMIT`` everywhere, else
-    ``t - 2 pi round(t / 2 pi)`` computed in float64 first.
+    ``t - 2 pi round(t / 2 pi)`` computed in float64 first, and 0 where ``t`` is NaN, infinite or
+    beyond :data:`ANGLE_LIMIT` in magnitude.
 
     Parameters
     ----------
@@ -41,10 +137,18 @@ def reduced_angles(t: NDArray[np.float64]) -> NDArray[np.float32]:
     Returns
     -------
     ndarray of float32, the shape of ``t``
-        Angles with the cosine and sine of ``t`` to within 3.8e-6 (module docstring).
+        Finite angles in ``[-pi - 2**-12, pi + 2**-12]`` (or ``t`` itself within
+        ``DIRECT_LIMIT``) with the cosine and sine of ``t`` to within 3.8e-6 (module docstring)
+        where ``|t| <= ANGLE_LIMIT``.
     """
-    if t.size == 0 or float(np.abs(t).max()) <= DIRECT_LIMIT:
+    if t.size == 0:
         return t.astype(np.float32)
+    size = np.abs(t)
+    largest = float(size.max())  # NaN when t holds one
+    if largest <= DIRECT_LIMIT:
+        return t.astype(np.float32)
+    if not largest <= ANGLE_LIMIT:
+        t[~(size <= ANGLE_LIMIT)] = 0.0  # NaN, inf or beyond the limit: the angle 0
     turns = np.rint(t * (1.0 / TWO_PI))
     turns *= TWO_PI
     t -= turns

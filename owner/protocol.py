@@ -30,7 +30,12 @@ count (``GetOwnerInfo``), the session's terms, the steps it has taken and how ma
 received, and the owner's policy and budget. The computations on the points (features, bids,
 counts, the local greedy) run under :func:`dpmarket.common.errors.on_private_data`, so whatever
 they might raise never reaches the curator as text (it answers INTERNAL with a fixed message; the
-owner's log says why).
+owner's log says why). They are also total on every input the owner accepts: h1's features are
+finite whatever the curator's parameters (:mod:`dpmarket.common.fourier`), parameters whose angles
+could leave float64's accuracy on the schema's bounds are refused at the open, and embeddings are
+bounded (:data:`EMBEDDING_LIMIT`), so whether a step fails never depends on the rows. The steps
+that release about the rows (the count, the proposal, the first bid) charge before they read
+them, so a failure there (a bug) costs what the release would have cost.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from dpmarket.common.errors import (
     ResourceExhaustedError,
     on_private_data,
 )
+from dpmarket.common.fourier import check_angle_bound
 from dpmarket.common.ids import short_id
 from dpmarket.common.market.terms import FREE, check_quote, owner_payout_epsilon
 from dpmarket.common.privacy.ledger import SessionSpend
@@ -88,6 +94,33 @@ logger = logging.getLogger(__name__)
 
 #: Rows whose h1 features the in-memory path computes between two progress reports.
 _FEATURE_CHUNK = 1 << 16
+
+#: Largest magnitude an owner takes in an embedding's entries (the validation, prior and summary
+#: embeddings) and in ``shrinkage_sigma``. An honest embedding is a mean of h1 features (entries
+#: within ``sqrt(2 / d) <= 0.5``) plus, for the validation embedding, Gaussian noise of standard
+#: deviation ``Delta sqrt(2 ln(1.25 / delta)) / epsilon`` with ``Delta <= 2 sqrt(2)`` (one
+#: validation point), ``epsilon >= 1e-4`` and ``delta >= 1e-12`` (the curator's ranges): at most
+#: 2.1e5, so 1e9 is more than 4,000 standard deviations away. Within it a float32 score
+#: ``h1(x) . w`` is at most ``sqrt(2 d) 1e9 < 1e11``, far from float32's overflow, so no entry an
+#: owner accepts makes a score infinite for some rows and finite for others.
+EMBEDDING_LIMIT = 1e9
+
+
+def _embedding(x: NDArray[np.float64], name: str, d: int) -> NDArray[np.floating]:
+    """``x`` as a finite vector of length ``d`` whose entries lie within
+    :data:`EMBEDDING_LIMIT`, or InvalidArgumentError naming the problem (public inputs only)."""
+    try:
+        v = check_vector(x, name, size=d)
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from exc
+    largest = float(np.abs(v).max()) if v.size else 0.0
+    if largest > EMBEDDING_LIMIT:
+        raise InvalidArgumentError(
+            f"{name} holds an entry of magnitude {largest:.3g}, beyond the {EMBEDDING_LIMIT:g} an "
+            "owner takes: an embedding is a mean of h1 features (entries within sqrt(2 / d)) "
+            "plus its release's noise"
+        )
+    return v
 
 
 @dataclass
@@ -518,8 +551,9 @@ class OwnerSession:
         Raises
         ------
         InvalidArgumentError
-            If ``embedding`` or ``prior_embedding`` is not of shape (d,) or is not finite, or
-            ``shrinkage_sigma`` is negative or not finite.
+            If ``embedding`` or ``prior_embedding`` is not of shape (d,), is not finite or holds
+            an entry beyond :data:`EMBEDDING_LIMIT`, or ``shrinkage_sigma`` is negative, not
+            finite or beyond that limit.
         FailedPreconditionError
             If the terms' method takes no validation embedding (uniform), or the embedding was
             set already and this one differs (the same embedding again changes nothing).
@@ -533,19 +567,17 @@ class OwnerSession:
         repeat = self.steps.taken(Step.VALIDATION_EMBEDDING)
         if not repeat:
             self.steps.check(Step.VALIDATION_EMBEDDING)
-        if not (math.isfinite(shrinkage_sigma) and shrinkage_sigma >= 0):
+        if not (math.isfinite(shrinkage_sigma) and 0 <= shrinkage_sigma <= EMBEDDING_LIMIT):
             raise InvalidArgumentError(
-                f"shrinkage_sigma must be finite and >= 0, got {shrinkage_sigma}"
+                f"shrinkage_sigma must be finite and within [0, {EMBEDDING_LIMIT:g}], got "
+                f"{shrinkage_sigma}"
             )
-        try:
-            validation = check_vector(embedding, "validation_embedding", size=self.d)
-            prior = (
-                None
-                if prior_embedding is None
-                else check_vector(prior_embedding, "prior_embedding", size=self.d)
-            )
-        except ValueError as exc:
-            raise InvalidArgumentError(str(exc)) from exc
+        validation = _embedding(embedding, "validation_embedding", self.d)
+        prior = (
+            None
+            if prior_embedding is None
+            else _embedding(prior_embedding, "prior_embedding", self.d)
+        )
         if repeat:
             if not self._same_embedding(
                 validation, float(shrinkage_sigma), prior, bool(score_metric)
@@ -614,7 +646,8 @@ class OwnerSession:
             not the next round or is beyond the terms' ``max_rounds``, or the owner's policy
             refuses the session's terms.
         InvalidArgumentError
-            If the embedding has the wrong length or NaN/inf, or ``summary_size < 0``.
+            If the embedding has the wrong length, NaN/inf or an entry beyond
+            :data:`EMBEDDING_LIMIT`, or ``summary_size < 0``.
         WorkCancelled
             If the session was closed while the bid was computed.
         """
@@ -628,10 +661,7 @@ class OwnerSession:
             )
         if summary_size < 0:
             raise InvalidArgumentError(f"summary_size must be >= 0, got {summary_size}")
-        try:
-            g = check_vector(summary_embedding, "summary_embedding", size=self.d)
-        except ValueError as exc:
-            raise InvalidArgumentError(str(exc)) from exc
+        g = _embedding(summary_embedding, "summary_embedding", self.d)
         if self.round == 0:
             self._pay(0, "bids")
         self.round = round_
@@ -742,10 +772,10 @@ class OwnerSession:
                 f"session releases one count, so threshold {float(threshold)!r} is refused"
             )
         self.steps.check(Step.COUNT)
-        count = self.relevant_count(threshold)
         epsilon = self.terms.epsilon
         assert math.isfinite(epsilon) and epsilon > 0  # OwnerTerms: a method with a count
-        self._pay(0, "relevance count")
+        self._pay(0, "relevance count")  # before the rows are read (as the proposal's charge)
+        count = self.relevant_count(threshold)
         released = float(count + self.noise.laplace(1.0 / epsilon, 1)[0])
         self._count = (float(threshold), released)
         self.steps.done(Step.COUNT)
@@ -816,8 +846,10 @@ class OwnerSession:
         unsent = self.n_points - len(self._sent)
         if count > unsent:
             raise InvalidArgumentError(f"count {count} exceeds the {unsent} points not yet sent")
-        if self.released + count > self.allowance:
-            self._pay(count, what)  # refuses before any computation
+        # Charge first: the greedy reads the rows, so a failure in it (none is known: h1 is
+        # finite by construction) must not answer for free; it is charged as the release
+        # would have been and answers one fixed INTERNAL status (a repeat is charged again).
+        self._pay(count, what)
         with self._computing("local greedy"):
             uniform = np.zeros(0, dtype=np.int64)
             if uniform_count > 0:
@@ -840,7 +872,6 @@ class OwnerSession:
                     g, count - uniform_count, sent, uniform, self.rng, self.progress, self.cancel
                 )
                 chosen = np.concatenate([uniform, greedy])
-        self._pay(count, what)
         self._mark_sent(chosen)
         self.steps.done(step)
         return chosen
@@ -1022,9 +1053,27 @@ class Owner:
         with self._lock:
             return {sid: slot.session for sid, slot in self._slots.items()}
 
+    def _magnitudes(self) -> NDArray[np.float64] | None:
+        """The largest ``|x_j|`` of each feature by the public schema (``max(|low|, |high|)``:
+        the table was checked within its bounds), or None without a schema."""
+        if self.schema is None:
+            return None
+        return np.array([max(abs(lo), abs(hi)) for _, lo, hi in self.schema.bounds()])
+
     def _check_shape(self, info: OwnerInfo, rff: RFFParams, data: Any) -> None:
         """Refuse h1 parameters that do not fit this owner's points or its limits (before
-        anything is computed; :meth:`open_session`'s InvalidArgumentError)."""
+        anything is computed; :meth:`open_session`'s InvalidArgumentError).
+
+        Besides the shape, h1's angles ``omega_i . x + phase_i`` must stay within
+        :data:`dpmarket.common.fourier.ANGLE_LIMIT` for every ``x`` within the schema's public
+        bounds (``|omega_i|_1 max|x| + |phase_i|``, :func:`~dpmarket.common.fourier.
+        check_angle_bound`; without a schema, at magnitude 1): decided on the request and the
+        public schema alone. Honest parameters (``N(0, 2 gamma)`` frequencies, phases in
+        ``[0, 2 pi)``) pass at any ``gamma`` a consumer may ask for data of any sensible scale;
+        crafted ones that would drive the float32 cosine to NaN on some values and not others
+        (a membership oracle through the step's status) are refused here, and the features are
+        total anyway (an angle beyond the limit is taken as 0).
+        """
         if rff.n_features != info.num_features:
             raise InvalidArgumentError(
                 f"h1 frequencies have {rff.n_features} columns but this owner's points have "
@@ -1034,6 +1083,10 @@ class Owner:
             raise InvalidArgumentError(
                 f"h1 dimension d={rff.d} exceeds this owner's limit of {self.max_rff_dimension}"
             )
+        try:
+            check_angle_bound(rff.omega, rff.phase, self._magnitudes(), "h1")
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from exc
         if self.limits is not None:
             self.limits.check_session(
                 n_rows=info.num_points,

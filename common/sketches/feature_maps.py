@@ -314,7 +314,9 @@ class RFFMap(FeatureMap):
     ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
         """The cosines and sines of a block of rows, shape (rows, m') each, and each row's scale
         into the declared norms, shape (rows,), all float64 (see the class Notes)."""
-        cos, sin = cos_sin32(x @ self.omega.T)
+        with np.errstate(over="ignore", invalid="ignore"):  # cos_sin32 takes such angles as 0
+            t = x @ self.omega.T
+        cos, sin = cos_sin32(t)
         l1 = np.abs(cos).sum(axis=1, dtype=np.float64)
         l1 += np.abs(sin).sum(axis=1, dtype=np.float64)
         cos64, sin64 = cos.astype(np.float64), sin.astype(np.float64)
@@ -536,9 +538,14 @@ class RACEMap(OneHotFeatureMap):
         }
 
     def _buckets_chunk(self, x: NDArray[np.float64], row0: int) -> NDArray[np.int64]:
-        proj = np.matmul(np.ascontiguousarray(x)[:, None, :], self.projections.T)[:, 0, :]
-        codes = np.floor((proj + self.offsets) / self.bucket_width)
-        return np.mod(codes, self.n_buckets).astype(np.int64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            proj = np.matmul(np.ascontiguousarray(x)[:, None, :], self.projections.T)[:, 0, :]
+            codes = np.floor((proj + self.offsets) / self.bucket_width)
+            buckets = np.mod(codes, self.n_buckets)
+        # A code that overflowed (projections far beyond any draw for the domain's scale) goes
+        # to bucket 0, whatever the row: the map stays total, a row's bucket always in range.
+        buckets[~np.isfinite(buckets)] = 0.0
+        return buckets.astype(np.int64)
 
 
 @dataclass(frozen=True, eq=False)

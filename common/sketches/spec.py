@@ -51,6 +51,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.fourier import check_angle_bound
 from dpmarket.common.schema import Column, Schema, parse_columns
 from dpmarket.common.sketches.domain import Domain
 from dpmarket.common.sketches.feature_maps import (
@@ -191,8 +192,11 @@ class SketchSpec:
     Raises
     ------
     InvalidArgumentError
-        (a ``ValueError``) On a bad name, noise, epsilon range or delta, or a map and domain that
-        do not fit together (by building the mechanism at ``epsilon``).
+        (a ``ValueError``) On a bad name, noise, epsilon range or delta, a map and domain that
+        do not fit together (by building the mechanism at ``epsilon``), or RFF frequencies whose
+        angles can exceed :data:`dpmarket.common.fourier.ANGLE_LIMIT` on the domain
+        (:func:`~dpmarket.common.fourier.check_angle_bound`: checked on public inputs before any
+        owner reads a record; the features are finite beyond it anyway).
     """
 
     name: str
@@ -226,6 +230,9 @@ class SketchSpec:
         object.__setattr__(self, "numerator_share", float(self.numerator_share))
         try:
             self.mechanism(eps)
+            if isinstance(self.feature_map, RFFMap):
+                magnitudes = np.maximum(np.abs(self.domain.low), np.abs(self.domain.high))
+                check_angle_bound(self.feature_map.omega, None, magnitudes, "RFF frequency")
         except ValueError as exc:
             raise InvalidArgumentError(f"spec {self.name}: {exc}") from None
 

@@ -170,7 +170,9 @@ def random_fourier_features(
         Output dtype. The projection ``x @ omega.T + phase`` is computed in float64, the cosine in
         float32 (:func:`dpmarket.common.fourier.cos32`, which first reduces any angle above 64 rad
         in float64: within 4e-6 of the float64 cosine, about 15 times faster), the scaling in
-        ``dtype``.
+        ``dtype``. An angle that is NaN, infinite or beyond
+        :data:`dpmarket.common.fourier.ANGLE_LIMIT` (parameters far beyond any honest draw for
+        the data's scale) is taken as 0: the features are finite whatever the parameters.
     chunk_size : int, default 2048
         Number of rows processed at once; bounds the float64 working memory to
         ``chunk_size * (d + n_features)`` values (2.3 MiB at d = 140: the default keeps them in
@@ -180,9 +182,9 @@ def random_fourier_features(
     Returns
     -------
     ndarray of shape (n_points, d) and dtype ``dtype``
-        Every entry lies in ``[-sqrt(2/d), sqrt(2/d)]`` (the cosine is clipped to ``[-1, 1]``
-        before scaling, so the bound holds exactly for float64 output: an owner's sums of h1
-        keep the sensitivity their docstrings derive from it).
+        Every entry is finite and lies in ``[-sqrt(2/d), sqrt(2/d)]`` (the cosine is clipped to
+        ``[-1, 1]`` before scaling, so the bound holds exactly for float64 output: an owner's sums
+        of h1 keep the sensitivity their docstrings derive from it).
 
     Raises
     ------
@@ -214,8 +216,9 @@ def random_fourier_features(
     out = np.empty((arr.shape[0], d), dtype=out_dtype)
     for start in range(0, arr.shape[0], chunk_size):
         block = np.ascontiguousarray(arr[start : start + chunk_size])
-        z = np.matmul(block[:, None, :], omega_t)[:, 0, :]  # (rows, d), float64
-        z += params.phase
+        with np.errstate(over="ignore", invalid="ignore"):  # cos32 takes such angles as 0
+            z = np.matmul(block[:, None, :], omega_t)[:, 0, :]  # (rows, d), float64
+            z += params.phase
         rows = out[start : start + block.shape[0]]
         rows[...] = cos32(z)
         rows *= scale

@@ -247,3 +247,19 @@ def test_rff_l1_bound_is_attained() -> None:
     fmap = RFFMap(omega, 1.0)
     phi = fmap.features(np.array([[math.pi / 4, 0.3]]))[0]
     assert np.abs(phi).sum() == pytest.approx(fmap.l1_sensitivity, rel=1e-6)  # float32 values
+
+
+def test_maps_are_total_whatever_the_curators_parameters() -> None:
+    # Frequencies and projections far beyond any draw for the data's scale: an angle or a code
+    # that would be NaN or infinite for some records only is 0 for every one (RFF: cos 1, sin 0,
+    # the row's norms kept), and every RACE bucket stays in range. Before, the RFF features
+    # were NaN at 3e299 for x = 1 or 2 only, and RACE's codes overflowed to a garbage index.
+    x = np.array([[0.0], [1.0], [2.0], [5.0]])
+    rff = RFFMap(np.array([[3e299], [1.0]]), 1.0).features(x)
+    assert np.isfinite(rff).all()
+    np.testing.assert_allclose(rff[1:, 0], 1.0)  # cos of the angle taken as 0
+    np.testing.assert_allclose(rff[:, 1], np.cos(x[:, 0]), atol=1e-6)
+    race = RACEMap(np.array([[1e308], [1.0]]), np.array([0.0, 0.1]), 0.5, 4)
+    feats = race.features(np.array([[0.0], [1e10], [-1e10], [5.0]]))
+    assert feats.shape == (4, 8) and np.isfinite(feats).all()
+    np.testing.assert_array_equal(feats.sum(axis=1), 2.0)  # one bucket per hash, in range

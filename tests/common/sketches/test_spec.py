@@ -259,3 +259,19 @@ def test_a_marginals_map_is_declared_with_its_own_delta() -> None:
         SketchDeclaration.from_mapping(
             {**base, "maps": {"marginals": {"bins": 5, "delta": 1e-6, "sigma": 1}}}
         )
+
+
+def test_rff_frequencies_beyond_the_angle_limit_on_the_domain_are_refused() -> None:
+    spec = _specs()["rff"]
+    fmap = spec.feature_map
+    assert isinstance(fmap, RFFMap)
+    crafted = RFFMap(fmap.omega * 1e12, fmap.sigma)
+    with pytest.raises(InvalidArgumentError, match=r"reaches an angle of .* beyond the limit"):
+        SketchSpec(
+            name="toy/rff",
+            feature_map=crafted,
+            domain=spec.domain,
+            noise=spec.noise,
+            epsilon=1.0,
+            epsilon_range=(0.5, 2.0),
+        )

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from dpmarket.common.fourier import ANGLE_LIMIT, angle_bound, check_angle_bound, cos32, cos_sin32
 from dpmarket.common.summarization.kernels import rbf_kernel
 from dpmarket.common.summarization.rff import RFFParams, draw_rff_params, random_fourier_features
 
@@ -215,3 +216,43 @@ def test_kernel_approximation_large_d(points) -> None:
     assert 0 <= var_w <= 1
     t_mean = _bernstein_t(d, var_w, 3.0, math.log(2 / 1e-6))  # ~0.039 here (var_w ~0.22)
     assert abs(err.mean()) <= t_mean
+
+
+def test_features_are_finite_whatever_the_parameters() -> None:
+    # Frequencies a curator crafts so that one value's angle is huge: before angles beyond
+    # ANGLE_LIMIT were taken as 0, the float32 cast of their float64 reduction was infinite and
+    # the feature NaN for some values only (here 1 and 2 of 0..5, at 3e299).
+    x = np.arange(6.0)[:, None]
+    for w in (3e299, 1.7e55, 1e30, 1e308):
+        params = RFFParams(omega=np.full((4, 1), w), phase=np.array([0.0, 1.0, 3.0, 6.0]), gamma=1)
+        f = random_fourier_features(x, params)
+        assert np.isfinite(f).all(), w
+        # Row 0's angles are the phases; every other row's are beyond the limit: angle 0.
+        np.testing.assert_allclose(f[0], math.sqrt(2 / 4) * np.cos(params.phase), atol=1e-6)
+        np.testing.assert_array_equal(f[1:], np.full((5, 4), np.float32(math.sqrt(2 / 4))))
+
+
+def test_angles_within_the_limit_keep_their_accuracy_and_others_are_zero() -> None:
+    t = np.array([1e11, -7e11, ANGLE_LIMIT, 2 * ANGLE_LIMIT, np.inf, -np.inf, np.nan, 1e300])
+    cos = cos32(t.copy())
+    np.testing.assert_allclose(cos[:3], np.cos(t[:3]), atol=2e-4)
+    np.testing.assert_array_equal(cos[3:], np.ones(5, dtype=np.float32))
+    c, s = cos_sin32(t.copy())
+    np.testing.assert_allclose(s[:3], np.sin(t[:3]), atol=2e-4)
+    np.testing.assert_array_equal(c[3:], np.ones(5, dtype=np.float32))
+    np.testing.assert_array_equal(s[3:], np.zeros(5, dtype=np.float32))
+
+
+def test_angle_bound_refuses_only_what_can_leave_the_limit() -> None:
+    omega = np.array([[1e6, -2e6], [3.0, 0.5]])
+    phase = np.array([1.0, -2.0])
+    np.testing.assert_allclose(
+        angle_bound(omega, phase, np.array([10.0, 100.0])), [1e7 + 2e8 + 1, 30 + 50 + 2]
+    )
+    check_angle_bound(omega, phase, np.array([1e5, 1e5]), "h1")  # 3e11 + 1: within
+    with pytest.raises(ValueError, match=r"h1 row 0 reaches an angle of 3e\+12"):
+        check_angle_bound(omega, phase, np.array([1e6, 1e6]), "h1")
+    with pytest.raises(ValueError, match="inputs of magnitude 1"):
+        check_angle_bound(omega, np.array([0.0, 1e13]), None, "h1")
+    with pytest.raises(ValueError, match="row 1"):  # an overflowing bound is refused too
+        check_angle_bound(np.array([[0.0], [1e308]]), None, np.array([1e10]), "RFF sketch")

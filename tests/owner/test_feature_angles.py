@@ -1,0 +1,136 @@
+"""Curator-chosen feature maps cannot turn a step's status into a membership oracle.
+
+A curator that picks h1's frequencies and phases so that ``omega . x + phase`` is huge for one
+value of a column and small for the others once made the float32 cosine NaN on exactly the rows
+holding that value; the local greedy then failed (INTERNAL, charged nothing) iff such a row
+existed. The owner now refuses such parameters at the open, from the request and its public
+schema alone, and its features are finite whatever the parameters, so even past the refusal the
+same requests get the same statuses whatever the rows hold. Each test fails without its defence.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dpmarket.common.errors import DPMarketError, InvalidArgumentError
+from dpmarket.common.fourier import ANGLE_LIMIT
+from dpmarket.common.schema import Column, Schema
+from dpmarket.common.summarization.rff import RFFParams, draw_rff_params
+from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
+from dpmarket.curator.policy import DEFAULT_RANGES
+from dpmarket.owner import protocol
+from dpmarket.owner.protocol import EMBEDDING_LIMIT, Owner
+from dpmarket.runtime.tables import PointSet
+
+N = 24
+SCHEMA = Schema(
+    (
+        Column("kids", "integer", 0.0, 5.0),
+        Column("age", "continuous", 18.0, 90.0),
+        Column("income", "continuous", 0.0, 1e5),
+        Column("label", "binary", 0.0, 1.0),
+    ),
+    "label",
+)
+TERMS = OwnerTerms(SessionMethod.CANDIDATES_SKETCH, 0.0, 0.0)
+
+
+def _owner(with_value: bool) -> Owner:
+    """Two tables of the same public shape: column ``kids`` is 0 in every row, but for one
+    row that holds 2 in the second table (the one fact the crafted parameters ask about)."""
+    rng = np.random.default_rng(3)
+    x = np.column_stack(
+        [np.zeros(N), rng.uniform(18, 90, N), rng.uniform(0, 1e5, N)],
+    )
+    if with_value:
+        x[7, 0] = 2.0
+    return Owner("o", PointSet(x, rng.integers(0, 2, N), "o"), schema=SCHEMA)
+
+
+def _crafted() -> RFFParams:
+    """The stranger's kind of parameters, scaled down: a frequency of 3e299 on ``kids`` and
+    small phases, so the angle is the phase at ``kids = 0`` and 6e299 at ``kids = 2`` (before
+    the fix: its float64 reduction left ~1e283, an infinite float32 angle, a NaN feature)."""
+    omega = np.zeros((2, 3))
+    omega[:, 0] = 3e299
+    return RFFParams(omega=omega, phase=np.array([0.5, 1.0]), gamma=1.0)
+
+
+def _outcome(step: Callable[[], Any]) -> str:
+    try:
+        step()
+    except (DPMarketError, ValueError) as exc:
+        return type(exc).__name__
+    return "ok"
+
+
+def _session(owner: Owner, rff: RFFParams) -> list[str]:
+    """Open, embed, propose one candidate: each step's outcome."""
+    g = np.full(rff.d, 0.1)
+    return [
+        _outcome(lambda: owner.open_session("s", rff, 0, terms=TERMS)),
+        _outcome(lambda: owner.set_validation_embedding("s", g)),
+        _outcome(lambda: owner.propose_candidates("s", 1)),
+    ]
+
+
+def test_crafted_h1_parameters_are_refused_at_the_open_before_any_row_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_read(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the owner computed features of its rows")
+
+    monkeypatch.setattr(Owner, "_features", staticmethod(no_read))
+    for with_value in (False, True):
+        owner = _owner(with_value)
+        with pytest.raises(InvalidArgumentError, match=r"h1 row \d+ reaches an angle"):
+            owner.open_session("s", _crafted(), 0, terms=TERMS)
+        assert owner.sessions == {}
+
+
+def test_without_the_refusal_the_steps_answer_alike_whatever_the_rows_hold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The refusal off: the features themselves are finite (an angle beyond the limit is 0), so
+    # the greedy succeeds on both tables. Before the fix the second table's proposal failed.
+    monkeypatch.setattr(protocol, "check_angle_bound", lambda *a, **k: None)
+    seen = [_session(_owner(with_value), _crafted()) for with_value in (False, True)]
+    assert seen[0] == seen[1] == ["ok", "ok", "ok"]
+
+
+def test_honest_parameters_at_the_largest_gamma_and_dimension_pass() -> None:
+    gamma = DEFAULT_RANGES["gamma"][1]
+    d = int(DEFAULT_RANGES["rff_dimension"][1])
+    owner = _owner(True)
+    for seed in range(3):
+        rff = draw_rff_params(3, d, gamma, np.random.default_rng(seed))
+        assert _session(owner, rff) == ["ok", "ok", "ok"]
+        owner.close_session("s")
+
+
+def test_an_angle_just_within_the_limit_passes_and_one_beyond_is_refused() -> None:
+    # |omega|_1 * max|x| + |phase| at the schema's bounds: income's 1e5 dominates.
+    for scale, expected in ((0.999, "ok"), (1.001, "InvalidArgumentError")):
+        omega = np.array([[0.0, 0.0, scale * (ANGLE_LIMIT - 1.0) / 1e5]])
+        rff = RFFParams(omega=omega, phase=np.array([1.0]), gamma=1.0)
+        owner = _owner(False)
+        assert _outcome(lambda o=owner, r=rff: o.open_session("s", r, 0, terms=TERMS)) == expected
+
+
+@pytest.mark.parametrize("entry", [EMBEDDING_LIMIT * 10, 1e30, -1e300])
+def test_an_embedding_beyond_its_limit_is_refused_alike(entry: float) -> None:
+    rff = draw_rff_params(3, 8, 1e-6, np.random.default_rng(0))
+    outcomes = []
+    for with_value in (False, True):
+        owner = _owner(with_value)
+        owner.open_session("s", rff, 0, terms=TERMS)
+        g = np.full(8, 0.1)
+        g[3] = entry
+        outcomes.append(_outcome(lambda o=owner, g=g: o.set_validation_embedding("s", g)))
+    assert outcomes == ["InvalidArgumentError"] * 2
+    assert math.isfinite(EMBEDDING_LIMIT)
