@@ -10,6 +10,7 @@ same requests get the same statuses whatever the rows hold. Each test fails with
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -119,7 +120,7 @@ def test_an_angle_just_within_the_limit_passes_and_one_beyond_is_refused() -> No
         omega = np.array([[0.0, 0.0, scale * (ANGLE_LIMIT - 1.0) / 1e5]])
         rff = RFFParams(omega=omega, phase=np.array([1.0]), gamma=1.0)
         owner = _owner(False)
-        assert _outcome(lambda o=owner, r=rff: o.open_session("s", r, 0, terms=TERMS)) == expected
+        assert _outcome(functools.partial(owner.open_session, "s", rff, 0, terms=TERMS)) == expected
 
 
 @pytest.mark.parametrize("entry", [EMBEDDING_LIMIT * 10, 1e30, -1e300])
@@ -131,6 +132,6 @@ def test_an_embedding_beyond_its_limit_is_refused_alike(entry: float) -> None:
         owner.open_session("s", rff, 0, terms=TERMS)
         g = np.full(8, 0.1)
         g[3] = entry
-        outcomes.append(_outcome(lambda o=owner, g=g: o.set_validation_embedding("s", g)))
+        outcomes.append(_outcome(functools.partial(owner.set_validation_embedding, "s", g)))
     assert outcomes == ["InvalidArgumentError"] * 2
     assert math.isfinite(EMBEDDING_LIMIT)
