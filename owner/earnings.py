@@ -152,6 +152,15 @@ class Earnings:
 
         self.ledger.write(write)
 
+    def accepted_line(self, curator: str, session: str) -> MarketTerms | None:
+        """The market terms the session first opened with (None: it never opened with any)."""
+        accepted = self._accepted(curator, session)
+        return None if accepted is None else accepted[1]
+
+    def settled(self, curator: str, session: str) -> bool:
+        """Whether a statement of the session is recorded (the session is paid for good)."""
+        return self._by_session(curator, session) is not None
+
     def _accepted(self, curator: str, session: str) -> tuple[str, MarketTerms, OwnerPrices] | None:
         row = self.ledger.read(
             lambda conn: conn.execute(

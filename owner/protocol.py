@@ -58,7 +58,7 @@ from dpmarket.common.errors import (
     on_private_data,
 )
 from dpmarket.common.ids import short_id
-from dpmarket.common.market.terms import FREE, check_quote, owner_payout_epsilon
+from dpmarket.common.market.terms import FREE, MarketTerms, check_quote, owner_payout_epsilon
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from dpmarket.common.privacy.rng import production_rng
@@ -1059,8 +1059,25 @@ class Owner:
             # and no more raw points than the line states (so the statement stays within it).
             check_quote(policy.prices, terms.market, terms.epsilon, owner=self.owner_id)
             if terms.market is not None:
-                allowance = min(allowance, terms.market.max_points_read)
+                allowance = min(allowance, self._line_left(session_id, terms.market, curator))
         return allowance
+
+    def _line_left(self, session_id: str, market: MarketTerms, curator: str) -> int:
+        """The raw points a session id may still read under its quote line: one session id is
+        one session across its opens, so the line it first accepted (its statement is checked
+        against that line) less every point charged under the id; a session id whose statement
+        is recorded is paid for good and opens no more (FailedPreconditionError, nothing
+        charged)."""
+        assert self.ledger is not None
+        earnings = Earnings(self.ledger, self.owner_id)
+        if earnings.settled(curator, session_id):
+            raise FailedPreconditionError(
+                f"session {short_id(session_id)} is settled (its statement is recorded): it "
+                "cannot be opened again; open a new session under a new id"
+            )
+        first = earnings.accepted_line(curator, session_id) or market
+        read = int(self.ledger.session_totals(session_id).points)
+        return max(0, min(market.max_points_read, first.max_points_read) - read)
 
     def open_session(
         self,
@@ -1096,7 +1113,9 @@ class Owner:
             may receive under its policy: ``policy.session_points(num_points)`` (the session's
             points and its fraction of the table) less what the session id was charged
             already, within what is left of the window's points budget and within the
-            ``max_points_read`` of its quote (``terms.market``).
+            ``max_points_read`` of its quote (``terms.market``, and of the line the session id
+            first opened with) less every point charged under the id: a session id is one
+            session across its opens, read against one quote line.
 
         Raises
         ------
@@ -1111,7 +1130,8 @@ class Owner:
             ``access.allow_steered_selection``; more Bid rounds than
             ``session.rounds_per_point`` times the point allowance), or the owner's prices
             refuse the quote (:func:`~dpmarket.common.market.terms.check_quote`: a quoted
-            charge below them, or no quote for an owner that is not free). Nothing is charged.
+            charge below them, or no quote for an owner that is not free), or the session id's
+            statement is recorded already (a settled session never reopens). Nothing is charged.
         ResourceExhaustedError
             If ``max_sessions`` sessions are open (after closing idle ones).
         AlreadyExistsError
@@ -1257,7 +1277,9 @@ class Owner:
             return None
         charged = False
         payout = 0.0 if terms.market is None else owner_payout_epsilon(terms.market.settlement)
-        paid = payout == 0.0
+        # The payout release is charged once per session id (a reopened session's payout is
+        # the same release, stated once in its statement).
+        paid = payout == 0.0 or ledger.session_totals(payout_session(session_id)).epsilon > 0
 
         def charge(points: int, what: str) -> None:
             nonlocal charged, paid
