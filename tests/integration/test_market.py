@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from dpmarket.common.market.money import epsilon_units, format_credits
+from dpmarket.common.market.payouts import PAYOUT_CHARGE_LABEL
 from dpmarket.common.market.pricing import OwnerPrices
 from dpmarket.common.market.statement import (
     SessionRecord,
@@ -44,8 +45,10 @@ from dpmarket.common.market.terms import (
 )
 from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.common.summarization.rff import draw_rff_params
+from dpmarket.consumer.cli import charge_lines
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.consumer.market import SettledStatement, credits
+from dpmarket.consumer.report import epsilon_summary
 from dpmarket.curator.store import DATABASE_FILE
 from dpmarket.deploy.cli import main
 from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster
@@ -684,6 +687,20 @@ def test_a_reward_is_split_by_the_private_payouts_charged_to_their_subjects(
         if party == "validation" and label.startswith("payout release")
     ]
     assert len(validation) >= 1 and validation[-1]["epsilon"] <= 1.0 + 1e-12
+    # The consumer's report holds the owners' payout charge too (issue 25, F4; main: its owners'
+    # ledger held no payout entry, its PLD figure left it out and the CLI line printed the
+    # session's epsilon alone).
+    book = result.report.ledger.party("owners")
+    assert book is not None
+    paid = [c.event.epsilon for c in book.entries if c.label == PAYOUT_CHARGE_LABEL]
+    assert paid == [pytest.approx(payout)]
+    summary = epsilon_summary(result.report.ledger)
+    assert summary is not None and summary["owners"]["pld"] >= payout - 1e-9
+    (charged,) = [text for text in charge_lines(result.report) if text.startswith("charged: ")]
+    for line in settled.statement.lines:
+        spend = result.report.owner_spend[line.owner]
+        paying = f" + payout release {payout:g}" if spend.points else ""
+        assert f"{line.owner} epsilon {spend.epsilon:g}{paying} (" in charged
 
 
 def _curator_charges(cluster: LocalCluster) -> list[tuple[str, str, str]]:
