@@ -17,8 +17,10 @@ Kept in the owner's own durable database, beside its privacy ledger
   already settled is refused).
 
 What an owner's statement shows it: its own line and the header (its noisy value when the
-consumer asked for a reward: a charged DP release, :mod:`dpmarket.common.market.payouts`), never
-another owner's line.
+consumer asked for a reward: a charged DP release, :mod:`dpmarket.common.market.payouts`, and the
+count of its points the summary holds, which the reward pays on), never another owner's line.
+Without a reward the line states no delivery: its points read up to p
+(:func:`~dpmarket.common.market.statement.paid_delivered`).
 """
 
 from __future__ import annotations

@@ -342,9 +342,16 @@ def test_a_session_is_settled_from_the_owners_records_and_each_owner_checks_its_
     statement = settled.statement
     assert result.report.cost == statement.total > 0
     assert result.report.quote is not None and statement.total <= result.report.quote.total
+    # Issue 25, F5: no line tells its owner how many of its points the summary holds (a function
+    # of D_v and of the other owners' points): without a reward each owner is paid as delivered
+    # its points read up to p. The control: the summary's counts differ from them (main's lines
+    # stated those counts).
     delivered = {o: result.owner_ids.count(o) for o in set(result.owner_ids)}
     stated = {line.owner: line.points_delivered for line in statement.lines}
-    assert {o: n for o, n in stated.items() if n} == delivered
+    assert stated == {line.owner: min(line.points_read, P) for line in statement.lines}
+    assert any(stated[o] != delivered.get(o, 0) for o in stated)
+    for line in statement.lines:
+        assert line.delivered_charge == stated[line.owner] * OWNER_PRICES.per_point_delivered
     _check_settled(market, settled)
 
     owner = statement.lines[0].owner
