@@ -58,7 +58,7 @@ from dpmarket.common.errors import (
     on_private_data,
 )
 from dpmarket.common.ids import short_id
-from dpmarket.common.market.terms import FREE, MarketTerms, check_quote, owner_payout_epsilon
+from dpmarket.common.market.terms import FREE, check_quote, owner_payout_epsilon
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from dpmarket.common.privacy.rng import production_rng
@@ -1059,25 +1059,36 @@ class Owner:
             # and no more raw points than the line states (so the statement stays within it).
             check_quote(policy.prices, terms.market, terms.epsilon, owner=self.owner_id)
             if terms.market is not None:
-                allowance = min(allowance, self._line_left(session_id, terms.market, curator))
+                line = self._line_left(session_id, terms, curator)
+                allowance = min(allowance, line)
         return allowance
 
-    def _line_left(self, session_id: str, market: MarketTerms, curator: str) -> int:
-        """The raw points a session id may still read under its quote line: one session id is
-        one session across its opens, so the line it first accepted (its statement is checked
-        against that line) less every point charged under the id; a session id whose statement
-        is recorded is paid for good and opens no more (FailedPreconditionError, nothing
-        charged)."""
-        assert self.ledger is not None
+    def _line_left(self, session_id: str, terms: OwnerTerms, curator: str) -> int:
+        """The raw points a session id may still read under its quote line.
+
+        One session id is one session across its opens, read against the line it first
+        accepted (its statement is checked against that line): a reopen may read that line's
+        points less every point charged under the id, charges no epsilon beyond the terms' once
+        (its statement could not pay it), and a session id whose statement is recorded is paid
+        for good and opens no more. Refusals raise FailedPreconditionError; nothing is charged.
+        """
+        assert self.ledger is not None and terms.market is not None
         earnings = Earnings(self.ledger, self.owner_id)
         if earnings.settled(curator, session_id):
             raise FailedPreconditionError(
                 f"session {short_id(session_id)} is settled (its statement is recorded): it "
                 "cannot be opened again; open a new session under a new id"
             )
-        first = earnings.accepted_line(curator, session_id) or market
-        read = int(self.ledger.session_totals(session_id).points)
-        return max(0, min(market.max_points_read, first.max_points_read) - read)
+        spent = self.ledger.session_totals(session_id)
+        if spent.epsilon > 0 and terms.epsilon > 0:
+            raise FailedPreconditionError(
+                f"session {short_id(session_id)} charged its terms' epsilon already: reopened, "
+                f"it would charge epsilon {terms.epsilon:g} again, beyond what its quote line "
+                "pays; open a new session under a new id"
+            )
+        first = earnings.accepted_line(curator, session_id) or terms.market
+        most = min(terms.market.max_points_read, first.max_points_read)
+        return max(0, most - int(spent.points))
 
     def open_session(
         self,
