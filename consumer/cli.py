@@ -27,6 +27,7 @@ from rich.table import Table as RichTable
 
 from dpmarket.common.errors import DPMarketError, InvalidArgumentError
 from dpmarket.common.market.money import credits_text, parse_credits
+from dpmarket.common.market.payouts import PAYOUT_CHARGE_LABEL
 from dpmarket.common.market.terms import NO_REWARD, RewardOffer
 from dpmarket.common.schema import Schema
 from dpmarket.common.sketches.spec import SketchSpec
@@ -379,15 +380,32 @@ def charge_lines(report: SessionReport) -> list[str]:
     elif allocation is not None:
         lines.append("allocation: sketch (the owners' published sketches; no charge to them)")
     if report.owner_spend:
+        payout = _payout_epsilon(report)
         charges = []
         for owner, spend in sorted(report.owner_spend.items()):
             if spend.unknown:
                 charges.append(f"{owner} unknown ({spend.unknown})")
                 continue
             delta = f", delta {spend.delta:g}" if spend.delta else ""
-            charges.append(f"{owner} epsilon {spend.epsilon:g}{delta} ({spend.points} points read)")
+            # The payout release: charged by every owner that released a point (before it did).
+            paid = f" + payout release {payout:g}" if payout and spend.points else ""
+            charges.append(
+                f"{owner} epsilon {spend.epsilon:g}{delta}{paid} ({spend.points} points read)"
+            )
         lines.append("charged: " + ", ".join(charges))
     return lines
+
+
+def _payout_epsilon(report: SessionReport) -> float:
+    """The epsilon the session's payout release charged each owner that released a point (the
+    ``"owners"`` charges of the session's ledger labelled :data:`PAYOUT_CHARGE_LABEL`), 0 when
+    there is none."""
+    book = report.ledger.party("owners")
+    if book is None:
+        return 0.0
+    return sum(
+        c.event.epsilon * c.event.count for c in book.entries if c.label == PAYOUT_CHARGE_LABEL
+    )
 
 
 def _failed(exc: SessionFailedError, config: SummarizationConfig, report_path: str) -> None:

@@ -603,8 +603,13 @@ class SessionManager:
         if made is None:
             return None
         release, charges = made
+        on = {party: [c for c in charges if c.party == party] for party in ("validation", "owners")}
+        # What every owner that released a point charged its own ledger for the release before
+        # that point left (whether or not the release then happens): the session's ledger
+        # records it, so that its report holds every charge.
+        state.ledgers["owners"].charge(on["owners"])
         try:
-            state.ledgers["validation"].charge(charges)  # durable before the values leave
+            state.ledgers["validation"].charge(on["validation"])  # durable before values leave
         except DPMarketError as exc:
             logger.warning("session %s: no payout release: %s", short_id(session_id), exc)
             return None

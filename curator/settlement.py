@@ -24,7 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dpmarket.common.market.attribution import SummaryBlocks
-from dpmarket.common.market.payouts import PayoutRelease, release_payouts
+from dpmarket.common.market.payouts import PAYOUT_CHARGE_LABEL, PayoutRelease, release_payouts
 from dpmarket.common.market.pricing import OwnerPrices, Quote
 from dpmarket.common.market.statement import (
     PrivateKey,
@@ -201,7 +201,8 @@ def payout_release(
     noise: NoiseSource,
 ) -> tuple[PayoutRelease, list[Charge]] | None:
     """The session's payout release, when its terms fix one, and what it charges the validation
-    set (the owners charged theirs before their first point left).
+    set and the owners (each owner charged its own ledger before its first point left; the
+    session's ledger records that charge too, so the consumer's report holds every charge).
 
     Parameters
     ----------
@@ -219,7 +220,10 @@ def payout_release(
     Returns
     -------
     (PayoutRelease, list of Charge) or None
-        None without a payout release, or for an empty summary.
+        None without a payout release, or for an empty summary. The charges: one Laplace event
+        on ``"validation"`` and one on ``"owners"`` (``epsilon_owner``, the figure every owner
+        that released a point charged; none when ``p = 1``), both labelled
+        :data:`PAYOUT_CHARGE_LABEL`.
 
     Notes
     -----
@@ -233,10 +237,9 @@ def payout_release(
     owners = sorted(line.owner for line in market.quote.lines)
     blocks = SummaryBlocks.from_summary(points, list(owner_ids), validation, gamma, owners=owners)
     release = release_payouts(blocks, market.settlement.payout_epsilon, rule, noise)
-    charges = [
-        Charge("validation", "payout release (Laplace on the owners' values)", event)
-        for event in release.privacy_events()["validation"]
-    ]
+    events = release.privacy_events()
+    charges = [Charge("validation", PAYOUT_CHARGE_LABEL, e) for e in events["validation"]]
+    charges += [Charge("owners", PAYOUT_CHARGE_LABEL, e) for e in events["owners"]]
     return release, charges
 
 

@@ -17,8 +17,10 @@ Kept in the owner's own durable database, beside its privacy ledger
   already settled is refused).
 
 What an owner's statement shows it: its own line and the header (its noisy value when the
-consumer asked for a reward: a charged DP release, :mod:`dpmarket.common.market.payouts`), never
-another owner's line.
+consumer asked for a reward: a charged DP release, :mod:`dpmarket.common.market.payouts`, and the
+count of its points the summary holds, which the reward pays on), never another owner's line.
+Without a reward the line states no delivery: its points read up to p
+(:func:`~dpmarket.common.market.statement.paid_delivered`).
 """
 
 from __future__ import annotations
@@ -151,6 +153,15 @@ class Earnings:
             )
 
         self.ledger.write(write)
+
+    def accepted_line(self, curator: str, session: str) -> MarketTerms | None:
+        """The market terms the session first opened with (None: it never opened with any)."""
+        accepted = self._accepted(curator, session)
+        return None if accepted is None else accepted[1]
+
+    def settled(self, curator: str, session: str) -> bool:
+        """Whether a statement of the session is recorded (the session is paid for good)."""
+        return self._by_session(curator, session) is not None
 
     def _accepted(self, curator: str, session: str) -> tuple[str, MarketTerms, OwnerPrices] | None:
         row = self.ledger.read(

@@ -1135,8 +1135,36 @@ class Owner:
             # and no more raw points than the line states (so the statement stays within it).
             check_quote(policy.prices, terms.market, terms.epsilon, owner=self.owner_id)
             if terms.market is not None:
-                allowance = min(allowance, terms.market.max_points_read)
+                line = self._line_left(session_id, terms, curator)
+                allowance = min(allowance, line)
         return allowance
+
+    def _line_left(self, session_id: str, terms: OwnerTerms, curator: str) -> int:
+        """The raw points a session id may still read under its quote line.
+
+        One session id is one session across its opens, read against the line it first
+        accepted (its statement is checked against that line): a reopen may read that line's
+        points less every point charged under the id, charges no epsilon beyond the terms' once
+        (its statement could not pay it), and a session id whose statement is recorded is paid
+        for good and opens no more. Refusals raise FailedPreconditionError; nothing is charged.
+        """
+        assert self.ledger is not None and terms.market is not None
+        earnings = Earnings(self.ledger, self.owner_id)
+        if earnings.settled(curator, session_id):
+            raise FailedPreconditionError(
+                f"session {short_id(session_id)} is settled (its statement is recorded): it "
+                "cannot be opened again; open a new session under a new id"
+            )
+        spent = self.ledger.session_totals(session_id)
+        if spent.epsilon > 0 and terms.epsilon > 0:
+            raise FailedPreconditionError(
+                f"session {short_id(session_id)} charged its terms' epsilon already: reopened, "
+                f"it would charge epsilon {terms.epsilon:g} again, beyond what its quote line "
+                "pays; open a new session under a new id"
+            )
+        first = earnings.accepted_line(curator, session_id) or terms.market
+        most = min(terms.market.max_points_read, first.max_points_read)
+        return max(0, most - int(spent.points))
 
     def open_session(
         self,
@@ -1172,7 +1200,9 @@ class Owner:
             may receive under its policy: ``policy.session_points(num_points)`` (the session's
             points and its fraction of the table) less what the session id was charged
             already, within what is left of the window's points budget and within the
-            ``max_points_read`` of its quote (``terms.market``).
+            ``max_points_read`` of its quote (``terms.market``, and of the line the session id
+            first opened with) less every point charged under the id: a session id is one
+            session across its opens, read against one quote line.
 
         Raises
         ------
@@ -1187,7 +1217,8 @@ class Owner:
             ``access.allow_steered_selection``; more Bid rounds than
             ``session.rounds_per_point`` times the point allowance), or the owner's prices
             refuse the quote (:func:`~dpmarket.common.market.terms.check_quote`: a quoted
-            charge below them, or no quote for an owner that is not free). Nothing is charged.
+            charge below them, or no quote for an owner that is not free), or the session id's
+            statement is recorded already (a settled session never reopens). Nothing is charged.
         ResourceExhaustedError
             If ``max_sessions`` sessions are open (after closing idle ones).
         AlreadyExistsError
@@ -1333,7 +1364,9 @@ class Owner:
             return None
         charged = False
         payout = 0.0 if terms.market is None else owner_payout_epsilon(terms.market.settlement)
-        paid = payout == 0.0
+        # The payout release is charged once per session id (a reopened session's payout is
+        # the same release, stated once in its statement).
+        paid = payout == 0.0 or ledger.session_totals(payout_session(session_id)).epsilon > 0
 
         def charge(points: int, what: str) -> None:
             nonlocal charged, paid

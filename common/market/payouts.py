@@ -140,6 +140,7 @@ from dpmarket.common.privacy.noise import NoiseSource
 from dpmarket.common.validation import check_epsilon, check_positive_int
 
 __all__ = [
+    "PAYOUT_CHARGE_LABEL",
     "POINT_VALUE_MEAN",
     "POINT_VALUE_SPREAD",
     "PayoutRelease",
@@ -473,6 +474,11 @@ class PayoutRelease:
     def value_units(self) -> tuple[int, ...]:
         """The noisy values in nano-value units, as a statement records them."""
         return tuple(value_units(v) for v in self.values)
+
+
+#: How a session's ledger labels the payout release's charges (one on the validation set, one on
+#: the owners: every owner that released a point charged ``epsilon_owner`` to its own ledger).
+PAYOUT_CHARGE_LABEL = "payout release (Laplace on the owners' values)"
 
 
 def release_payouts(

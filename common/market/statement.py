@@ -7,6 +7,10 @@ components, the owner's noisy value, its reward and its total). Its canonical by
 (:meth:`Statement.encode`) are what the curator signs with its certificate key
 (:func:`sign_statement`) and stores with the session; the consumer receives the whole statement.
 
+Without a payout release a line states no delivery: which of an owner's points the summary holds
+is a function of ``D_v`` and of the other owners' points, so each line pays the price per point
+delivered on the owner's points read up to p (:func:`paid_delivered`).
+
 An owner receives only its own line, as an :class:`OwnerStatement` (the header and that line,
 with its own canonical bytes and signature): the other lines hold the other owners' noisy values,
 which the payout release does not show it (:mod:`dpmarket.common.market.payouts`). Both documents
@@ -62,6 +66,7 @@ __all__ = [
     "check_statement",
     "decode_owner_statement",
     "decode_statement",
+    "paid_delivered",
     "settle",
     "sign_statement",
     "verify_statement",
@@ -156,6 +161,10 @@ class StatementLine:
     ----------
     owner : str
     points_read, points_delivered : int
+        Raw points the owner released, and the points paid at its price per point delivered:
+        with a payout release, its points in the summary (the reward rule pays on them);
+        without one, its points read up to p (:func:`paid_delivered`), which tells the owner
+        nothing of what the summary holds.
     epsilon_session, epsilon_payout : int
         Micro-epsilon charged to the owner's ledger by the session and by the payout release.
     read_charge, delivered_charge, epsilon_charge, minimum_topup : int
@@ -400,7 +409,8 @@ class SessionRecord:
     points_read : int
         Raw points the owner released to the curator (its ledger's count).
     points_delivered : int
-        Of them, points in the delivered summary.
+        Of them, points in the delivered summary (:func:`settle` states them only with a payout
+        release).
     epsilon_session : float
         Epsilon the session charged the owner's ledger (its terms).
     epsilon_payout : float
@@ -441,7 +451,8 @@ def settle(
         Every owner the session opened with (a left-out owner released nothing and has no line).
     release : PayoutRelease, optional
         The payout release (:func:`~dpmarket.common.market.payouts.release_payouts`); without
-        one, every value and reward is 0.
+        one, every value and reward is 0, and each line's ``points_delivered`` is the owner's
+        points read up to p (:func:`paid_delivered`), not its count in the summary.
 
     Returns
     -------
@@ -462,6 +473,9 @@ def settle(
             raise ValueError(f"owner {owner!r} has no prices")
         if release is not None and record.points_delivered > 0 and owner not in values:
             raise ValueError(f"owner {owner!r} delivered points but is not in the payout release")
+        if release is None:
+            paid = paid_delivered(record.points_read, quoted.summary_size)
+            record = replace(record, points_delivered=paid)
         line = _priced_line(owner, record, prices[owner], quoted.line(owner).charge)
         lines.append(replace(line, value=values.get(owner, 0), reward=rewards.get(owner, 0)))
     statement = Statement(_header(session_id, consumer, quoted, release), tuple(lines))
@@ -471,6 +485,31 @@ def settle(
             f"quote's {format_credits(quoted.total)}"
         )
     return statement
+
+
+def paid_delivered(points_read: int, summary_size: int) -> int:
+    """The points a statement without a payout release pays at the price per point delivered:
+    every point the owner released, up to p, whether or not the summary holds it.
+
+    Which of an owner's points the summary holds (and how many) is the curator's choice on
+    ``D_v`` and on every owner's points; a line stating it, or a charge computed from it, would
+    tell the owner that count exactly, uncharged. A line computed from the owner's own points
+    read and the public p tells it nothing it did not know; the quote already charged every
+    owner at this figure (``min(max_points_read, p)``), so a settlement stays within it.
+
+    Parameters
+    ----------
+    points_read : int
+        The owner's raw points released in the session (its ledger's count).
+    summary_size : int
+        p (0 for a job that delivers no point).
+
+    Returns
+    -------
+    int
+        ``min(points_read, summary_size)``.
+    """
+    return min(int(points_read), int(summary_size))
 
 
 def _released_values(
@@ -701,8 +740,10 @@ def check_statement(
     settlement the terms fixed (p, the payout epsilon, the noise scale recomputed from the
     public m and p, the reward rule and reward); that the points read and the
     epsilon charged are those of the owner's ledger (each epsilon as
-    :func:`~dpmarket.common.market.money.epsilon_units` of the ledger's float); that no more
-    points were delivered than released; that every price component is the owner's price applied
+    :func:`~dpmarket.common.market.money.epsilon_units` of the ledger's float); that the points
+    paid as delivered are, without a payout release, its points released up to p
+    (:func:`paid_delivered`: a line that states more tells it what the summary holds) and,
+    with one, no more than p; that every price component is the owner's price applied
     to these figures; that the reward follows the header's rule (recomputed exactly for
     :class:`~dpmarket.common.market.payouts.ValueReward`; within ``[0, reward]`` for the
     proportional split, which depends on the other owners' values; 0 without a rule); and, if
@@ -746,7 +787,15 @@ def check_statement(
     expect("points_read", line.points_read, record.points_released)
     expect("epsilon_session", line.epsilon_session, epsilon_units(record.epsilon_session))
     expect("epsilon_payout", line.epsilon_payout, epsilon_units(record.epsilon_payout))
-    if line.points_delivered > header.summary_size:
+    if header.reward_rule == "none":
+        # Without a payout release a line states no delivery (:func:`paid_delivered`): a line
+        # that does tells the owner a count it must not learn, and is refused.
+        expect(
+            "points_delivered",
+            line.points_delivered,
+            paid_delivered(record.points_released, header.summary_size),
+        )
+    elif line.points_delivered > header.summary_size:
         problems.append(
             f"points_delivered: {line.points_delivered} is more than the summary's "
             f"{header.summary_size} points"

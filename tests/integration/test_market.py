@@ -14,6 +14,7 @@ import dataclasses
 import json
 import sqlite3
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,18 +27,28 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from dpmarket.common.market.money import epsilon_units, format_credits
+from dpmarket.common.market.payouts import PAYOUT_CHARGE_LABEL
 from dpmarket.common.market.pricing import OwnerPrices
-from dpmarket.common.market.statement import SettlementTerms, StatementError, sign_statement
+from dpmarket.common.market.statement import (
+    SessionRecord,
+    SettlementTerms,
+    StatementError,
+    settle,
+    sign_statement,
+)
 from dpmarket.common.market.terms import (
     MarketTerms,
     RewardOffer,
     check_quote,
     owner_payout_epsilon,
+    session_quote,
 )
 from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.common.summarization.rff import draw_rff_params
+from dpmarket.consumer.cli import charge_lines
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.consumer.market import SettledStatement, credits
+from dpmarket.consumer.report import epsilon_summary
 from dpmarket.curator.store import DATABASE_FILE
 from dpmarket.deploy.cli import main
 from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster
@@ -161,11 +172,16 @@ def test_a_request_over_its_cap_is_refused_before_anything_is_released_or_charge
 
 
 def _open(
-    stub: Any, sid: str, digits: Scenario, market: MarketTerms | None, epsilon: float = 0.5
+    stub: Any,
+    sid: str,
+    digits: Scenario,
+    market: MarketTerms | None,
+    epsilon: float = 0.5,
+    method: int = owner_pb2.SESSION_METHOD_CANDIDATES_COUNTS,
 ) -> Any:
     rff = draw_rff_params(digits.n_features, 16, 0.5, np.random.default_rng(1))
     terms = owner_pb2.SessionTerms(
-        method=owner_pb2.SESSION_METHOD_CANDIDATES_COUNTS,
+        method=method,
         epsilon=epsilon,
         market=None if market is None else market_terms_to_proto(market),
     )
@@ -215,6 +231,59 @@ def test_an_owner_refuses_a_quote_below_its_prices_and_releases_no_more_than_its
         assert opened.max_points == 4  # no more than the line's max_points_read
         stub.CloseSession(owner_pb2.CloseSessionRequest(session_id="honest"), timeout=CALL_TIMEOUT)
     assert _ledger_sizes(market) == before  # opening charges nothing; refusals neither
+
+
+def test_a_session_id_reads_one_quote_line_across_its_opens_and_never_reopens_once_settled(
+    market: LocalCluster, digits: Scenario
+) -> None:
+    """A curator (the deployment's own certificate) reopens one session id under a quote line
+    of 4 points read: the reopen may read only what the line has left (0 after 4 points read;
+    the control, on main: 4 more), so the owner's record stays one its line can pay; once the
+    statement of those 4 points is recorded, the id is refused at reopen (FAILED_PRECONDITION),
+    nothing charged, and the ledger still holds the 4 points the earnings state."""
+    owner = market.owner_ids[1]
+    settlement = SettlementTerms(summary_size=P, validation_size=len(digits.validation))
+    quoted = session_quote({owner: OWNER_PRICES}, {owner: 4}, 0.0, settlement)
+    line = MarketTerms.of(quoted, owner, settlement)
+    uniform = owner_pb2.SESSION_METHOD_UNIFORM
+    sid = "reopen-" + uuid.uuid4().hex
+    security = TransportSecurity.from_files(*identity_files(market.pki_dir, CURATOR))
+    with sync_channel(market.owner_targets[1], security, Identity("owner", owner)) as channel:
+        stub = owner_pb2_grpc.OwnerServiceStub(channel)
+
+        def sample(count: int) -> Any:
+            request = owner_pb2.SampleUniformRequest(session_id=sid, count=count)
+            return stub.SampleUniform(request, timeout=CALL_TIMEOUT)
+
+        def close() -> Any:
+            request = owner_pb2.CloseSessionRequest(session_id=sid)
+            return stub.CloseSession(request, timeout=CALL_TIMEOUT)
+
+        assert _open(stub, sid, digits, line, 0.0, uniform).max_points == 4
+        assert sample(4).points.shape == [4, digits.n_features]
+        close()
+        assert _open(stub, sid, digits, line, 0.0, uniform).max_points == 0  # main: 4
+        with pytest.raises(grpc.RpcError) as info:
+            sample(4)
+        assert info.value.code() == FAILED
+        spent = close().spent
+        assert spent.points == 4 and _ledger_points(market, owner, sid)[0] == 4
+        record = SessionRecord(points_read=4, points_delivered=0, epsilon_session=0.0)
+        statement = settle(sid, "consumer:consumer", quoted, {owner: OWNER_PRICES}, {owner: record})
+        part = statement.for_owner(owner)
+        request = owner_pb2.RecordStatementRequest(
+            statement=market_pb2.SignedStatement(
+                statement=part.encode(), signature=sign_statement(part, _curator_key(market))
+            )
+        )
+        assert stub.RecordStatement(request, timeout=CALL_TIMEOUT).recorded_now
+        before = _ledger_sizes(market)
+        with pytest.raises(grpc.RpcError) as info:
+            _open(stub, sid, digits, line, 0.0, uniform)  # main: opens, 4 more points
+        assert info.value.code() == FAILED and "settled" in (info.value.details() or "")
+    assert _ledger_sizes(market) == before
+    (earned,) = [e for e in _earnings(market)[owner] if e.session == sid]
+    assert earned.statement.line.points_read == _ledger_points(market, owner, sid)[0] == 4
 
 
 # ------------------------------------------------------------------------------ settlement
@@ -273,9 +342,16 @@ def test_a_session_is_settled_from_the_owners_records_and_each_owner_checks_its_
     statement = settled.statement
     assert result.report.cost == statement.total > 0
     assert result.report.quote is not None and statement.total <= result.report.quote.total
+    # Issue 25, F5: no line tells its owner how many of its points the summary holds (a function
+    # of D_v and of the other owners' points): without a reward each owner is paid as delivered
+    # its points read up to p. The control: the summary's counts differ from them (main's lines
+    # stated those counts).
     delivered = {o: result.owner_ids.count(o) for o in set(result.owner_ids)}
     stated = {line.owner: line.points_delivered for line in statement.lines}
-    assert {o: n for o, n in stated.items() if n} == delivered
+    assert stated == {line.owner: min(line.points_read, P) for line in statement.lines}
+    assert any(stated[o] != delivered.get(o, 0) for o in stated)
+    for line in statement.lines:
+        assert line.delivered_charge == stated[line.owner] * OWNER_PRICES.per_point_delivered
     _check_settled(market, settled)
 
     owner = statement.lines[0].owner
@@ -618,6 +694,20 @@ def test_a_reward_is_split_by_the_private_payouts_charged_to_their_subjects(
         if party == "validation" and label.startswith("payout release")
     ]
     assert len(validation) >= 1 and validation[-1]["epsilon"] <= 1.0 + 1e-12
+    # The consumer's report holds the owners' payout charge too (issue 25, F4; main: its owners'
+    # ledger held no payout entry, its PLD figure left it out and the CLI line printed the
+    # session's epsilon alone).
+    book = result.report.ledger.party("owners")
+    assert book is not None
+    paid = [c.event.epsilon for c in book.entries if c.label == PAYOUT_CHARGE_LABEL]
+    assert paid == [pytest.approx(payout)]
+    summary = epsilon_summary(result.report.ledger)
+    assert summary is not None and summary["owners"]["pld"] >= payout - 1e-9
+    (charged,) = [text for text in charge_lines(result.report) if text.startswith("charged: ")]
+    for line in settled.statement.lines:
+        spend = result.report.owner_spend[line.owner]
+        paying = f" + payout release {payout:g}" if spend.points else ""
+        assert f"{line.owner} epsilon {spend.epsilon:g}{paying} (" in charged
 
 
 def _curator_charges(cluster: LocalCluster) -> list[tuple[str, str, str]]:

@@ -59,8 +59,8 @@ def test_a_statement_is_recorded_once_and_refused_when_tampered_or_inconsistent(
         earnings.record(data, signature, curator=CURATOR, curator_key=key.public_key())
     earnings.accept(curator=CURATOR, session=SID, consumer=CONSUMER, market=market, prices=PRICES)
 
-    # Tampered: one more point delivered, the signature of the original kept.
-    line = dataclasses.replace(part.line, points_delivered=3, delivered_charge=150_000)
+    # Tampered: one point fewer paid as delivered, the signature of the original kept.
+    line = dataclasses.replace(part.line, points_delivered=2, delivered_charge=100_000)
     forged = dataclasses.replace(part, line=line).encode()
     with pytest.raises(InvalidArgumentError, match="valid signature"):
         earnings.record(forged, signature, curator=CURATOR, curator_key=key.public_key())
@@ -80,14 +80,16 @@ def test_a_statement_is_recorded_once_and_refused_when_tampered_or_inconsistent(
 
     # Control: the genuine statement is recorded, once.
     earning, added = earnings.record(data, signature, curator=CURATOR, curator_key=key.public_key())
-    assert added and earning.total == part.line.total == 3 * 10_000 + 2 * 50_000 + 1_000_000
+    # Without a reward every point read is paid as delivered (up to p): the line says nothing
+    # of the summary's composition.
+    assert added and earning.total == part.line.total == 3 * 10_000 + 3 * 50_000 + 1_000_000
     again, added_again = earnings.record(
         data, signature, curator=CURATOR, curator_key=key.public_key()
     )
     assert not added_again and again.id == earning.id
     assert [e.id for e in earnings.all()] == [earning.id] and earnings.total == earning.total
     # Another (genuine-looking) statement for a settled session is refused.
-    other_statement, _ = _settled(delivered=1)
+    other_statement, _ = _settled(points=4)
     second = other_statement.for_owner(OWNER)
     with pytest.raises(FailedPreconditionError, match="settled already"):
         earnings.record(

@@ -74,8 +74,9 @@ def test_owner_earnings_fits_80_columns_and_prints_json(tmp_path: Path) -> None:
     assert shown.exit_code == 0, shown.output
     lines = shown.output.splitlines()
     assert max(len(line.rstrip()) for line in lines) <= 80, shown.output
-    # 18 points read at 0.01, 6 delivered at 0.05, epsilon 1 at 2: 2.48 credits.
-    assert SID[:8] in shown.output and "2.48" in shown.output
+    # 18 points read at 0.01, paid as delivered (all 18, p = 20: no reward, so the line states
+    # no delivery) at 0.05, epsilon 1 at 2: 3.08 credits.
+    assert SID[:8] in shown.output and "3.08" in shown.output
     document = json.loads(
         runner.invoke(main, ["owner", "earnings", "--data-dir", str(tmp_path), "--json"]).output
     )

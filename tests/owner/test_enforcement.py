@@ -7,6 +7,7 @@ owner's monotonic clock (idle sessions) and the ledger's Unix clock (rolling bud
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from dpmarket.common.errors import (
     NotFoundError,
     ResourceExhaustedError,
 )
+from dpmarket.common.market.statement import SettlementTerms
+from dpmarket.common.market.terms import MarketTerms
 from dpmarket.common.summarization.rff import RFFParams, draw_rff_params
 from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
 from dpmarket.owner.ledger import OwnerLedger
@@ -317,3 +320,28 @@ def test_opening_a_session_first_expires_idle_ones_to_free_a_slot(
     monotonic.now = 6.0
     owner.open_session("b", rff, 0, terms=UNIFORM)
     assert list(owner.sessions) == ["b"]
+
+
+def test_a_quoted_session_id_charges_its_epsilon_once_across_its_opens(
+    data: PointSet, rff: RFFParams, tmp_path: Path
+) -> None:
+    """A quoted session id is one session across its opens: reopened after its terms' epsilon
+    was charged, it would charge it again, beyond what its quote line pays (the curator's
+    settlement refuses such a record, so the owner would release unpaid): refused, nothing
+    charged. The control: the same reopen without a quote (no statement to pay it) opens."""
+    settlement = SettlementTerms(summary_size=4, validation_size=10)
+    quoted = dataclasses.replace(TERMS, market=MarketTerms(4, 0, 0, settlement))
+    for sid, terms in (("quoted", quoted), ("free", TERMS)):
+        owner, ledger = _owner(data, tmp_path / sid)
+        owner.open_session(sid, rff, 0, terms=terms)
+        owner.close_session(sid)
+        # What the first open's first step charged (its terms' epsilon).
+        ledger.charge(session=sid, consumer="consumer:local", curator=LOCAL_CURATOR,
+                      mechanism="bid", epsilon=0.4, delta=0.0, points=0)  # fmt: skip
+        before = ledger.entries()
+        if terms.market is None:
+            owner.open_session(sid, rff, 0, terms=terms)
+            continue
+        with pytest.raises(FailedPreconditionError, match=r"epsilon 0\.4 again"):
+            owner.open_session(sid, rff, 0, terms=terms)
+        assert ledger.entries() == before and owner.sessions == {}

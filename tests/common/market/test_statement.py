@@ -295,3 +295,31 @@ def test_settle_refuses_a_session_beyond_its_quote() -> None:
     wrong = dict(records, **{"clinic-b": SessionRecord(25, 4, SESSION_EPS, 0.0)})
     with pytest.raises(ValueError, match="delivered points"):
         settle("session-7", "consumer:bob", q, PRICES, wrong, release)
+
+
+def test_without_a_reward_an_owners_line_says_nothing_of_what_the_summary_holds() -> None:
+    """Issue 25, F5: the curator's choice of the summary (a function of D_v and of the other
+    owners' points) decides each owner's delivered count. Without a payout release, each line
+    pays the price per point delivered on the owner's points read up to p, so two sessions whose
+    summaries hold 7 and 0 of an owner's points give it the same part, byte for byte; a line that
+    states the count (main's statement: 7 and 0, its charge with it) is refused by the owner."""
+    q = quote(PRICES, {o: OwnerLimits(40, SESSION_EPS, 0.0) for o in PRICES}, 12)
+    parts = []
+    for delivered in (7, 0):
+        records = {
+            "clinic-a": SessionRecord(30, delivered, SESSION_EPS),
+            "clinic-b": SessionRecord(25, 12 - delivered, SESSION_EPS),
+        }
+        statement = settle("session-8", "consumer:bob", q, PRICES, records)
+        parts.append(statement.for_owner("clinic-a"))
+    assert parts[0].encode() == parts[1].encode()
+    line = parts[0].line
+    assert line.points_delivered == 12 and line.delivered_charge == 12 * 500_000
+    record = OwnerRecord("session-8", "consumer:bob", 30, SESSION_EPS)
+    terms = SettlementTerms(12, 40)
+    check_statement(parts[0], record, PRICES["clinic-a"], terms, owner="clinic-a")
+    telling = dataclasses.replace(
+        parts[0], line=dataclasses.replace(line, points_delivered=7, delivered_charge=7 * 500_000)
+    )
+    with pytest.raises(StatementMismatchError, match="points_delivered"):
+        check_statement(telling, record, PRICES["clinic-a"], terms, owner="clinic-a")
