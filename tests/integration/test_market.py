@@ -177,7 +177,7 @@ def _open(
     digits: Scenario,
     market: MarketTerms | None,
     epsilon: float = 0.5,
-    method: int = owner_pb2.SESSION_METHOD_CANDIDATES_COUNTS,
+    method: owner_pb2.SessionMethod.ValueType = owner_pb2.SESSION_METHOD_CANDIDATES_COUNTS,
 ) -> Any:
     rff = draw_rff_params(digits.n_features, 16, 0.5, np.random.default_rng(1))
     terms = owner_pb2.SessionTerms(
@@ -703,11 +703,11 @@ def test_a_reward_is_split_by_the_private_payouts_charged_to_their_subjects(
     assert paid == [pytest.approx(payout)]
     summary = epsilon_summary(result.report.ledger)
     assert summary is not None and summary["owners"]["pld"] >= payout - 1e-9
-    (charged,) = [text for text in charge_lines(result.report) if text.startswith("charged: ")]
+    (line_printed,) = [t for t in charge_lines(result.report) if t.startswith("charged: ")]
     for line in settled.statement.lines:
         spend = result.report.owner_spend[line.owner]
-        paying = f" + payout release {payout:g}" if spend.points else ""
-        assert f"{line.owner} epsilon {spend.epsilon:g}{paying} (" in charged
+        released = f" + payout release {payout:g}" if spend.points else ""
+        assert f"{line.owner} epsilon {spend.epsilon:g}{released} (" in line_printed
 
 
 def _curator_charges(cluster: LocalCluster) -> list[tuple[str, str, str]]:
