@@ -47,7 +47,7 @@ CURATOR = "curator:curator"
 SITES = ("other-1", "other-2", "owner")
 ROWS = {"other-1": 30, "other-2": 50, "owner": 8}
 #: Income in [0, 100] maps to [-1, 1]; the threshold c = 0.5 is income 75.
-SPEC = CapeTrainingSpec((("income", 0.0, 100.0),), "y", 0.5, 1e-7, 4, 0.5, 1, 1.0)
+SPEC = CapeTrainingSpec((("income", 0.0, 100.0),), "y", 0.5, 1e-7, 12, 0.5, 1, 1.0)
 C = 0.5
 MAX = float(np.finfo(np.float64).max)
 CRAFTED = np.array([MAX, MAX * (1.0 - C), 1e-310, 0.0])
@@ -95,7 +95,13 @@ def _planned(site: CapeSite, keys: dict[str, Any]) -> tuple[Any, RoundParams]:
     return plan, params
 
 
-def _answer(site: CapeSite, params: RoundParams, theta: np.ndarray, iteration: int = 0) -> str:
+def _answer(
+    site: CapeSite,
+    params: RoundParams,
+    theta: np.ndarray,
+    iteration: int = 0,
+    total: np.ndarray | None = None,
+) -> str:
     """What the curator reads of the owner's ReleaseCapeGradient: its status and text, or that
     it released (a finite vector of P values)."""
     servicer = CapeSiteServicer(
@@ -108,7 +114,7 @@ def _answer(site: CapeSite, params: RoundParams, theta: np.ndarray, iteration: i
         round_id=params.round_id,
         iteration=iteration,
         parameters=msg.vector_to_proto(theta),
-        noise_total=msg.vector_to_proto(np.zeros(SPEC.n_params)),
+        noise_total=msg.vector_to_proto(np.zeros(SPEC.n_params) if total is None else total),
     )
     try:
         response: cape_pb2.ReleaseCapeGradientResponse = asyncio.run(
@@ -187,3 +193,20 @@ def test_a_noise_total_near_overflow_is_refused_before_anything_is_charged(
     assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert "within reach of overflow" in refused.value.details
     assert site.ledger is not None and list(site.ledger.entries()) == []
+
+
+def test_after_the_records_are_read_nothing_fails_whatever_the_parameters_and_total(
+    owners: dict[str, tuple[CapeSite, RoundParams]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every check that may fail runs before the records are read: with the parameter bound off,
+    parameters drawn from the extremes a curator may send (finite: non-finite ones are refused
+    on their own values) and totals up to the headroom's edge, every iteration is released by
+    both owners, each release finite (``_answer`` asserts it)."""
+    monkeypatch.setattr(owner_cape, "parameter_bound", lambda **_: float("inf"), raising=False)
+    rng = np.random.default_rng(7)
+    extremes = np.array([MAX, -MAX, 1e300, -1e300, 1e154, 1e-310, -1e-310, 0.0, 3.0])
+    for iteration in range(SPEC.iterations):
+        theta = rng.choice(extremes, size=SPEC.n_params)
+        total = np.where(rng.random(SPEC.n_params) < 0.5, -1e299, 1e299) * (iteration % 2)
+        for site, params in owners.values():
+            assert _answer(site, params, theta, iteration, total) == "released", (iteration, theta)
