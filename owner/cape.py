@@ -486,7 +486,8 @@ class CapeSite:
             except ValueError as exc:
                 raise InvalidArgumentError(str(exc)) from exc
             job.plan, job.index, job.sites = plan, names.index(self.name), names
-            job.noise_scale = max(job.noise_scale, *plan.site_scales)
+            if isinstance(plan, CapeTrainingPlan):
+                job.noise_scale = max(job.noise_scale, *plan.site_scales)
             job.draws.clear()
             job.survivors.clear()
             return plan
