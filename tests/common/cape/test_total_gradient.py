@@ -121,3 +121,20 @@ def test_public_numbers_beyond_the_specs_magnitude_are_refused(make: Callable[[]
     bounds near the largest double could overflow on some records and not on others)."""
     with pytest.raises(ValueError, match=r"within \+-1e\+100"):
         make()
+
+
+def test_a_mean_and_capefm_on_records_at_the_largest_allowed_bounds_are_finite() -> None:
+    """At bounds of +-1e100 (the specs' limit) every record at a bound: the CAPE mean's statistic
+    and capeFM's coefficients stay finite. (At bounds of 1e308, which the limit now refuses, the
+    mean's sum overflowed when two records lay near the bound and not otherwise.)"""
+    from dpmarket.common.cape.capefm import site_coefficients
+    from dpmarket.common.cape.mean import site_mean
+    from dpmarket.common.cape.spec import CapeJobSpec
+
+    n = 1000
+    mean = CapeMeanSpec((("x", -1e100, 1e100),), 1.0, 1e-6)
+    values = np.full((n, 1), 1e100)
+    assert np.isfinite(site_mean(mean.plan([n, n]), 0, mean.clamped(values).features)).all()
+    fm = CapeJobSpec("linear", (("x", -1e100, 1e100),), ("y", -1e100, 1e100), 1.0, 1e-6)
+    x, y = fm.scaled(values, np.full(n, -1e100))
+    assert np.isfinite(site_coefficients(fm.plan([n, n]), 0, x, y)).all()
