@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -59,9 +60,15 @@ from dpmarket.common.cape.capefm import (
     site_coefficients,
     site_release,
 )
-from dpmarket.common.cape.dpgd import CapeTrainingPlan, site_gradient
+from dpmarket.common.cape.dpgd import (
+    NOISE_TAIL,
+    CapeTrainingPlan,
+    parameter_bound,
+    site_gradient,
+)
 from dpmarket.common.cape.mean import CapeMeanPlan, site_mean
 from dpmarket.common.cape.spec import AnyCapeSpec, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.cape.zero_sum import zero_sum_correction
 from dpmarket.common.errors import (
     AbortedError,
     AlreadyExistsError,
@@ -112,6 +119,8 @@ class _Job:
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: Rows of the job's records (``x`` is None on a partitioned table: computed per release).
     rows: int = 0
+    #: A training's largest site noise scale of any of its plans (:func:`_checked_parameters`).
+    noise_scale: float = 0.0
 
     @property
     def training(self) -> bool:
@@ -477,6 +486,8 @@ class CapeSite:
             except ValueError as exc:
                 raise InvalidArgumentError(str(exc)) from exc
             job.plan, job.index, job.sites = plan, names.index(self.name), names
+            if isinstance(plan, CapeTrainingPlan):
+                job.noise_scale = max(job.noise_scale, *plan.site_scales)
             job.draws.clear()
             job.survivors.clear()
             return plan
@@ -664,7 +675,15 @@ class CapeSite:
             planned sites (the zero-sum property would not hold over the averaged sites), the
             job released already, or the ledger refuses.
         InvalidArgumentError
-            If ``total`` has the wrong shape or is not finite.
+            If ``total`` has the wrong shape, is not finite or would bring the release near
+            overflow (:func:`_check_headroom`): decided before any record is read.
+
+        Notes
+        -----
+        After the records are read nothing raises on their account: the statistic is finite and
+        bounded by the spec's public bounds whatever the records (clamped into the box, a width
+        and values within :data:`dpmarket.common.cape.spec.MAX_MAGNITUDE`), so the release is
+        finite and the answer (release or status) is the same on any records.
         """
         job = self._job(job_id, curator)
         with job.lock:
@@ -677,6 +696,7 @@ class CapeSite:
                 raise FailedPreconditionError("the job is not planned, or released already")
             e_hat = self._round_draws(job, round_id)
             total = _checked_vector(total, plan.size, "noise_total")
+            _check_headroom(plan, job.index, e_hat, total)
             with on_private_data(f"CAPE job {short_id(job_id)}: the statistic"):
                 if job.x is None:
                     statistic = self._partitioned_statistic(job_id, job, plan)
@@ -727,8 +747,20 @@ class CapeSite:
             sites, the iteration was released already (or precedes one that was), or the ledger
             refuses.
         InvalidArgumentError
-            If the iteration is outside the plan, or ``parameters`` or ``total`` have the wrong
-            shape or are not finite.
+            If the iteration is outside the plan, ``parameters`` or ``total`` have the wrong
+            shape or are not finite, a parameter exceeds what an honest training reaches by this
+            iteration (:func:`_checked_parameters`), or the total would bring the release near
+            overflow (:func:`_check_headroom`): all decided before any record is read or
+            anything charged.
+
+        Notes
+        -----
+        The parameters are the curator's choice, and a curator may lie: crafted ones (near the
+        largest float) would overflow the gradient of exactly the records beyond a threshold
+        they encode. They are bounded first, and the gradient is total whatever they are
+        (:func:`dpmarket.common.cape.dpgd.site_gradient`: an example whose gradient is not
+        finite counts as 0, sensitivity still ``2 C / N_s``), so the answer (release or
+        status) never tells whether a record overflowed.
         """
         job = self._job(job_id, curator)
         with job.lock:
@@ -747,8 +779,10 @@ class CapeSite:
                     f"iteration must lie in [{plan.first_iteration}, {plan.iterations}), got "
                     f"{iteration}"
                 )
-            theta = _checked_vector(parameters, plan.size, "parameters")
+            theta = _checked_parameters(job.spec, parameters, iteration, job.noise_scale)
             total = _checked_vector(total, plan.size, "noise_total")
+            row = e_hat[iteration - plan.first_iteration]
+            _check_headroom(plan, job.index, row, total)
             with on_private_data(f"CAPE job {short_id(job_id)}: the gradient"):
                 if job.x is None:
                     gradient = self._partitioned_statistic(job_id, job, plan, theta)
@@ -760,7 +794,6 @@ class CapeSite:
             self._charge(job, job_id)
             job.released = True
             job.last_iteration = int(iteration)
-            row = e_hat[iteration - plan.first_iteration]
             return site_release(plan, job.index, gradient, row, total, job.noise)
 
     def close(self, job_id: str, *, curator: str) -> SessionSpend:
@@ -818,6 +851,68 @@ def _checked_vector(values: NDArray[np.float64], length: int, name: str) -> NDAr
             + ("" if out.shape != (length,) else " with NaN or inf")
         )
     return out
+
+
+def _checked_parameters(
+    spec: CapeTrainingSpec, parameters: NDArray[np.float64], iteration: int, noise_scale: float
+) -> NDArray[np.float64]:
+    """The parameters a curator sent for ``iteration``, refused unless an honest training can
+    reach them (:func:`dpmarket.common.cape.dpgd.parameter_bound`: the spec's clip and learning
+    rate, the iteration and ``noise_scale``, the largest site noise scale of the training's
+    plans): public grounds only, before any record is read or anything charged.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If ``parameters`` are not ``P`` finite values or one exceeds the bound (naming the
+        largest and the bound).
+    """
+    theta = _checked_vector(parameters, spec.n_params, "parameters")
+    bound = parameter_bound(
+        clip=spec.clip,
+        learning_rate=spec.learning_rate,
+        iteration=iteration,
+        noise_scale=noise_scale,
+    )
+    largest = float(np.max(np.abs(theta)))
+    if not largest <= bound:
+        raise InvalidArgumentError(
+            f"parameters of iteration {iteration} reach |theta| = {largest:.6g}, beyond "
+            f"{bound:.6g}, the most a training with this learning rate, clip and noise reaches "
+            "by then: send the training's own parameters"
+        )
+    return theta
+
+
+#: The largest ``|e_s| + z tau_g`` (:func:`_check_headroom`) an owner releases over: ``2^1000``.
+HEADROOM = 2.0**1000
+
+
+def _check_headroom(
+    plan: AnyCapePlan, index: int, e_hat: NDArray[np.float64], total: NDArray[np.float64]
+) -> None:
+    """Refuse a noise total that would bring the release near the largest float, before any
+    record is read or anything charged: the release ``f + e_s + g_s`` must be finite whatever
+    the data, and ``|f| <= 1e100`` by the specs' public limits
+    (:data:`dpmarket.common.cape.spec.MAX_MAGNITUDE`), so ``|e_s| + z tau_g <= 2^1000`` (``z =``
+    :data:`dpmarket.common.cape.dpgd.NOISE_TAIL`) leaves it far from overflow. An honest total
+    (a sum of Gaussian draws) is many orders of magnitude below.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If the total, or the plan's noise scale, leaves less headroom.
+    """
+    scale = float(np.max(plan.entry_scales(index))) / math.sqrt(plan.sites)
+    with np.errstate(over="ignore", invalid="ignore"):
+        e_s = zero_sum_correction(e_hat, total, plan.sites, weight=plan.site_weight(index))
+        reach = float(np.max(np.abs(e_s))) + NOISE_TAIL * scale
+    if not reach <= HEADROOM:
+        raise InvalidArgumentError(
+            f"noise_total (max |value| {float(np.max(np.abs(total))):.6g}) with this plan's "
+            f"noise scale {scale:.6g} would bring the release within reach of overflow "
+            f"(|e_s| + {NOISE_TAIL:g} tau_g = {reach:.6g} > 2^1000): send the round's sum"
+        )
 
 
 def sorted_sites(names: Sequence[str]) -> tuple[str, ...]:

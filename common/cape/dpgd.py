@@ -68,6 +68,7 @@ from dpmarket.common.privacy.noise import NoiseSource
 from dpmarket.common.validation import check_delta, check_epsilon, check_matrix, check_positive_int
 
 __all__ = [
+    "NOISE_TAIL",
     "SCHEMES",
     "CapeTrainingPlan",
     "DPGDResult",
@@ -77,6 +78,7 @@ __all__ = [
     "iteration_loss_sigma",
     "loss",
     "n_params",
+    "parameter_bound",
     "per_example_terms",
     "plan_training",
     "predict_proba",
@@ -185,25 +187,31 @@ def per_example_terms(
         Each example's full gradient norm: ``sqrt(||delta1||^2 (||x||^2 + 1) + delta2^2
         (||a1||^2 + 1))``.
     """
-    z1, a1, z2 = _forward(theta, x, hidden)
-    _, _, w2, _ = _unpack(theta, x.shape[1], hidden)
-    delta2 = np.exp(-np.logaddexp(0.0, -z2)) - y
-    delta1 = delta2[:, None] * w2[None, :] * (z1 > 0.0)
-    sq_x = np.einsum("ij,ij->i", x, x)
-    sq_d1 = np.einsum("ij,ij->i", delta1, delta1)
-    sq_a1 = np.einsum("ij,ij->i", a1, a1)
-    norms = np.sqrt(sq_d1 * (sq_x + 1.0) + delta2 * delta2 * (sq_a1 + 1.0))
+    # Parameters far from any training's (a curator's crafted ones) may overflow a term: the
+    # terms are then inf or NaN, without a warning, and site_gradient counts that example as 0.
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        z1, a1, z2 = _forward(theta, x, hidden)
+        _, _, w2, _ = _unpack(theta, x.shape[1], hidden)
+        delta2 = np.exp(-np.logaddexp(0.0, -z2)) - y
+        delta1 = delta2[:, None] * w2[None, :] * (z1 > 0.0)
+        sq_x = np.einsum("ij,ij->i", x, x)
+        sq_d1 = np.einsum("ij,ij->i", delta1, delta1)
+        sq_a1 = np.einsum("ij,ij->i", a1, a1)
+        norms = np.sqrt(sq_d1 * (sq_x + 1.0) + delta2 * delta2 * (sq_a1 + 1.0))
     return delta1, a1, delta2, norms
 
 
 def site_gradient(
     theta: ArrayLike, X_s: ArrayLike, y_s: ArrayLike, *, clip: float, hidden: int
 ) -> NDArray[np.float64]:
-    """Site side: the average of the per-example gradients, each clipped to L2 norm ``clip``.
+    """Site side: the average of the per-example gradients, each clipped to L2 norm ``clip``; an
+    example whose gradient is not finite counts as 0.
 
     Parameters
     ----------
     theta : array-like of shape (P,)
+        Any values (a curator chooses them; an owner bounds them first,
+        :func:`parameter_bound`, but the result is finite whatever they are).
     X_s : array-like of shape (N_s, D)
     y_s : array-like of shape (N_s,)
         Labels in {0, 1}.
@@ -214,13 +222,28 @@ def site_gradient(
     Returns
     -------
     ndarray of shape (P,), float64
-        L2 sensitivity ``2 C / N_s`` under replacing one record (each clipped gradient has norm
-        ``<= C``; the average changes by ``(g - g') / N_s``).
+        Finite, of L2 norm ``<= C``, for every ``theta``. L2 sensitivity ``2 C / N_s`` under
+        replacing one record.
 
     Raises
     ------
     ValueError
-        On shapes, labels not in {0, 1}, or ``clip <= 0``.
+        On shapes, labels not in {0, 1}, or ``clip <= 0`` (public checks, or checks an owner's
+        records pass by construction: never on ``theta``'s values).
+
+    Notes
+    -----
+    The computation is total: at parameters that overflow a term of some example (its
+    pre-activation, its gradient or its gradient's norm is inf or NaN: parameters near the
+    largest float, as a curator may craft), that example's clipped gradient is taken to be 0,
+    with the same arithmetic on every row (no branch and no error depends on which rows overflow).
+    Each example's contribution is then a function ``g~(theta, x_i, y_i)`` of its own record with
+    ``||g~|| <= C`` (``C`` after clipping, or 0), so replacing one record moves the average by
+    ``(g~_i - g~'_i) / N_s``, of norm at most ``2 C / N_s``: the sensitivity is the clipped one's
+    whatever ``theta`` and whichever examples are zeroed. The sum of ``N_s`` terms of norm
+    ``<= C / N_s`` is finite. Without this, the one example that overflows would make the whole
+    average non-finite: a release, or a refusal, that tells whether any record crosses a
+    threshold the parameters encode.
     """
     x = check_matrix(X_s, "X_s")
     yy = np.asarray(y_s, dtype=np.float64)
@@ -231,10 +254,70 @@ def site_gradient(
     c = check_epsilon(clip, "clip")
     th = np.asarray(theta, dtype=np.float64)
     delta1, a1, delta2, norms = per_example_terms(th, x, yy, hidden)
-    scale = np.minimum(1.0, c / np.maximum(norms, 1e-300)) / x.shape[0]
-    d1 = delta1 * scale[:, None]
-    d2 = delta2 * scale
-    return np.concatenate([(d1.T @ x).ravel(), d1.sum(axis=0), a1.T @ d2, [d2.sum()]])
+    finite = (
+        np.isfinite(norms)
+        & np.isfinite(delta2)
+        & np.isfinite(delta1).all(axis=1)
+        & np.isfinite(a1).all(axis=1)
+    )
+    with np.errstate(under="ignore"):
+        scale = np.where(finite, np.minimum(1.0, c / np.maximum(norms, 1e-300)), 0.0)
+        scale /= x.shape[0]
+        d1 = np.where(finite[:, None], delta1, 0.0) * scale[:, None]
+        d2 = np.where(finite, delta2, 0.0) * scale
+        a1 = np.where(finite[:, None], a1, 0.0)
+        return np.concatenate([(d1.T @ x).ravel(), d1.sum(axis=0), a1.T @ d2, [d2.sum()]])
+
+
+#: Standard deviations within which every Gaussian draw of an honest training lies: a draw beyond
+#: 40 standard deviations has probability below ``1e-340`` (below the smallest double).
+NOISE_TAIL = 40.0
+
+
+def parameter_bound(
+    *, clip: float, learning_rate: float, iteration: int, noise_scale: float
+) -> float:
+    """The largest ``|theta_j|`` an honest training can reach after ``iteration`` steps.
+
+    Parameters
+    ----------
+    clip : float
+        ``C``.
+    learning_rate : float
+        ``eta``.
+    iteration : int
+        ``t >= 0``: the steps taken before the parameters of iteration ``t``.
+    noise_scale : float
+        The largest ``tau_s`` (a site's noise std per coordinate and iteration) of any plan of
+        the training's first ``t`` iterations.
+
+    Returns
+    -------
+    float
+        ``B_t = z sqrt(2) + eta t (C + 3 z tau_max)`` with ``z =`` :data:`NOISE_TAIL`.
+
+    Notes
+    -----
+    Honest parameters (:class:`dpmarket.curator.cape.CapeTrainingJob`) start at
+    :func:`init_params`: He-normal entries of std ``sqrt(2 / D) <= sqrt(2)`` and
+    ``sqrt(1 / H) <= 1``, zero biases, so ``|theta_0,j| <= z sqrt(2)`` unless a draw lies beyond
+    ``z`` standard deviations. Each step subtracts ``eta`` times a convex combination (Remark 3's
+    weights, renormalised over the sites that released) of releases ``g_s + e_s + g'_s``:
+    ``|g_s,j| <= ||g_s|| <= C`` (:func:`site_gradient`); ``e_s = e_hat_s - total / (S w_s)``
+    with ``total = sum_r w_r e_hat_r`` and ``w_r tau_r = (N_r / N) sqrt(F) 2 C / (N_r r)`` the same
+    for every site, so ``|total_j| / (S w_s) <= z sum_r w_r tau_r / (S w_s) = z tau_s`` (with
+    equal sizes, ``w_r = 1`` and the same); ``|e_hat_s,j| <= z tau_s`` and ``|g'_s,j| <= z tau_s /
+    sqrt(S)``. So each coordinate of a step is at most ``C + 3 z tau_max`` and ``|theta_t,j| <=
+    B_t``. The bound fails only when a Gaussian draw of the training lies beyond ``z = 40``
+    standard deviations (probability below ``1e-340`` per draw).
+    """
+    t = int(iteration)
+    if t < 0:
+        raise ValueError(f"iteration must be >= 0, got {iteration}")
+    z = NOISE_TAIL
+    return z * math.sqrt(2.0) + float(learning_rate) * t * (
+        float(clip) + 3.0 * z * float(noise_scale)
+    )
 
 
 def total_epsilon(loss_sigma: float, iterations: int, delta_total: float) -> float:

@@ -43,6 +43,21 @@ from dpmarket.common.cape.mean import CapeMeanPlan, plan_mean
 #: Name of the constant feature added for an intercept.
 INTERCEPT = "(intercept)"
 
+#: The largest magnitude of a spec's bounds, clipping norm and learning rate. Every statistic an
+#: owner computes on records inside such bounds stays finite (a mean, a sum of up to ``1e200``
+#: such values, a width ``high - low``), and with its release's noise far below the largest
+#: float: an owner's computation on these public numbers cannot overflow on some records and not
+#: on others (:func:`dpmarket.owner.cape._check_headroom`).
+MAX_MAGNITUDE = 1e100
+
+
+def _check_magnitude(name: str, *values: float) -> None:
+    """Raise ``ValueError`` unless every value is finite with ``|value| <= MAX_MAGNITUDE``."""
+    if not all(math.isfinite(v) and abs(v) <= MAX_MAGNITUDE for v in values):
+        raise ValueError(
+            f"{name} must be finite and within +-{MAX_MAGNITUDE:g}, got {list(values)}"
+        )
+
 
 def clamp_to_bounds(
     values: ArrayLike, low: ArrayLike, high: ArrayLike
@@ -161,8 +176,8 @@ class CapeJobSpec:
     Raises
     ------
     ValueError
-        For a malformed spec (no features, unnamed or repeated columns, ``low >= high``,
-        non-finite or out-of-range epsilon/delta).
+        For a malformed spec (no features, unnamed or repeated columns, ``low >= high``, a
+        bound beyond :data:`MAX_MAGNITUDE`, non-finite or out-of-range epsilon/delta).
     """
 
     task: Task
@@ -185,6 +200,7 @@ class CapeJobSpec:
         for column, low, high in (*self.features, self.target):
             if not (math.isfinite(low) and math.isfinite(high) and low < high):
                 raise ValueError(f"bounds of {column!r} must be finite with low < high")
+            _check_magnitude(f"bounds of {column!r}", low, high)
         if not (math.isfinite(self.epsilon) and self.epsilon > 0):
             raise ValueError(f"epsilon must be finite and > 0, got {self.epsilon}")
         if not 0 < self.delta < 1:
@@ -359,6 +375,7 @@ def _check_columns(
     for column, low, high in features:
         if not (math.isfinite(low) and math.isfinite(high) and low < high):
             raise ValueError(f"bounds of {column!r} must be finite with low < high")
+        _check_magnitude(f"bounds of {column!r}", low, high)
 
 
 def _check_guarantee(epsilon: float, delta: float) -> None:
@@ -385,8 +402,8 @@ class CapeMeanSpec:
     Raises
     ------
     ValueError
-        For a malformed spec (no column, repeated columns, ``low >= high``, non-finite or
-        out-of-range epsilon/delta).
+        For a malformed spec (no column, repeated columns, ``low >= high``, a bound beyond
+        :data:`MAX_MAGNITUDE`, non-finite or out-of-range epsilon/delta).
 
     Notes
     -----
@@ -487,8 +504,8 @@ class CapeTrainingSpec:
     Raises
     ------
     ValueError
-        For a malformed spec (columns, bounds, non-positive or non-finite hyper-parameters,
-        epsilon, delta).
+        For a malformed spec (columns, bounds, non-positive or non-finite hyper-parameters, a
+        bound, clip or learning rate beyond :data:`MAX_MAGNITUDE`, epsilon, delta).
 
     Notes
     -----
@@ -521,6 +538,7 @@ class CapeTrainingSpec:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be finite and > 0, got {value}")
+            _check_magnitude(name, value)
 
     @property
     def columns(self) -> tuple[str, ...]:

@@ -134,12 +134,15 @@ class Deployment:
             self.cluster.curator_target, self.cluster.consumer_security(), timeout=TIMEOUT
         )
 
-    def as_curator(self, owner: int) -> GrpcOwnerEndpoint:
-        """An owner's RPCs called directly with the curator's own certificate."""
+    def as_curator(
+        self, owner: int, endpoint: type[GrpcOwnerEndpoint] = GrpcOwnerEndpoint
+    ) -> GrpcOwnerEndpoint:
+        """An owner's RPCs called directly with the curator's own certificate (by ``endpoint``:
+        the curator's own client, or one with a function replaced)."""
         curator = Identity("curator", CURATOR_NAME)
         security = TransportSecurity.from_files(*identity_files(self.cluster.pki_dir, curator))
         name = self.cluster.owner_ids[owner]
-        return GrpcOwnerEndpoint(
+        return endpoint(
             self.cluster.owner_targets[owner], security, Identity("owner", name), deadline=TIMEOUT
         )
 
@@ -464,3 +467,66 @@ def test_a_curator_probing_the_owners_directly_gets_the_same_answers_from_differ
         "row count relayed for this owner (owner-0) is not the one it signed" in o for o in refused
     )
     assert any("does not accept ['zz'] as peers" in o for o in refused)
+
+
+# ------------------------------------------------ a curator crafting a training's parameters
+#: Mapped body mass index (15..45 -> -1..1) above which the crafted parameters overflow: no
+#: record of deployment ``a`` lies above (its largest is 0.55), many of ``b``'s (clamped to 1).
+THRESHOLD = 0.75
+MAX = float(np.finfo(np.float64).max)
+
+
+class _CraftingEndpoint(GrpcOwnerEndpoint):
+    """The curator's own client with one function replaced (a stranger's attack): every
+    ReleaseCapeGradient sends ``theta = [W1 = MAX, b1 = MAX (1 - c), w2 = 1e-310, b2 = 0]``, whose
+    ``W1 x + b1`` overflows exactly for the records above ``c``; each answer is kept as text."""
+
+    outcomes: list[str]
+
+    async def release_gradient(self, job_id, round_id, iteration, parameters, total):
+        theta = np.array([MAX, MAX * (1.0 - THRESHOLD), 1e-310, 0.0])
+        try:
+            out = await super().release_gradient(job_id, round_id, iteration, theta, total)
+        except DPMarketError as exc:
+            self.outcomes.append(f"{type(exc).__name__}: {_normalized(str(exc))}")
+            raise
+        self.outcomes.append("released")
+        return out
+
+
+async def _crafted_training(deployment: Deployment) -> list[str]:
+    """A training run by the curator's own code over both owners (real gRPC, secure aggregation
+    and ledgers) with the crafted parameters; what each owner answered, then the job's end."""
+    from dpmarket.curator.cape import job_for
+
+    endpoints = [deployment.as_curator(i, _CraftingEndpoint) for i in range(len(OWNERS))]
+    outcomes: list[str] = []
+    for endpoint in endpoints:
+        endpoint.outcomes = outcomes  # type: ignore[attr-defined]
+    spec = CapeTrainingSpec((("bmi", 15.0, 45.0),), "high", 1.0, 1e-6, 2, 1.0, 1, 1.0)
+    job = job_for("crafted-" + "0" * 24, spec, endpoints, np.random.default_rng(0))
+    try:
+        await job.run()
+        outcomes.append("trained")
+    except DPMarketError as exc:
+        outcomes.append(f"{type(exc).__name__}: {_normalized(str(exc))}")
+    finally:
+        for endpoint in endpoints:
+            await endpoint.close()
+    return sorted(outcomes[:-1]) + outcomes[-1:]
+
+
+def test_a_curator_crafting_a_trainings_parameters_gets_the_same_answers_from_different_data(
+    deployments: dict[str, Deployment],
+) -> None:
+    """The stranger's attack over real processes: deployment ``b``'s owners hold records whose
+    mapped body mass index exceeds the threshold the parameters encode, ``a``'s none. Both
+    deployments' owners refuse the parameters on public grounds (beyond what an honest training
+    reaches), the same way, so the curator learns nothing of the records. The control (main
+    before this fix): ``a``'s owners released, ``b``'s answered INVALID_ARGUMENT 'f_s holds NaN or
+    inf values' after charging."""
+    seen = {v: asyncio.run(_crafted_training(d)) for v, d in deployments.items()}
+    assert seen["a"] == seen["b"]
+    answers = seen["a"][:-1]
+    assert len(answers) == len(OWNERS)
+    assert all("parameters of iteration 0 reach |theta| = 1.79769e+308" in a for a in answers)
