@@ -15,9 +15,9 @@ caller's verified certificate (the call's auth context) and nothing it sent:
    KiB to a few MiB), and the rest is never sent.
 2. **how many**: each service serves at most :attr:`ServiceLimits.concurrent_calls` calls at
    once, and of them at most :attr:`ServiceLimits.per_caller` of one caller (half, unless its
-   servicer says otherwise; the health and reflection services :data:`OPEN_CONCURRENT_CALLS`
-   together, and :data:`OPEN_CALLS_PER_CALLER` per caller); the next is answered
-   ``RESOURCE_EXHAUSTED``, again before its request is read.
+   servicer says otherwise; the health and reflection services :data:`OPEN_CALLS_PER_CLASS`
+   together per class of callers, and :data:`OPEN_CALLS_PER_CALLER` per caller); the next is
+   answered ``RESOURCE_EXHAUSTED``, again before its request is read.
 3. **how large**: each RPC has its own receive limit (:attr:`ServiceLimits.requests`, or
    :data:`SMALL_REQUEST_BYTES` for one that carries ids and scalars only), derived by its
    servicer from the policy's bounds and documented in ``docs/reference.md``; a request (each
@@ -50,9 +50,10 @@ What a party can make a service hold, in request bytes (its handlers' own memory
   counted, gRPC buffers at most ``FRAME_BYTES``, and at most :data:`READS_AT_ONCE` pieces are
   read at once, the joined request parsed in the last one's turn (a client stream's messages,
   ``RunRounds``, are read as its handler asks: at most one per stream, outside the budget);
-* the health and reflection services: at most :data:`OPEN_CALLS_PER_CALLER` calls per caller and
-  :data:`OPEN_CONCURRENT_CALLS` in all (the two services together), each read up to one piece
-  and dropped at once when above :data:`SMALL_REQUEST_BYTES`.
+* the health and reflection services: at most :data:`OPEN_CALLS_PER_CALLER` calls per caller,
+  :data:`OPEN_CALLS_PER_CLASS` per class of callers and :data:`OPEN_CONCURRENT_CALLS` in all
+  (the two services together), each read up to one piece and dropped at once when above
+  :data:`SMALL_REQUEST_BYTES`.
 
 and only while the calls run: the exception a call ends with keeps none of its frames
 (:func:`_forgetting`), and the last of the calls in progress that received
@@ -88,8 +89,9 @@ before its end, is served after the others for :data:`STALL_MEMORY_SECONDS`
 (:meth:`CallerShares.stall`). A call of a caller that is not stalling, with none such before it,
 thus waits at most one grace for a read turn (1.25 s for requests of at most 64 KiB, 5 s for a
 1 MiB piece) and ``CONTENDED_UPLOAD_SECONDS`` for the budget, once each stalling identity has
-stalled once. The health and reflection services keep :data:`OPEN_RESERVED_CALLS` of their calls
-for the parties the server's own services serve (``served``).
+stalled once. The health and reflection services keep :data:`OPEN_CALLS_PER_CLASS` calls for
+each role the server's own services serve (``served``) and as many for every other identity
+(:meth:`Admission.open_class`): no class of callers fills another's.
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ from dpmarket.common.errors import (
 from dpmarket.runtime.allocator import RELEASE_AFTER_BYTES, large_call_began, large_call_ended
 from dpmarket.runtime.authz import ROLES_ATTRIBUTE, Authorizer
 from dpmarket.runtime.framing import FRAME_BYTES, SIZE_METADATA, most_pieces
-from dpmarket.runtime.identity import peer_identity
+from dpmarket.runtime.identity import ROLES, peer_identity
 from dpmarket.runtime.status import abort_for
 
 __all__ = [
@@ -126,9 +128,10 @@ __all__ = [
     "DEFAULT_CONCURRENT_CALLS",
     "MIN_UPLOAD_BYTES_PER_SECOND",
     "OPEN_CALLS_PER_CALLER",
+    "OPEN_CALLS_PER_CLASS",
     "OPEN_CONCURRENT_CALLS",
-    "OPEN_RESERVED_CALLS",
     "OPEN_SERVICES",
+    "OTHERS",
     "READS_AT_ONCE",
     "READS_PER_CALLER",
     "REQUEST_BUDGET_BYTES",
@@ -159,12 +162,20 @@ VALUE_BYTES = 8
 #: Calls one service serves at once unless its servicer says otherwise (of them, one caller's at
 #: most half: :attr:`ServiceLimits.per_caller`).
 DEFAULT_CONCURRENT_CALLS = 64
-#: Calls the health and reflection services serve at once, together and from all callers: each
-#: is read up to one piece (``FRAME_BYTES``) before its own limit is compared, so they may make a
-#: server hold 2 x 4 x 1 MiB, whoever calls. A probe
-#: calls once every few seconds. (At 16 each, 1,000 concurrent 4 MB health checks raised an
-#: owner by up to 131 MiB of reads.)
-OPEN_CONCURRENT_CALLS = 4
+#: Calls of the health and reflection services (together) that one class of their callers holds
+#: at once (:meth:`Admission.open_class`): each role whose identities the server's own services
+#: serve (by role and name) is a class, and every other identity is one more. Each is read up to
+#: one piece (``FRAME_BYTES``) before its own limit is compared; a probe calls once every few
+#: seconds. (At 16 in all, 1,000 concurrent 4 MB health checks raised an owner by up to 131 MiB
+#: of reads.)
+OPEN_CALLS_PER_CLASS = 2
+#: The class of the health and reflection services' callers that the server's own services do
+#: not serve (:meth:`Admission.open_class`).
+OTHERS = "others"
+#: Calls the health and reflection services serve at once, together, at most: each class's
+#: :data:`OPEN_CALLS_PER_CLASS`, for a class per role and :data:`OTHERS`. So they may make a
+#: server hold 8 x 2 x 1 MiB, whoever calls.
+OPEN_CONCURRENT_CALLS = OPEN_CALLS_PER_CLASS * (len(ROLES) + 1)
 #: Pieces of unary requests a server reads at once, over all its services; an admitted call
 #: waits for its turn before each piece of its request is read (HTTP/2 flow control meanwhile
 #: holds the request at the client, but for the stream's window, 64 KiB:
@@ -250,11 +261,6 @@ STALLING_CALLERS = 4096
 #: quiet server (no call waiting for the budget) the least rate alone applies. Without it two
 #: identities uploading 16 MiB each at 260 KiB/s held the curator's budget 63 s per round.
 CONTENDED_UPLOAD_SECONDS = 10.0
-#: Of :data:`OPEN_CONCURRENT_CALLS`, the calls of the health and reflection services kept for
-#: the parties the server's own services serve (the curator at an owner; consumers and owners
-#: at the curator: ``start_server``'s ``served``): other identities' calls share the rest, so
-#: that two of them no longer fill the four calls and make the curator see a healthy owner down.
-OPEN_RESERVED_CALLS = 2
 #: Bytes the request budget serves beyond :data:`REQUEST_BUDGET_BYTES` to requests of at most
 #: :data:`SMALL_REQUEST_BYTES` each (1 MiB: 16 of them), ahead of larger requests waiting
 #: (:class:`RequestBudget`): requests of ids and scalars, most of every service's, then never wait
@@ -270,7 +276,7 @@ OPEN_CALLS_PER_CALLER = 2
 #: :data:`READS_AT_ONCE` turns. Any identity may call them, so two identities' stalled probes
 #: (two each) held every turn and slowed every other call of the server by up to
 #: :data:`READ_WAIT_SECONDS`; apart, they hold at most ``OPEN_CONCURRENT_CALLS`` reads of one
-#: message each (2 x 4 x 1 MiB) beside the turns.
+#: message each (2 x 8 x 1 MiB) beside the turns.
 OPEN_READS_APART = True
 
 
@@ -850,15 +856,16 @@ class _Gate:
                 "retry when one has ended"
             )
         keys: tuple[Any, ...] = (self.service, key)
-        if self.service == OPEN_SERVICES and not self.admission.reserved_for(context):
-            others = (OPEN_SERVICES, None)  # the calls of parties the server does not serve
-            shared = self.concurrent_calls - OPEN_RESERVED_CALLS
-            if active.get(others, 0) >= shared:
+        if self.service == OPEN_SERVICES:
+            whom = self.admission.open_class(context)
+            group = (OPEN_SERVICES, whom, None)  # the calls of the caller's class
+            if active.get(group, 0) >= OPEN_CALLS_PER_CLASS:
+                served = "parties their server's own services do not serve"
                 raise ResourceExhaustedError(
-                    f"{self.service} are serving the {shared} calls at once they keep for "
-                    "parties their server's own services do not serve; retry when one has ended"
+                    f"{self.service} are serving the {OPEN_CALLS_PER_CLASS} calls at once they "
+                    f"keep for {served if whom == OTHERS else whom + 's'}; retry when one has ended"
                 )
-            keys += (others,)
+            keys += (group,)
         for k in keys:
             active[k] = active.get(k, 0) + 1
         shares = self.admission.shares
@@ -1365,9 +1372,9 @@ class Admission(grpc.aio.ServerInterceptor):
         half the budget (:data:`REQUEST_BYTES_PER_CALLER` at the default budget).
     served : sequence of Authorizer, optional
         The authorizers of the server's own services: the identities one of them serves (by
-        role and name) keep :data:`OPEN_RESERVED_CALLS` of the health and reflection services'
-        calls, which other identities cannot take. None (the default): every identity is served
-        alike, within :data:`OPEN_CONCURRENT_CALLS`.
+        role and name) take the health and reflection services' calls of their role's class,
+        every other identity those of :data:`OTHERS` (:meth:`open_class`;
+        :data:`OPEN_CALLS_PER_CLASS` each). None (the default): every identity takes its role's.
     """
 
     def __init__(
@@ -1445,22 +1452,28 @@ class Admission(grpc.aio.ServerInterceptor):
             self, service, rpc, authorize, limit, limits.concurrent_calls, limits.per_caller
         )
 
-    def reserved_for(self, context: grpc.aio.ServicerContext) -> bool:
-        """Whether the caller is one the server's own services serve (``served``), who keeps
-        :data:`OPEN_RESERVED_CALLS` of the health and reflection services' calls (every caller
-        is, without ``served`` or on plaintext transport). Its identity is already verified
+    def open_class(self, context: grpc.aio.ServicerContext) -> str:
+        """The class whose :data:`OPEN_CALLS_PER_CLASS` calls of the health and reflection
+        services the caller's call takes: its role, if the server's own services serve it (by
+        role and name; every identity, without ``served``), else :data:`OTHERS`. One rule at
+        every server: at the curator consumers, owners and the rest each have their own calls, so
+        that consumer identities holding theirs refuse no owner's check (nor ``dpmarket up``'s,
+        made as the curator); at an owner the curators it serves and the rest. On plaintext
+        transport every caller is in one class. Its identity is already verified
         (:meth:`_any_identity`)."""
-        if self.served is None or self.insecure:
-            return True
+        if self.insecure:
+            return "insecure callers"
         identity = peer_identity(context)
         if identity is None:
-            return False
+            return OTHERS
+        if self.served is None:
+            return identity.role
         for authorizer in self.served:
             if identity.role in authorizer.allowed:
                 names = authorizer.allowed[identity.role]
                 if names is None or identity.name in names:
-                    return True
-        return False
+                    return identity.role
+        return OTHERS
 
     def _any_identity(self, context: grpc.aio.ServicerContext) -> str:
         """Any verified dpmarket identity (the health and reflection services)."""

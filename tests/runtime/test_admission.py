@@ -49,8 +49,8 @@ from dpmarket.owner.service import owner_limits
 from dpmarket.runtime import admission, allocator, cape_messages, rpc_trace, sketch_messages
 from dpmarket.runtime.admission import (
     OPEN_CALLS_PER_CALLER,
-    OPEN_CONCURRENT_CALLS,
-    OPEN_RESERVED_CALLS,
+    OPEN_CALLS_PER_CLASS,
+    OTHERS,
     READS_AT_ONCE,
     READS_PER_CALLER,
     SMALL_REQUEST_BYTES,
@@ -174,12 +174,12 @@ def _run(
     owner: ProbeOwner | None = None,
     target: list[str] | None = None,
     *,
-    reserve: bool = False,
+    served: list[Authorizer] | None = None,
 ) -> None:
     """Serve the probes (as one owner-0 server) and run ``scenario(connect, owner, curator)``;
-    the server's address is appended to ``target``, if given. ``reserve``: the owner service's
-    callers (the curators) keep their part of the health and reflection services' calls, as an
-    owner's server does (``start_server``'s ``served``)."""
+    the server's address is appended to ``target``, if given. ``served``: the authorizers of the
+    parties the server serves (``start_server``'s), whose roles' classes keep their own health
+    and reflection calls."""
     # The generated servicer stubs declare every RPC abstract; grpc's servicer answers
     # UNIMPLEMENTED for those a probe does not define.
     owner = owner or ProbeOwner()  # type: ignore[abstract]
@@ -192,7 +192,6 @@ def _run(
 
         names = ["dpmarket.v1.OwnerService", "dpmarket.v1.CuratorService"]
         security = _security(pki, OWNER)
-        served = [owner.authorizer] if reserve else None
         server, port, _ = await start_server(
             register, names, "127.0.0.1:0", security, served=served
         )
@@ -515,8 +514,8 @@ def test_one_callers_stalled_calls_do_not_delay_another_callers_reads(
 def test_stalled_health_probes_of_two_identities_do_not_hold_the_other_services_reads(
     pki: Path, monkeypatch: pytest.MonkeyPatch, apart: bool
 ) -> None:
-    """Two consumers open the health service's most calls (two each, four in all) and send
-    nothing: the curator's call to the owner service is served at once, as the open services
+    """Two consumers and two more curators open a health call each and send nothing (four in
+    all): the curator's call to the owner service is served at once, as the open services
     read outside the server's turns. Control (they read with the turns, each kept
     READ_WAIT_SECONDS whoever waits): the four stalled probes hold every turn and the curator's
     call misses its deadline (a stranger's finding: a consumer and an owner's certificate slowed
@@ -529,7 +528,7 @@ def test_stalled_health_probes_of_two_identities_do_not_hold_the_other_services_
     async def scenario(connect, owner, curator):
         stalled = [
             asyncio.ensure_future(_code(connect(who).channel.stream_unary(method, None, None)()))
-            for who in (ALICE, ALICE, BOB, BOB)
+            for who in (ALICE, BOB, CURATOR_B, CURATOR_C)
         ]
         await asyncio.sleep(0.5)  # the probes are admitted and waiting for their requests
         stub = owner_pb2_grpc.OwnerServiceStub(connect(CURATOR))
@@ -970,16 +969,34 @@ def test_an_upload_at_the_least_rate_on_a_quiet_server_is_served(
     _run(pki, scenario)
 
 
-@pytest.mark.parametrize("reserve", [True, False])
-def test_the_curators_health_checks_keep_their_calls_while_other_parties_hold_the_rest(
-    pki: Path, admissions: list[Any], reserve: bool
+#: The parties each kind of server serves (``start_server``'s ``served``): an owner's, the
+#: curators its policy names; the curator's, every consumer and its configured owners.
+SERVES = {
+    "owner": [Authorizer({"curator": ("curator", "curator-b", "curator-c")})],
+    "curator": [Authorizer({"consumer": None}), Authorizer({"owner": (OWNER.name,)})],
+}
+
+
+@pytest.mark.parametrize("per_class", [True, False])
+@pytest.mark.parametrize(("server", "victim"), [("owner", CURATOR), ("curator", OWNER)])
+def test_a_served_partys_health_checks_keep_their_calls_whoever_holds_the_others(
+    pki: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    admissions: list[Any],
+    per_class: bool,
+    server: str,
+    victim: Identity,
 ) -> None:
-    """Two consumers, whom the owner's own service does not serve, open two health checks each
-    and send nothing (a stranger's finding: two identities filled an owner's four health calls,
-    and the curator's checks, refused, showed a healthy owner down). The curator, whom the owner
-    serves, keeps ``OPEN_RESERVED_CALLS`` of them: the consumers' calls beyond the others' part
-    are refused at once, naming it, and the curator's check is served. Control (no reserve):
-    the consumers' four calls fill the limit and the curator's check is refused."""
+    """Two consumers open two health checks each and send nothing (a stranger's findings: two
+    identities filled an owner's health calls, and the curator's checks, refused, showed a
+    healthy owner down; then four consumer identities, whom the curator serves, did the same at
+    the curator, refusing the owners' checks of it). At an owner, which does not serve them, and
+    at the curator, which does, the consumers' class keeps ``OPEN_CALLS_PER_CLASS`` calls: their
+    calls beyond are refused at once, naming it, and the served party's check (the curator's of
+    an owner, an owner's of the curator) is served. Control (every caller in one class, as the
+    calls were shared before): the consumers' calls fill the class and the check is refused."""
+    if not per_class:
+        monkeypatch.setattr(admission.Admission, "open_class", lambda self, context: OTHERS)
     method = "/grpc.health.v1.Health/Check"
 
     async def scenario(connect, owner, curator):
@@ -988,27 +1005,25 @@ def test_the_curators_health_checks_keep_their_calls_while_other_parties_hold_th
             for who in (ALICE, ALICE, BOB, BOB)
         ]
         active = admissions[0].active
-        admitted = OPEN_CONCURRENT_CALLS - OPEN_RESERVED_CALLS if reserve else len(stalled)
-        await _until(lambda: active.get(admission.OPEN_SERVICES) == admitted)
-        await _until(lambda: sum(call.done() for call in stalled) == len(stalled) - admitted)
+        await _until(lambda: active.get(admission.OPEN_SERVICES) == OPEN_CALLS_PER_CLASS)
+        await _until(lambda: sum(call.done() for call in stalled) == 2)
+        whom = "consumers" if server == "curator" and per_class else "parties their server's"
         for call in stalled:
             if call.done():
                 assert await call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-                assert "keep for parties their server's own services do not serve" in (
-                    await call.details()
-                )
-        health = health_pb2_grpc.HealthStub(connect(CURATOR))
+                assert f"calls at once they keep for {whom}" in await call.details()
+        health = health_pb2_grpc.HealthStub(connect(victim))
         code, details = await _code(health.Check(health_pb2.HealthCheckRequest(), timeout=3.0))
-        if reserve:
+        if per_class:
             assert (code, details) == (grpc.StatusCode.OK, "")
         else:
             assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
-            assert f"serving its limit of {OPEN_CONCURRENT_CALLS} calls at once" in details
+            assert f"the {OPEN_CALLS_PER_CLASS} calls at once they keep" in details
         for call in stalled:
             call.cancel()
         await _until(lambda: not active)
 
-    _run(pki, scenario, reserve=reserve)
+    _run(pki, scenario, served=SERVES[server])
 
 
 def test_on_plaintext_each_connection_is_a_caller_of_its_own(admissions: list[Any]) -> None:
@@ -1244,6 +1259,8 @@ def test_a_service_serves_at_most_its_calls_at_once_and_refusals_take_no_slot(pk
 
 
 def test_health_and_reflection_serve_every_identity_within_small_limits(pki: Path) -> None:
+    ask_health = health_pb2.HealthCheckRequest()
+
     async def scenario(connect, owner, curator):
         health = health_pb2_grpc.HealthStub(connect(ALICE))
         response = await health.Check(health_pb2.HealthCheckRequest(), timeout=DEADLINE)
@@ -1251,7 +1268,8 @@ def test_health_and_reflection_serve_every_identity_within_small_limits(pki: Pat
         big = health_pb2.HealthCheckRequest(service="h" * SMALL_REQUEST_BYTES)
         code, _ = await _code(health.Check(big, timeout=DEADLINE))
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
-        # One caller holds at most OPEN_CALLS_PER_CALLER calls at once; another is served.
+        # One caller holds at most OPEN_CALLS_PER_CALLER calls at once; another class's caller
+        # is served (a consumer's class is full: OPEN_CALLS_PER_CLASS).
         watches = [health.Watch(health_pb2.HealthCheckRequest()) for _ in range(2)]
         for watch in watches:
             assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
@@ -1259,8 +1277,11 @@ def test_health_and_reflection_serve_every_identity_within_small_limits(pki: Pat
         code, details = await _code(health.Check(health_pb2.HealthCheckRequest()))
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "consumer:alice has its limit of 2 calls at once" in details
-        other = health_pb2_grpc.HealthStub(connect(BOB))
-        assert (await other.Check(health_pb2.HealthCheckRequest())).status == response.status
+        code, details = await _code(health_pb2_grpc.HealthStub(connect(BOB)).Check(ask_health))
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "the 2 calls at once they keep for consumers" in details
+        other = health_pb2_grpc.HealthStub(connect(CURATOR_B))
+        assert (await other.Check(ask_health)).status == response.status
         for watch in watches:
             watch.cancel()
         reflection = reflection_pb2_grpc.ServerReflectionStub(connect(BOB))
