@@ -15,9 +15,9 @@ caller's verified certificate (the call's auth context) and nothing it sent:
    KiB to a few MiB), and the rest is never sent.
 2. **how many**: each service serves at most :attr:`ServiceLimits.concurrent_calls` calls at
    once, and of them at most :attr:`ServiceLimits.per_caller` of one caller (half, unless its
-   servicer says otherwise; the health and reflection services :data:`OPEN_CONCURRENT_CALLS`
-   together, and :data:`OPEN_CALLS_PER_CALLER` per caller); the next is answered
-   ``RESOURCE_EXHAUSTED``, again before its request is read.
+   servicer says otherwise; the health and reflection services :data:`OPEN_CALLS_PER_CLASS`
+   together per class of callers, and :data:`OPEN_CALLS_PER_CALLER` per caller); the next is
+   answered ``RESOURCE_EXHAUSTED``, again before its request is read.
 3. **how large**: each RPC has its own receive limit (:attr:`ServiceLimits.requests`, or
    :data:`SMALL_REQUEST_BYTES` for one that carries ids and scalars only), derived by its
    servicer from the policy's bounds and documented in ``docs/reference.md``; a request (each
@@ -50,9 +50,10 @@ What a party can make a service hold, in request bytes (its handlers' own memory
   counted, gRPC buffers at most ``FRAME_BYTES``, and at most :data:`READS_AT_ONCE` pieces are
   read at once, the joined request parsed in the last one's turn (a client stream's messages,
   ``RunRounds``, are read as its handler asks: at most one per stream, outside the budget);
-* the health and reflection services: at most :data:`OPEN_CALLS_PER_CALLER` calls per caller and
-  :data:`OPEN_CONCURRENT_CALLS` in all (the two services together), each read up to one piece
-  and dropped at once when above :data:`SMALL_REQUEST_BYTES`.
+* the health and reflection services: at most :data:`OPEN_CALLS_PER_CALLER` calls per caller,
+  :data:`OPEN_CALLS_PER_CLASS` per class of callers and :data:`OPEN_CONCURRENT_CALLS` in all
+  (the two services together), each read up to one piece and dropped at once when above
+  :data:`SMALL_REQUEST_BYTES`.
 
 and only while the calls run: the exception a call ends with keeps none of its frames
 (:func:`_forgetting`), and the last of the calls in progress that received
@@ -66,17 +67,20 @@ identity; on plaintext transport, a connection) has at most its service's
 its calls alone never fill a service and make another's ``RESOURCE_EXHAUSTED``; it reads at
 most :data:`READS_PER_CALLER` of the :data:`READS_AT_ONCE` pieces at once and holds at most
 :data:`REQUEST_BYTES_PER_CALLER` of the budget (or one larger request while it holds nothing
-else), its further calls waiting on its own share (:class:`CallerShares`), for a read turn at
-most :data:`READ_WAIT_SECONDS`. Calls that send nothing, or declared requests that then stall,
-thus delay no other caller's read, nor another caller's request that fits in the budget beside
-what the staller may hold (16 MiB on an owner, 15 MiB on the curator, at the defaults), and
-refuse no other caller's call; and a call queued for its caller's read turn gives its slot of
-its service's calls at once back within :data:`READ_WAIT_SECONDS`, not one round per call
-queued before it (one queued for its caller's share of the budget waits while its caller's own
-requests are read, as only that caller's slots do). It takes ``READS_AT_ONCE / READS_PER_CALLER``
-distinct identities (two; two for a service's calls at once as well) stalling together to fill
-what the others need (the services whose only callers are the curators an owner's policy names
-keep a curator's calls at once at what it runs: :func:`dpmarket.owner.service.owner_limits`).
+else), its further calls waiting on its own share (:class:`CallerShares`). Calls that send
+nothing, or declared requests that then stall, thus delay no other caller's read, nor another
+caller's request that fits in the budget beside what the staller may hold (16 MiB on an owner,
+15 MiB on the curator, at the defaults), and refuse no other caller's call; and once another call
+waits, a call queued for its caller's read turn gives its slot of its service's calls at once
+back within :data:`READ_WAIT_SECONDS`, not one round per call queued before it (one queued for
+its caller's share of the budget waits while its caller's own requests are read, as only that
+caller's slots do). A caller alone (no other call waiting for a read turn or, of a caller not
+stalling, for the budget) is never refused for its link's speed: its reads and its queued calls
+wait as long as its messages take (:data:`WAIT_ALONE`). It takes
+``READS_AT_ONCE / READS_PER_CALLER`` distinct identities (two; two for a service's calls at
+once as well) stalling together to fill what the others need (the services whose only callers
+are the curators an owner's policy names keep a curator's calls at once at what it runs:
+:func:`dpmarket.owner.service.owner_limits`).
 
 What many identities together can make a caller that sends its requests wait for is bounded
 whatever their number. Once a call waits for a read turn, a turn held without its message past
@@ -88,8 +92,9 @@ before its end, is served after the others for :data:`STALL_MEMORY_SECONDS`
 (:meth:`CallerShares.stall`). A call of a caller that is not stalling, with none such before it,
 thus waits at most one grace for a read turn (1.25 s for requests of at most 64 KiB, 5 s for a
 1 MiB piece) and ``CONTENDED_UPLOAD_SECONDS`` for the budget, once each stalling identity has
-stalled once. The health and reflection services keep :data:`OPEN_RESERVED_CALLS` of their calls
-for the parties the server's own services serve (``served``).
+stalled once. The health and reflection services keep :data:`OPEN_CALLS_PER_CLASS` calls for
+each role the server's own services serve (``served``) and as many for every other identity
+(:meth:`Admission.open_class`): no class of callers fills another's.
 """
 
 from __future__ import annotations
@@ -103,7 +108,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -117,7 +122,7 @@ from dpmarket.common.errors import (
 from dpmarket.runtime.allocator import RELEASE_AFTER_BYTES, large_call_began, large_call_ended
 from dpmarket.runtime.authz import ROLES_ATTRIBUTE, Authorizer
 from dpmarket.runtime.framing import FRAME_BYTES, SIZE_METADATA, most_pieces
-from dpmarket.runtime.identity import peer_identity
+from dpmarket.runtime.identity import ROLES, peer_identity
 from dpmarket.runtime.status import abort_for
 
 __all__ = [
@@ -126,9 +131,10 @@ __all__ = [
     "DEFAULT_CONCURRENT_CALLS",
     "MIN_UPLOAD_BYTES_PER_SECOND",
     "OPEN_CALLS_PER_CALLER",
+    "OPEN_CALLS_PER_CLASS",
     "OPEN_CONCURRENT_CALLS",
-    "OPEN_RESERVED_CALLS",
     "OPEN_SERVICES",
+    "OTHERS",
     "READS_AT_ONCE",
     "READS_PER_CALLER",
     "REQUEST_BUDGET_BYTES",
@@ -147,6 +153,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 #: Receive limit of an RPC whose request carries ids, names and scalars only (64 KiB): a session
 #: id of at most 256 characters, privacy terms, a consumer's name, a few numbers.
@@ -159,12 +166,20 @@ VALUE_BYTES = 8
 #: Calls one service serves at once unless its servicer says otherwise (of them, one caller's at
 #: most half: :attr:`ServiceLimits.per_caller`).
 DEFAULT_CONCURRENT_CALLS = 64
-#: Calls the health and reflection services serve at once, together and from all callers: each
-#: is read up to one piece (``FRAME_BYTES``) before its own limit is compared, so they may make a
-#: server hold 2 x 4 x 1 MiB, whoever calls. A probe
-#: calls once every few seconds. (At 16 each, 1,000 concurrent 4 MB health checks raised an
-#: owner by up to 131 MiB of reads.)
-OPEN_CONCURRENT_CALLS = 4
+#: Calls of the health and reflection services (together) that one class of their callers holds
+#: at once (:meth:`Admission.open_class`): each role whose identities the server's own services
+#: serve (by role and name) is a class, and every other identity is one more. Each is read up to
+#: one piece (``FRAME_BYTES``) before its own limit is compared; a probe calls once every few
+#: seconds. (At 16 in all, 1,000 concurrent 4 MB health checks raised an owner by up to 131 MiB
+#: of reads.)
+OPEN_CALLS_PER_CLASS = 2
+#: The class of the health and reflection services' callers that the server's own services do
+#: not serve (:meth:`Admission.open_class`).
+OTHERS = "others"
+#: Calls the health and reflection services serve at once, together, at most: each class's
+#: :data:`OPEN_CALLS_PER_CLASS`, for a class per role and :data:`OTHERS`. So they may make a
+#: server hold 8 x 2 x 1 MiB, whoever calls.
+OPEN_CONCURRENT_CALLS = OPEN_CALLS_PER_CLASS * (len(ROLES) + 1)
 #: Pieces of unary requests a server reads at once, over all its services; an admitted call
 #: waits for its turn before each piece of its request is read (HTTP/2 flow control meanwhile
 #: holds the request at the client, but for the stream's window, 64 KiB:
@@ -184,24 +199,27 @@ READS_AT_ONCE = 4
 #: took 0.72 s with two turns, 1.24 s with one and 0.51 s with four; 4 x 0.5 MB 0.25, 0.33 and
 #: 0.31 s (``python -m bench.caller_reads``).
 READS_PER_CALLER = 2
-#: Seconds a read slot waits for the message it was taken for (one message, or one piece of at
-#: most ``framing.FRAME_BYTES``, 1 MiB: 10 s is 0.8 Mbit/s). A caller that opens calls and sends
-#: nothing would otherwise hold every slot until its deadline (none, if it sets none), and every
-#: other caller of every service of the server would wait behind it; past this wait its call is
-#: refused (RESOURCE_EXHAUSTED) and the slot goes to the next call. A call also waits this long
-#: at most for one of its caller's own read turns (:meth:`CallerShares.reading`), so that calls
-#: queued behind their caller's stalled ones give their calls-at-once slots back as soon as those
-#: do, not one round per call queued before them.
+#: Seconds between looks at a read slot waiting for the message it was taken for (one message,
+#: or one piece of at most ``framing.FRAME_BYTES``, 1 MiB): a look that finds it not arrived
+#: while another call waits (:meth:`CallerShares.contended`) refuses the call
+#: (RESOURCE_EXHAUSTED) and the slot goes to the next call; nobody waiting, the read goes on
+#: (:data:`WAIT_ALONE`). A caller that opens calls and sends nothing would otherwise hold every
+#: slot until its deadline (none, if it sets none), and every other caller of every service of
+#: the server would wait behind it. A call waiting for one of its caller's own read turns
+#: (:meth:`CallerShares.reading`) is looked at the same way, so that calls queued behind their
+#: caller's stalled ones give their calls-at-once slots back as soon as those do, not one round
+#: per call queued before them. The open services' reads (health checks of at most 64 KiB) are
+#: refused at the first look, whoever waits.
 READ_WAIT_SECONDS = 10.0
-#: Least average rate, bytes per second, at which a request declared in pieces must arrive
-#: (256 KiB/s, 2 Mbit/s): a call that took ``declared`` bytes of the request budget is refused
-#: (RESOURCE_EXHAUSTED) and gives them back unless its whole request has been read within
-#: ``READ_WAIT_SECONDS + declared / MIN_UPLOAD_BYTES_PER_SECOND`` of taking them (its waits for
-#: read turns included, each bounded by ``READ_WAIT_SECONDS``). The per-piece wait alone let a
-#: client hold its reservation for a piece's wait per piece: a 16 MiB ``CreateSession`` sending
-#: a 1 MiB piece every 9.5 s held 16 MiB of the curator's budget for 160 s, and two such callers
-#: froze every other request above 0 bytes that did not fit; at this rate it is refused after
-#: 74 s.
+#: Least rate, bytes per second, at which a message must arrive while another call waits for a
+#: read turn (256 KiB/s, 2 Mbit/s): it sets a turn's grace (:data:`TURN_GRACE_SECONDS`) and
+#: which slow messages make their caller stalling. With :data:`WAIT_ALONE` off it was also the
+#: least average rate of a declared request whoever waited (refused unless read within
+#: ``READ_WAIT_SECONDS + declared / MIN_UPLOAD_BYTES_PER_SECOND`` of taking its budget); a
+#: declared request holding bytes another call waits for now has
+#: :data:`CONTENDED_UPLOAD_SECONDS` (a 16 MiB ``CreateSession`` sending a 1 MiB piece every 9.5 s
+#: held 16 MiB of the curator's budget for 160 s before either, and two such callers froze every
+#: other request above 0 bytes that did not fit).
 MIN_UPLOAD_BYTES_PER_SECOND = 256 << 10
 #: Request bytes a server's admitted calls hold at once, all services together (32 MiB): each
 #: unary call reserves its request's declared size (or, sent as one message, its RPC's limit up
@@ -242,19 +260,14 @@ STALL_MEMORY_SECONDS = 60.0
 #: Callers remembered as stalling at most (the oldest forgotten first): the marks do not grow
 #: with the callers (on plaintext transport, connections) a server has seen.
 STALLING_CALLERS = 4096
-#: Seconds a declared request still has to arrive whole once another call waits for the request
-#: budget (if its own deadline, ``READ_WAIT_SECONDS + declared / MIN_UPLOAD_BYTES_PER_SECOND``,
-#: is not earlier): a request holding bytes others wait for must then arrive at whatever rate
-#: finishes it within this (a 16 MiB request barely started: 1.6 MiB/s), or it is refused
-#: RESOURCE_EXHAUSTED and its bytes go to the first caller waiting that is not stalling. On a
-#: quiet server (no call waiting for the budget) the least rate alone applies. Without it two
-#: identities uploading 16 MiB each at 260 KiB/s held the curator's budget 63 s per round.
+#: Seconds a declared request still has to arrive whole once a call of a caller that is not
+#: stalling waits for the request budget: a request holding bytes others wait for must then
+#: arrive at whatever rate finishes it within this (a 16 MiB request barely started: 1.6 MiB/s),
+#: or it is refused RESOURCE_EXHAUSTED and its bytes go to the first caller waiting that is not
+#: stalling. On a quiet server (no such call waiting for the budget) it has no deadline
+#: (:data:`WAIT_ALONE`). Without it two identities uploading 16 MiB each at 260 KiB/s held the
+#: curator's budget 63 s per round.
 CONTENDED_UPLOAD_SECONDS = 10.0
-#: Of :data:`OPEN_CONCURRENT_CALLS`, the calls of the health and reflection services kept for
-#: the parties the server's own services serve (the curator at an owner; consumers and owners
-#: at the curator: ``start_server``'s ``served``): other identities' calls share the rest, so
-#: that two of them no longer fill the four calls and make the curator see a healthy owner down.
-OPEN_RESERVED_CALLS = 2
 #: Bytes the request budget serves beyond :data:`REQUEST_BUDGET_BYTES` to requests of at most
 #: :data:`SMALL_REQUEST_BYTES` each (1 MiB: 16 of them), ahead of larger requests waiting
 #: (:class:`RequestBudget`): requests of ids and scalars, most of every service's, then never wait
@@ -270,19 +283,31 @@ OPEN_CALLS_PER_CALLER = 2
 #: :data:`READS_AT_ONCE` turns. Any identity may call them, so two identities' stalled probes
 #: (two each) held every turn and slowed every other call of the server by up to
 #: :data:`READ_WAIT_SECONDS`; apart, they hold at most ``OPEN_CONCURRENT_CALLS`` reads of one
-#: message each (2 x 4 x 1 MiB) beside the turns.
+#: message each (2 x 8 x 1 MiB) beside the turns.
 OPEN_READS_APART = True
+#: Whether a wait that :data:`READ_WAIT_SECONDS` bounds (a read turn's for its message, a call's
+#: for one of its caller's own read turns) ends in a refusal only while another call waits (for
+#: a read turn, or, a call of a caller that is not stalling, for the request budget:
+#: :meth:`CallerShares.contended`), looked at every ``READ_WAIT_SECONDS``, and a declared request
+#: has a deadline only from then (:data:`CONTENDED_UPLOAD_SECONDS`). A caller alone on a server
+#: is then never refused for its link's speed. Whoever waited, a curator on a 30 KiB/s uplink
+#: to an owner, its four concurrent ``OpenSession`` of 0.2 MB sharing it, had one refused after
+#: 10 s and the owner left out of the request (and a declared request needed 256 KiB/s on a
+#: quiet server).
+WAIT_ALONE = True
 
 
 class RequestNotSentError(ResourceExhaustedError):
-    """A call's request (or its next piece) did not arrive within :data:`READ_WAIT_SECONDS` of
-    its turn to be read: the read slot is given back and the call refused."""
+    """A call's request (or its next piece) had not arrived at a look, :data:`READ_WAIT_SECONDS`
+    apart, while another call waited (:meth:`CallerShares.patiently`): the read slot is given
+    back and the call refused."""
 
 
 class RequestTooSlowError(ResourceExhaustedError):
-    """A declared request did not arrive whole within its deadline
-    (``READ_WAIT_SECONDS + declared / MIN_UPLOAD_BYTES_PER_SECOND`` of taking its budget): its
-    budget is given back and the call refused."""
+    """A declared request did not arrive whole within :data:`CONTENDED_UPLOAD_SECONDS` of a call
+    of a caller that is not stalling waiting for the request budget (with :data:`WAIT_ALONE`
+    off, also within ``READ_WAIT_SECONDS + declared / MIN_UPLOAD_BYTES_PER_SECOND`` of taking its
+    budget): its budget is given back and the call refused."""
 
 
 class TurnTakenBackError(RequestNotSentError):
@@ -292,8 +317,9 @@ class TurnTakenBackError(RequestNotSentError):
 
 
 class TurnsTakenError(ResourceExhaustedError):
-    """A call waited :data:`READ_WAIT_SECONDS` for one of its caller's own read turns
-    (:meth:`CallerShares.reading`), all taken by the caller's other calls: it is refused."""
+    """A call waiting for one of its caller's own read turns (:meth:`CallerShares.reading`), all
+    taken by the caller's other calls, still waited at a look, :data:`READ_WAIT_SECONDS` apart,
+    while another call waited: it is refused."""
 
 
 class RequestTooLargeError(ResourceExhaustedError):
@@ -435,7 +461,8 @@ class ReadTurns:
     whose read has waited for its message longer than the turn's grace
     (:data:`TURN_GRACE_SECONDS` plus its most bytes at :data:`MIN_UPLOAD_BYTES_PER_SECOND`) is
     taken back: its read is cancelled (the call is refused, :class:`TurnTakenBackError`) and the
-    turn handed on. Nobody waiting, a read keeps its turn up to :data:`READ_WAIT_SECONDS`.
+    turn handed on. Nobody waiting, a read keeps its turn as long as its message takes
+    (:meth:`CallerShares.patiently`).
 
     Parameters
     ----------
@@ -591,8 +618,8 @@ class CallerShares:
     Notes
     -----
     What one caller A can make another caller B wait for, B's own calls apart. **Reads**: A
-    reads at most ``reads_per_caller`` messages at once, each for at most
-    :data:`READ_WAIT_SECONDS` if it sends nothing; B waits for a turn only while every turn is
+    reads at most ``reads_per_caller`` messages at once, each as long as it takes while nobody
+    waits (:meth:`patiently`); B waits for a turn only while every turn is
     taken, which takes ``reads / reads_per_caller`` distinct callers (2 at the defaults): A alone
     never delays B's read. **Request bytes**: A holds at most ``h = max(bytes_per_caller, r)``,
     r the largest request of the RPCs A may call, so a request of at most ``total - h`` fits
@@ -600,10 +627,10 @@ class CallerShares:
     the curator: 15 MiB, as one consumer may hold a 17 MiB ``CreateSession``). B's request
     waits for A only if it, or a request queued before it (the budget serves first come first
     served), is larger than that: the curator's ``CreateSession`` or ``QuoteSession`` above 15
-    MiB, for as long as A's own large request is being read (:data:`READ_WAIT_SECONDS` per
-    piece, and ``READ_WAIT_SECONDS + r /`` :data:`MIN_UPLOAD_BYTES_PER_SECOND` in all, at
-    most). **A's queued calls**: a call of A waiting for one of A's read turns is
-    refused after :data:`READ_WAIT_SECONDS` (:meth:`reading`), so that it holds its slot of its
+    MiB, for as long as A's own large request is being read (from B's wait,
+    :data:`CONTENDED_UPLOAD_SECONDS` at most). **A's queued calls**: once another call waits, a
+    call of A waiting for one of A's read turns is refused at its next look,
+    :data:`READ_WAIT_SECONDS` apart (:meth:`reading`), so that it holds its slot of its
     service's calls at once (of which A has at most :attr:`ServiceLimits.per_caller`, half by
     default: :class:`Admission` refuses B's call for A's only if two identities fill them) that
     long at most, not until every call of A before it has been refused in turn. **Several
@@ -652,6 +679,28 @@ class CallerShares:
         until = self.stalling.get(caller)
         return until is not None and until > time.monotonic()
 
+    def contended(self) -> bool:
+        """Whether another call waits: for one of the server's read turns, or (a call of a
+        caller that is not stalling) for the request budget (:attr:`RequestBudget.pressed`)."""
+        return bool(self.reads.waiting) or self.budget.pressed
+
+    async def patiently(self, wait: Callable[[], Awaitable[_T]], bounded: bool = False) -> _T:
+        """``wait()``'s result, looked at every :data:`READ_WAIT_SECONDS` (``wait`` is called
+        anew for each look, and cancelled at its end).
+
+        Raises
+        ------
+        TimeoutError
+            At the first look that finds it not done while another call waits
+            (:meth:`contended`); with ``bounded``, or :data:`WAIT_ALONE` off, at the first look.
+        """
+        while True:
+            try:
+                return await asyncio.wait_for(wait(), READ_WAIT_SECONDS)
+            except TimeoutError:
+                if bounded or not WAIT_ALONE or self.contended():
+                    raise
+
     def enter(self, caller: str) -> _Share:
         """Count a call of ``caller`` in; return its caller's share."""
         share = self.callers.get(caller)
@@ -675,24 +724,23 @@ class CallerShares:
         """Hold one of the caller's read turns, then one of the server's (:class:`ReadTurns`,
         its message's ``grace`` seconds), while a message is read; yield the server's turn.
 
-        The caller's own turn is waited for at most :data:`READ_WAIT_SECONDS` (read when the
-        wait starts): its turns are taken only by its own calls, each of which holds one that
-        long at most if it sends nothing, so that a call queued behind its caller's stalled calls
-        is refused as soon as they are, rather than holding its service's calls at once for as
-        many rounds as there are calls before it. The server's turn is waited for without a
-        bound of its own: every turn is held by another caller's read, itself bounded (by its
-        grace once this call waits: :class:`ReadTurns`).
+        The caller's own turn is waited for :meth:`patiently`: its turns are taken only by its
+        own calls, each of which holds one, once another call waits, until its next look at
+        most if it sends nothing, so that a call queued behind its caller's stalled calls is
+        refused as soon as they are, rather than holding its service's calls at once for as many
+        rounds as there are calls before it; alone, it waits behind its caller's slow reads. The
+        server's turn is waited for without a bound of its own: every turn is held by another
+        caller's read, itself bounded (by its grace once this call waits: :class:`ReadTurns`).
 
         Raises
         ------
         TurnsTakenError
-            If the caller's read turns stay taken for :data:`READ_WAIT_SECONDS`: nothing is
-            held for the call.
+            If the caller's read turns are still taken at a look while another call waits:
+            nothing is held for the call.
         """
         wait = READ_WAIT_SECONDS
         try:
-            async with asyncio.timeout(wait):
-                await share.reads.acquire()
+            await self.patiently(share.reads.acquire)
         except TimeoutError:
             raise TurnsTakenError(
                 f"this caller's {self.reads_per_caller} read turns stayed taken by its other "
@@ -850,15 +898,16 @@ class _Gate:
                 "retry when one has ended"
             )
         keys: tuple[Any, ...] = (self.service, key)
-        if self.service == OPEN_SERVICES and not self.admission.reserved_for(context):
-            others = (OPEN_SERVICES, None)  # the calls of parties the server does not serve
-            shared = self.concurrent_calls - OPEN_RESERVED_CALLS
-            if active.get(others, 0) >= shared:
+        if self.service == OPEN_SERVICES:
+            whom = self.admission.open_class(context)
+            group = (OPEN_SERVICES, whom, None)  # the calls of the caller's class
+            if active.get(group, 0) >= OPEN_CALLS_PER_CLASS:
+                served = "parties their server's own services do not serve"
                 raise ResourceExhaustedError(
-                    f"{self.service} are serving the {shared} calls at once they keep for "
-                    "parties their server's own services do not serve; retry when one has ended"
+                    f"{self.service} are serving the {OPEN_CALLS_PER_CLASS} calls at once they "
+                    f"keep for {served if whom == OTHERS else whom + 's'}; retry when one has ended"
                 )
-            keys += (others,)
+            keys += (group,)
         for k in keys:
             active[k] = active.get(k, 0) + 1
         shares = self.admission.shares
@@ -985,9 +1034,10 @@ class _Gate:
         Raises
         ------
         RequestNotSentError
-            If it does not arrive within :data:`READ_WAIT_SECONDS`: the slot is given back and
-            the call refused, so that a caller that sends nothing cannot hold the server's
-            reads.
+            If it has not arrived at a look, :data:`READ_WAIT_SECONDS` apart, while another
+            call waits (:meth:`CallerShares.patiently`; an open service's, at the first look):
+            the slot is given back and the call refused, so that a caller that sends nothing
+            cannot hold the server's reads.
         TurnTakenBackError
             If it did not arrive within the turn's grace while another call waited for a turn
             (:class:`ReadTurns`).
@@ -997,7 +1047,7 @@ class _Gate:
         if turn is not None:
             shares.reads.reading(turn, reader)
         try:
-            message = await asyncio.wait_for(reader, READ_WAIT_SECONDS)
+            message = await shares.patiently(lambda: asyncio.shield(reader), turn is None)
         except TimeoutError:
             shares.stall(share.caller)
             raise RequestNotSentError(
@@ -1015,6 +1065,7 @@ class _Gate:
                 "starts, at 2 Mbit/s at least"
             ) from None
         finally:
+            reader.cancel()  # (done by now, unless refused or the call went away)
             if turn is not None:
                 shares.reads.read(turn)
         if turn is not None and turn.pressed and isinstance(message, bytes):
@@ -1055,8 +1106,8 @@ class _Gate:
             exceeds it, or the pieces' count what that limit needs
             (:func:`~dpmarket.runtime.framing.most_pieces`): nothing more is read.
         RequestTooSlowError
-            If a declared request is not read whole within ``READ_WAIT_SECONDS + declared /``
-            :data:`MIN_UPLOAD_BYTES_PER_SECOND` seconds of taking its budget.
+            If a declared request is not read whole within its deadline
+            (:meth:`_read_declared`).
         InvalidArgumentError
             If the call ends without a request or before its declared size, its pieces hold
             more than that, or the request does not parse.
@@ -1096,11 +1147,11 @@ class _Gate:
         share: _Share,
         declared: int,
     ) -> Any:
-        """Read a declared request (:meth:`_read_pieces`) within its deadline: its least rate
-        (:data:`MIN_UPLOAD_BYTES_PER_SECOND`), and :data:`CONTENDED_UPLOAD_SECONDS` from the
-        moment a call of a caller that is not stalling waits for the request budget if that is
-        sooner. A request that
-        ends before it is whole, refused or gone, makes its caller stalling.
+        """Read a declared request (:meth:`_read_pieces`) within its deadline:
+        :data:`CONTENDED_UPLOAD_SECONDS` from the moment a call of a caller that is not stalling
+        waits for the request budget, none before (with :data:`WAIT_ALONE` off, its least rate,
+        :data:`MIN_UPLOAD_BYTES_PER_SECOND`, as well). A request that ends before it is whole,
+        refused or gone, makes its caller stalling.
 
         Raises
         ------
@@ -1112,11 +1163,11 @@ class _Gate:
         allowed = READ_WAIT_SECONDS + declared / MIN_UPLOAD_BYTES_PER_SECOND
         contended: list[float] = []  # when another call first waited for the budget
         try:
-            async with asyncio.timeout(allowed) as deadline:
+            async with asyncio.timeout(None if WAIT_ALONE else allowed) as deadline:
 
                 def press() -> None:
                     when, sooner = deadline.when(), loop.time() + CONTENDED_UPLOAD_SECONDS
-                    if not contended and when is not None and sooner < when:
+                    if not contended and (when is None or sooner < when):
                         contended.append(sooner)
                         deadline.reschedule(sooner)
 
@@ -1158,7 +1209,7 @@ class _Gate:
         most = most_pieces(self.limit)
         while True:
             # A piece arrives right after the one before: a read slot is held for a moment
-            # (longer only by a client that sends slowly, at most READ_WAIT_SECONDS).
+            # (longer only by a client that sends slowly: while others wait, a grace at most).
             async with shares.reading(share, self._grace()) as turn:
                 if total == declared:
                     raw = parts[0] if len(parts) == 1 else b"".join(parts)
@@ -1365,9 +1416,9 @@ class Admission(grpc.aio.ServerInterceptor):
         half the budget (:data:`REQUEST_BYTES_PER_CALLER` at the default budget).
     served : sequence of Authorizer, optional
         The authorizers of the server's own services: the identities one of them serves (by
-        role and name) keep :data:`OPEN_RESERVED_CALLS` of the health and reflection services'
-        calls, which other identities cannot take. None (the default): every identity is served
-        alike, within :data:`OPEN_CONCURRENT_CALLS`.
+        role and name) take the health and reflection services' calls of their role's class,
+        every other identity those of :data:`OTHERS` (:meth:`open_class`;
+        :data:`OPEN_CALLS_PER_CLASS` each). None (the default): every identity takes its role's.
     """
 
     def __init__(
@@ -1445,22 +1496,28 @@ class Admission(grpc.aio.ServerInterceptor):
             self, service, rpc, authorize, limit, limits.concurrent_calls, limits.per_caller
         )
 
-    def reserved_for(self, context: grpc.aio.ServicerContext) -> bool:
-        """Whether the caller is one the server's own services serve (``served``), who keeps
-        :data:`OPEN_RESERVED_CALLS` of the health and reflection services' calls (every caller
-        is, without ``served`` or on plaintext transport). Its identity is already verified
+    def open_class(self, context: grpc.aio.ServicerContext) -> str:
+        """The class whose :data:`OPEN_CALLS_PER_CLASS` calls of the health and reflection
+        services the caller's call takes: its role, if the server's own services serve it (by
+        role and name; every identity, without ``served``), else :data:`OTHERS`. One rule at
+        every server: at the curator consumers, owners and the rest each have their own calls, so
+        that consumer identities holding theirs refuse no owner's check (nor ``dpmarket up``'s,
+        made as the curator); at an owner the curators it serves and the rest. On plaintext
+        transport every caller is in one class. Its identity is already verified
         (:meth:`_any_identity`)."""
-        if self.served is None or self.insecure:
-            return True
+        if self.insecure:
+            return "insecure callers"
         identity = peer_identity(context)
         if identity is None:
-            return False
+            return OTHERS
+        if self.served is None:
+            return identity.role
         for authorizer in self.served:
             if identity.role in authorizer.allowed:
                 names = authorizer.allowed[identity.role]
                 if names is None or identity.name in names:
-                    return True
-        return False
+                    return identity.role
+        return OTHERS
 
     def _any_identity(self, context: grpc.aio.ServicerContext) -> str:
         """Any verified dpmarket identity (the health and reflection services)."""

@@ -198,10 +198,10 @@ async def start_server(
     The port is exclusive (:data:`SERVER_OPTIONS`): a second server on a bound port fails here.
     Every call is counted, by its status and time, into ``metrics`` (default: the process's, when
     it serves them: :func:`dpmarket.runtime.metrics.enable_metrics`; none otherwise).
-    ``served``, the authorizers of the servicers ``servicer_adder`` registers, keeps part of the
-    health and reflection services' calls at once for the parties they serve
-    (:data:`~dpmarket.runtime.admission.OPEN_RESERVED_CALLS`), so that other identities' probes
-    cannot fill them; without it every identity shares them alike.
+    ``served``, the authorizers of the servicers ``servicer_adder`` registers, gives each role
+    they serve its own health and reflection calls at once, and every other identity its own
+    (:meth:`~dpmarket.runtime.admission.Admission.open_class`), so that no class of callers'
+    probes fills another's; without it each role has its own.
 
     Raises
     ------

@@ -431,6 +431,58 @@ def test_curator_rpcs_refuse_owners_and_curators(guard: LocalCluster, digits: Sc
     assert _ledgers(guard) == {owner: [] for owner in guard.owner_ids}
 
 
+def _health(cluster: LocalCluster, caller: Identity) -> tuple[grpc.StatusCode, str]:
+    """``caller``'s health check of the curator (the whole server): its status and details."""
+    with _channel(cluster, cluster.curator_target, CURATOR, caller) as channel:
+        try:
+            health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=CALL_TIMEOUT
+            )
+        except grpc.RpcError as exc:
+            return exc.code(), exc.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
+def test_consumers_holding_the_curators_health_calls_refuse_no_owners_or_curators_check(
+    guard: LocalCluster,
+) -> None:
+    """Two consumer identities open two health checks each on the curator and send nothing (a
+    stranger's finding: four consumer identities held every health call the curator kept for
+    the parties it serves, consumers being among them, and the owners' checks of the curator,
+    ``dpmarket up``'s made as the curator and the console's were ``RESOURCE_EXHAUSTED``). The
+    consumers' class is full (control: a third consumer's check is refused, naming it; on main
+    the owner's check was refused the same way), and an owner's check and the curator's own are
+    served. The held calls end at the server's read wait (10 s) at the latest; the checks come
+    well before."""
+    holders = [Identity("consumer", f"holder-{k}") for k in range(2)]
+    for holder in holders:
+        issue(guard.pki_dir, holder.role, holder.name, force=True)
+    stop = threading.Event()
+
+    def nothing() -> Iterator[bytes]:
+        stop.wait(CALL_TIMEOUT)
+        yield from ()
+
+    channels = [_channel(guard, guard.curator_target, CURATOR, h) for h in holders]
+    method = "/grpc.health.v1.Health/Check"
+    try:
+        calls = [c.stream_unary(method).future(nothing()) for c in channels for _ in range(2)]
+        _wait_for(lambda: sum(call.done() for call in calls) == 2, CALL_TIMEOUT, "refusals")
+        for call in (call for call in calls if call.done()):
+            assert call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "calls at once they keep for consumers" in (call.details() or "")
+        code, details = _health(guard, CONSUMER)
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "calls at once they keep for consumers" in details
+        assert _health(guard, Identity("owner", guard.owner_ids[0])) == (grpc.StatusCode.OK, "")
+        assert _health(guard, CURATOR) == (grpc.StatusCode.OK, "")
+        assert sum(call.done() for call in calls) == 2  # the held calls still held
+    finally:
+        stop.set()
+        for channel in channels:
+            channel.close()
+
+
 #: Concurrent requests of a flood, and the size of each: far above what any RPC of either service
 #: may receive, small enough to keep the test fast (a refused request is not read, whatever
 #: its size: the issue measured eight of 230 MB).

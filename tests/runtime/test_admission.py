@@ -49,8 +49,8 @@ from dpmarket.owner.service import owner_limits
 from dpmarket.runtime import admission, allocator, cape_messages, rpc_trace, sketch_messages
 from dpmarket.runtime.admission import (
     OPEN_CALLS_PER_CALLER,
-    OPEN_CONCURRENT_CALLS,
-    OPEN_RESERVED_CALLS,
+    OPEN_CALLS_PER_CLASS,
+    OTHERS,
     READS_AT_ONCE,
     READS_PER_CALLER,
     SMALL_REQUEST_BYTES,
@@ -174,12 +174,12 @@ def _run(
     owner: ProbeOwner | None = None,
     target: list[str] | None = None,
     *,
-    reserve: bool = False,
+    served: list[Authorizer] | None = None,
 ) -> None:
     """Serve the probes (as one owner-0 server) and run ``scenario(connect, owner, curator)``;
-    the server's address is appended to ``target``, if given. ``reserve``: the owner service's
-    callers (the curators) keep their part of the health and reflection services' calls, as an
-    owner's server does (``start_server``'s ``served``)."""
+    the server's address is appended to ``target``, if given. ``served``: the authorizers of the
+    parties the server serves (``start_server``'s), whose roles' classes keep their own health
+    and reflection calls."""
     # The generated servicer stubs declare every RPC abstract; grpc's servicer answers
     # UNIMPLEMENTED for those a probe does not define.
     owner = owner or ProbeOwner()  # type: ignore[abstract]
@@ -192,7 +192,6 @@ def _run(
 
         names = ["dpmarket.v1.OwnerService", "dpmarket.v1.CuratorService"]
         security = _security(pki, OWNER)
-        served = [owner.authorizer] if reserve else None
         server, port, _ = await start_server(
             register, names, "127.0.0.1:0", security, served=served
         )
@@ -407,18 +406,23 @@ def test_a_request_above_one_message_arrives_in_pieces_byte_for_byte(
     _run(pki, scenario, target=channel_target)
 
 
-@pytest.mark.parametrize("wait", [0.5, None])
-def test_calls_that_send_nothing_hold_the_reads_only_for_a_while(
-    pki: Path, monkeypatch: pytest.MonkeyPatch, wait: float | None
+@pytest.mark.parametrize(("wait", "caller"), [(0.5, CURATOR_B), (None, CURATOR_B), (0.5, CURATOR)])
+def test_calls_that_send_nothing_hold_the_reads_only_for_a_while_once_others_wait(
+    pki: Path, monkeypatch: pytest.MonkeyPatch, wait: float | None, caller: Identity
 ) -> None:
     """READS_AT_ONCE calls that open and send no request (no deadline) took every read slot, and
-    every other call of every service waited behind them until they ended: each now holds its
-    slot READ_WAIT_SECONDS at most and is refused (RESOURCE_EXHAUSTED), and the next call is
-    served. Control (``wait`` None: no limit on the wait): the next call misses its deadline.
-    (One caller makes every call: it may hold every turn here, as any caller could before
-    :class:`~dpmarket.runtime.admission.CallerShares`, whose tests follow.)"""
+    every other call of every service waited behind them until they ended: once another call
+    waits (here another curator's, for a turn; the turns' grace is off, to show this rule
+    alone), they are refused (RESOURCE_EXHAUSTED) at their next look, READ_WAIT_SECONDS apart,
+    until it is served: one, here, whose turn goes to it. Control (``wait`` None: no bound):
+    the waiting call misses its deadline. The staller's own next call is no other call
+    waiting (``caller`` CURATOR): a caller alone keeps its reads however slow its link, and its
+    own calls wait behind them.
+    (One caller makes the stalled calls: it may hold every turn here, as any caller could
+    before :class:`~dpmarket.runtime.admission.CallerShares`, whose tests follow.)"""
     monkeypatch.setattr(admission, "READ_WAIT_SECONDS", 1e9 if wait is None else wait)
     monkeypatch.setattr(admission, "READS_PER_CALLER", READS_AT_ONCE)
+    monkeypatch.setattr(admission, "TURN_GRACE_SECONDS", 1e9)
     method = "/dpmarket.v1.OwnerService/GetProgress"
 
     async def scenario(connect, owner, curator):
@@ -426,17 +430,24 @@ def test_calls_that_send_nothing_hold_the_reads_only_for_a_while(
         stall = channel.channel.stream_unary(method, None, None)
         stalled = [asyncio.ensure_future(_code(stall())) for _ in range(READS_AT_ONCE)]
         await asyncio.sleep(0.2)  # the stalled calls have taken their slots
-        stub = owner_pb2_grpc.OwnerServiceStub(connect(CURATOR))
+        stub = owner_pb2_grpc.OwnerServiceStub(connect(caller))
         code, details = await _code(stub.GetProgress(_progress(8), timeout=3.0))
-        if wait is None:
+        if wait is None or caller == CURATOR:
             assert code == grpc.StatusCode.DEADLINE_EXCEEDED, details
+            assert not any(call.done() for call in stalled)
             for call in stalled:
                 call.cancel()
             return
         assert code == grpc.StatusCode.OK, details
-        for code, details in await asyncio.gather(*stalled):
-            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
-            assert "did not arrive within 0.5 s" in details
+        # One stalled call was refused, its turn handed on; nobody waits now: the rest keep
+        # theirs.
+        refused = [call for call in stalled if call.done()]
+        assert len(refused) == 1
+        code, details = refused[0].result()
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+        assert "did not arrive within 0.5 s" in details
+        for call in stalled:
+            call.cancel()
 
     _run(pki, scenario)
 
@@ -515,8 +526,8 @@ def test_one_callers_stalled_calls_do_not_delay_another_callers_reads(
 def test_stalled_health_probes_of_two_identities_do_not_hold_the_other_services_reads(
     pki: Path, monkeypatch: pytest.MonkeyPatch, apart: bool
 ) -> None:
-    """Two consumers open the health service's most calls (two each, four in all) and send
-    nothing: the curator's call to the owner service is served at once, as the open services
+    """Two consumers and two more curators open a health call each and send nothing (four in
+    all): the curator's call to the owner service is served at once, as the open services
     read outside the server's turns. Control (they read with the turns, each kept
     READ_WAIT_SECONDS whoever waits): the four stalled probes hold every turn and the curator's
     call misses its deadline (a stranger's finding: a consumer and an owner's certificate slowed
@@ -529,7 +540,7 @@ def test_stalled_health_probes_of_two_identities_do_not_hold_the_other_services_
     async def scenario(connect, owner, curator):
         stalled = [
             asyncio.ensure_future(_code(connect(who).channel.stream_unary(method, None, None)()))
-            for who in (ALICE, ALICE, BOB, BOB)
+            for who in (ALICE, BOB, CURATOR_B, CURATOR_C)
         ]
         await asyncio.sleep(0.5)  # the probes are admitted and waiting for their requests
         stub = owner_pb2_grpc.OwnerServiceStub(connect(CURATOR))
@@ -638,21 +649,29 @@ def test_a_call_queued_behind_its_callers_stalled_reads_is_refused_within_the_re
     pki: Path, monkeypatch: pytest.MonkeyPatch, admissions: list[Any], wait: float | None
 ) -> None:
     """The curator's read turns are held by its calls that send nothing (their wait for a
-    message unbounded here), and another of its calls queues for a turn: it is refused
-    (RESOURCE_EXHAUSTED) once it has waited ``READ_WAIT_SECONDS``, unread, and gives its
-    calls-at-once slot back while the stalled calls still hold theirs. Control (``wait`` None:
-    no bound on the wait for a turn): the queued call holds its slot until its client's
-    deadline."""
+    message unbounded here), and another of its calls queues for a turn while another call
+    waits (curator-b's stalled calls hold the server's other turns, curator-c's call waits for
+    one; the turns' grace is off): it is refused (RESOURCE_EXHAUSTED) once it has waited
+    ``READ_WAIT_SECONDS``, unread, and gives its calls-at-once slot back while the stalled calls
+    still hold theirs. Control (``wait`` None: no bound on the wait for a turn): the queued call
+    holds its slot until its client's deadline. (Alone, a caller's queued calls wait behind its
+    slow reads: the test above.)"""
     monkeypatch.setattr(admission, "READ_WAIT_SECONDS", 1e9)
+    monkeypatch.setattr(admission, "TURN_GRACE_SECONDS", 1e9)
     method = "/dpmarket.v1.OwnerService/GetProgress"
     key = ("dpmarket.v1.OwnerService", str(CURATOR))
 
     async def scenario(connect, owner, curator):
         shares, active = admissions[0].shares, admissions[0].active
-        stall = connect(CURATOR).channel.stream_unary(method, None, None)
-        stalled = [asyncio.ensure_future(_code(stall())) for _ in range(READS_PER_CALLER)]
-        await _until(lambda: str(CURATOR) in shares.callers)
-        await _until(lambda: shares.callers[str(CURATOR)].reads.locked())
+        stalled = []
+        for who in (CURATOR, CURATOR_B):
+            stall = connect(who).channel.stream_unary(method, None, None)
+            stalled += [asyncio.ensure_future(_code(stall())) for _ in range(READS_PER_CALLER)]
+        await _until(shares.reads.locked)
+        other = owner_pb2_grpc.OwnerServiceStub(connect(CURATOR_C))
+        waiting = asyncio.ensure_future(_code(other.GetProgress(_progress(8), timeout=DEADLINE)))
+        stalled.append(waiting)
+        await _until(lambda: shares.reads.waiting == 1)
         monkeypatch.setattr(admission, "READ_WAIT_SECONDS", 1e9 if wait is None else wait)
         stub = owner_pb2_grpc.OwnerServiceStub(connect(CURATOR))
         code, details = await _code(stub.GetProgress(_progress(8), timeout=3.0))
@@ -671,46 +690,49 @@ def test_a_call_queued_behind_its_callers_stalled_reads_is_refused_within_the_re
     _run(pki, scenario)
 
 
-@pytest.mark.parametrize("least_rate", [True, False])
-def test_a_declared_request_sent_too_slowly_is_refused_and_gives_its_budget_back(
-    pki: Path, monkeypatch: pytest.MonkeyPatch, admissions: list[Any], least_rate: bool
+@pytest.mark.parametrize("alone", [True, False])
+def test_a_declared_request_sent_slowly_on_a_quiet_server_is_served(
+    pki: Path, monkeypatch: pytest.MonkeyPatch, admissions: list[Any], alone: bool
 ) -> None:
     """The curator declares a 2 MiB OpenSession and sends its three pieces one every 0.6 s: each
-    within the read wait (1.2 s), but the whole request slower than the least rate (here its
-    size in 0.2 s: 1.4 s in all). It is refused RESOURCE_EXHAUSTED, saying so, before its last
-    piece is sent, and the budget it took is free. Control (no least rate): it holds its budget
-    past that, until its last piece, and is served."""
+    slower than the read wait (0.4 s here), and the whole request slower than the least rate
+    (here its size in 0.2 s: 0.6 s in all). No other call waits for a read turn or the budget,
+    so it is served whole, its budget held until its last piece and given back (a stranger's
+    finding: a curator on a 30 KiB/s uplink to an owner had an ``OpenSession`` refused after
+    10 s, and the owner left out). Control (the earlier rule, ``WAIT_ALONE`` off: the read wait
+    and least rate whoever waits): it is refused RESOURCE_EXHAUSTED before its last piece."""
     request = _opening(2 * FRAME_BYTES).SerializeToString()
     pieces = [request[i : i + FRAME_BYTES] for i in range(0, len(request), FRAME_BYTES)]
     assert len(pieces) == 3
-    monkeypatch.setattr(admission, "READ_WAIT_SECONDS", 1.2)
-    rate = len(request) / 0.2 if least_rate else 1e-6
-    monkeypatch.setattr(admission, "MIN_UPLOAD_BYTES_PER_SECOND", rate)
+    monkeypatch.setattr(admission, "WAIT_ALONE", alone)
+    monkeypatch.setattr(admission, "READ_WAIT_SECONDS", 0.4)
+    monkeypatch.setattr(admission, "MIN_UPLOAD_BYTES_PER_SECOND", len(request) / 0.2)
     metadata = (("dpmarket-request-bytes", str(len(request))),)
     method = "/dpmarket.v1.OwnerService/OpenSession"
 
     async def scenario(connect, owner, curator):
-        budget = admissions[0].shares.budget
+        shares = admissions[0].shares
         sent: list[int] = []  # the budget held as each piece is sent
 
         async def slowly() -> Any:
             for piece in pieces:
                 await asyncio.sleep(0.6)
-                sent.append(budget.held)
+                sent.append(shares.budget.held)
                 yield piece
 
         upload = connect(CURATOR).channel.stream_unary(method, None, None)
         code, details = await _code(upload(slowly(), metadata=metadata, timeout=DEADLINE))
-        if least_rate:
-            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
-            assert f"request of {len(request)} bytes did not arrive within 1.4 s" in details
-            assert len(sent) < len(pieces) and owner.reached == 0
-        else:
+        if alone:
             assert code == grpc.StatusCode.OK, details
-            assert sent == [len(request)] * 3  # held 1.8 s, past the 1.4 s refused above
+            assert sent == [len(request)] * 3
             assert owner.opened == [request]
-        await _until(lambda: not admissions[0].shares.callers)
-        assert budget.held == 0
+            assert not shares.stalled(str(CURATOR))
+        else:
+            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+            assert "did not arrive within 0.4 s" in details
+            assert len(sent) < len(pieces) and owner.reached == 0
+        await _until(lambda: not shares.callers)
+        assert shares.budget.held == 0
 
     _run(pki, scenario)
 
@@ -970,16 +992,34 @@ def test_an_upload_at_the_least_rate_on_a_quiet_server_is_served(
     _run(pki, scenario)
 
 
-@pytest.mark.parametrize("reserve", [True, False])
-def test_the_curators_health_checks_keep_their_calls_while_other_parties_hold_the_rest(
-    pki: Path, admissions: list[Any], reserve: bool
+#: The parties each kind of server serves (``start_server``'s ``served``): an owner's, the
+#: curators its policy names; the curator's, every consumer and its configured owners.
+SERVES = {
+    "owner": [Authorizer({"curator": ("curator", "curator-b", "curator-c")})],
+    "curator": [Authorizer({"consumer": None}), Authorizer({"owner": (OWNER.name,)})],
+}
+
+
+@pytest.mark.parametrize("per_class", [True, False])
+@pytest.mark.parametrize(("server", "victim"), [("owner", CURATOR), ("curator", OWNER)])
+def test_a_served_partys_health_checks_keep_their_calls_whoever_holds_the_others(
+    pki: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    admissions: list[Any],
+    per_class: bool,
+    server: str,
+    victim: Identity,
 ) -> None:
-    """Two consumers, whom the owner's own service does not serve, open two health checks each
-    and send nothing (a stranger's finding: two identities filled an owner's four health calls,
-    and the curator's checks, refused, showed a healthy owner down). The curator, whom the owner
-    serves, keeps ``OPEN_RESERVED_CALLS`` of them: the consumers' calls beyond the others' part
-    are refused at once, naming it, and the curator's check is served. Control (no reserve):
-    the consumers' four calls fill the limit and the curator's check is refused."""
+    """Two consumers open two health checks each and send nothing (a stranger's findings: two
+    identities filled an owner's health calls, and the curator's checks, refused, showed a
+    healthy owner down; then four consumer identities, whom the curator serves, did the same at
+    the curator, refusing the owners' checks of it). At an owner, which does not serve them, and
+    at the curator, which does, the consumers' class keeps ``OPEN_CALLS_PER_CLASS`` calls: their
+    calls beyond are refused at once, naming it, and the served party's check (the curator's of
+    an owner, an owner's of the curator) is served. Control (every caller in one class, as the
+    calls were shared before): the consumers' calls fill the class and the check is refused."""
+    if not per_class:
+        monkeypatch.setattr(admission.Admission, "open_class", lambda self, context: OTHERS)
     method = "/grpc.health.v1.Health/Check"
 
     async def scenario(connect, owner, curator):
@@ -988,27 +1028,25 @@ def test_the_curators_health_checks_keep_their_calls_while_other_parties_hold_th
             for who in (ALICE, ALICE, BOB, BOB)
         ]
         active = admissions[0].active
-        admitted = OPEN_CONCURRENT_CALLS - OPEN_RESERVED_CALLS if reserve else len(stalled)
-        await _until(lambda: active.get(admission.OPEN_SERVICES) == admitted)
-        await _until(lambda: sum(call.done() for call in stalled) == len(stalled) - admitted)
+        await _until(lambda: active.get(admission.OPEN_SERVICES) == OPEN_CALLS_PER_CLASS)
+        await _until(lambda: sum(call.done() for call in stalled) == 2)
+        whom = "consumers" if server == "curator" and per_class else "parties their server's"
         for call in stalled:
             if call.done():
                 assert await call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-                assert "keep for parties their server's own services do not serve" in (
-                    await call.details()
-                )
-        health = health_pb2_grpc.HealthStub(connect(CURATOR))
+                assert f"calls at once they keep for {whom}" in await call.details()
+        health = health_pb2_grpc.HealthStub(connect(victim))
         code, details = await _code(health.Check(health_pb2.HealthCheckRequest(), timeout=3.0))
-        if reserve:
+        if per_class:
             assert (code, details) == (grpc.StatusCode.OK, "")
         else:
             assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
-            assert f"serving its limit of {OPEN_CONCURRENT_CALLS} calls at once" in details
+            assert f"the {OPEN_CALLS_PER_CLASS} calls at once they keep" in details
         for call in stalled:
             call.cancel()
         await _until(lambda: not active)
 
-    _run(pki, scenario, reserve=reserve)
+    _run(pki, scenario, served=SERVES[server])
 
 
 def test_on_plaintext_each_connection_is_a_caller_of_its_own(admissions: list[Any]) -> None:
@@ -1102,6 +1140,80 @@ def test_caller_shares_wait_on_their_own_share_first_and_are_dropped_when_idle()
         CallerShares(4, 5, RequestBudget(1), 1)
     with pytest.raises(ValueError, match="got 0"):
         CallerShares(4, 1, RequestBudget(1), 0)
+
+
+class _VirtualClock(asyncio.SelectorEventLoop):
+    """An event loop whose clock jumps to its next live timer whenever nothing else is ready: a
+    fake clock, so that waits of seconds or hours take none and their ends are exact."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+
+    def time(self) -> float:
+        return self.now
+
+    def _run_once(self) -> None:
+        scheduled = self._scheduled  # type: ignore[attr-defined]
+        if not self._ready:  # type: ignore[attr-defined]
+            live = [handle.when() for handle in scheduled if not handle.cancelled()]
+            if live:
+                self.now = max(self.now, min(live))
+        super()._run_once()  # type: ignore[misc]
+
+
+def _on_virtual_clock(scenario: Callable[[_VirtualClock], Coroutine[Any, Any, None]]) -> None:
+    loop = _VirtualClock()
+    try:
+        loop.run_until_complete(scenario(loop))
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("alone", [True, False])
+def test_a_caller_alone_waits_for_its_slow_messages_and_is_refused_once_another_waits(
+    monkeypatch: pytest.MonkeyPatch, alone: bool
+) -> None:
+    """On a fake clock: caller a's message takes an hour (a peer on a slow link), and its second
+    call waits behind it for a's own read turn; nobody else waits, so neither is refused and the
+    message is read at 3,600 s. Then a's next message never comes and b's request waits for the
+    budget a holds from 105 s: a's read and its queued call are refused at their next look,
+    110 s, within ``READ_WAIT_SECONDS`` of b's wait (a stranger's finding: a curator on a 30
+    KiB/s uplink had an owner's ``OpenSession`` refused after 10 s, alone). Control (the earlier
+    rule, ``WAIT_ALONE`` off): both are refused at 10 s, alone."""
+    monkeypatch.setattr(admission, "WAIT_ALONE", alone)
+    wait = admission.READ_WAIT_SECONDS
+
+    async def scenario(loop: _VirtualClock) -> None:
+        shares = CallerShares(2, 1, RequestBudget(10), 10)
+        a, b = shares.enter("a"), shares.enter("b")
+        await shares.take(a, 10)  # the whole budget
+        late = loop.create_future()
+        loop.call_later(3600.0, late.set_result, b"late")
+        first, second = shares.reading(a), shares.reading(a)
+        queued = asyncio.ensure_future(first.__aenter__())
+        async with shares.reading(a):
+            try:
+                got = await shares.patiently(lambda: asyncio.shield(late))
+            except TimeoutError:
+                assert not alone and loop.time() == wait
+                with pytest.raises(admission.TurnsTakenError):
+                    await queued
+                return
+        assert alone and got == b"late" and loop.time() == 3600.0
+        await queued  # a's queued call has its turn now, unrefused
+        never = loop.create_future()
+        loop.call_later(105.0, lambda: asyncio.ensure_future(shares.take(b, 5)))
+        queued = asyncio.ensure_future(second.__aenter__())
+        with pytest.raises(TimeoutError):
+            await shares.patiently(lambda: asyncio.shield(never))
+        assert loop.time() == 3600.0 + 110.0 and shares.budget.pressed
+        with pytest.raises(admission.TurnsTakenError):
+            await queued
+        assert loop.time() == 3600.0 + 110.0
+        await first.__aexit__(None, None, None)
+
+    _on_virtual_clock(scenario)
 
 
 def test_the_request_budget_serves_in_order_what_fits_and_a_larger_request_alone() -> None:
@@ -1244,6 +1356,8 @@ def test_a_service_serves_at_most_its_calls_at_once_and_refusals_take_no_slot(pk
 
 
 def test_health_and_reflection_serve_every_identity_within_small_limits(pki: Path) -> None:
+    ask_health = health_pb2.HealthCheckRequest()
+
     async def scenario(connect, owner, curator):
         health = health_pb2_grpc.HealthStub(connect(ALICE))
         response = await health.Check(health_pb2.HealthCheckRequest(), timeout=DEADLINE)
@@ -1251,7 +1365,8 @@ def test_health_and_reflection_serve_every_identity_within_small_limits(pki: Pat
         big = health_pb2.HealthCheckRequest(service="h" * SMALL_REQUEST_BYTES)
         code, _ = await _code(health.Check(big, timeout=DEADLINE))
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
-        # One caller holds at most OPEN_CALLS_PER_CALLER calls at once; another is served.
+        # One caller holds at most OPEN_CALLS_PER_CALLER calls at once; another class's caller
+        # is served (a consumer's class is full: OPEN_CALLS_PER_CLASS).
         watches = [health.Watch(health_pb2.HealthCheckRequest()) for _ in range(2)]
         for watch in watches:
             assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
@@ -1259,8 +1374,11 @@ def test_health_and_reflection_serve_every_identity_within_small_limits(pki: Pat
         code, details = await _code(health.Check(health_pb2.HealthCheckRequest()))
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "consumer:alice has its limit of 2 calls at once" in details
-        other = health_pb2_grpc.HealthStub(connect(BOB))
-        assert (await other.Check(health_pb2.HealthCheckRequest())).status == response.status
+        code, details = await _code(health_pb2_grpc.HealthStub(connect(BOB)).Check(ask_health))
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "the 2 calls at once they keep for consumers" in details
+        other = health_pb2_grpc.HealthStub(connect(CURATOR_B))
+        assert (await other.Check(ask_health)).status == response.status
         for watch in watches:
             watch.cancel()
         reflection = reflection_pb2_grpc.ServerReflectionStub(connect(BOB))
