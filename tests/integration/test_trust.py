@@ -466,7 +466,9 @@ def test_consumers_holding_the_curators_health_calls_refuse_no_owners_or_curator
     channels = [_channel(guard, guard.curator_target, CURATOR, h) for h in holders]
     method = "/grpc.health.v1.Health/Check"
     try:
-        calls = [c.stream_unary(method).future(nothing()) for c in channels for _ in range(2)]
+        calls = [
+            c.stream_unary(method, None, None).future(nothing()) for c in channels for _ in range(2)
+        ]
         _wait_for(lambda: sum(call.done() for call in calls) == 2, CALL_TIMEOUT, "refusals")
         for call in (call for call in calls if call.done()):
             assert call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
