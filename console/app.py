@@ -644,15 +644,7 @@ def _curator_routes(curator: CuratorConsole, page: Page) -> list[Route]:
             view = await run_in_threadpool(curator.view)
         except FileNotFoundError as exc:
             return page(request, "missing.html", {"message": str(exc)}, 503)
-        rates = view["rates"]
-        rate_svg = await run_in_threadpool(
-            functools.partial(
-                plots.rate_plot,
-                rates["hours"],
-                rates["counts"],
-                title="requests per hour (UTC), by consumer",
-            )
-        )
+        rate_svg = await run_in_threadpool(curator.rate_chart, view["rates"])
         return page(request, "curator.html", {"view": view, "rate_svg": rate_svg})
 
     return [Route("/curator", overview)]

@@ -212,12 +212,10 @@ def console_command(
     bound = sock.getsockname()[1]
     app = create_app(party, identity, token, port=bound, https=https_cert is not None)
     from dpmarket.console.consumer import ConsumerConsole
-    from dpmarket.console.owner import OwnerConsole
 
     # Process-wide, for the warm-up thread and the answers alike.
     threadpool_limits(limits=blas_threads, user_api="blas")
-    if isinstance(party, ConsumerConsole | OwnerConsole):
-        party.start_warming()  # its explore caches, or its charges chart, in the background
+    party.start_warming()  # its explore caches, or its chart, in the background
     scheme = "https" if https_cert else "http"
     shown = f"[{host_shown}]" if ":" in host_shown else host_shown
     base = f"{scheme}://{shown}:{bound}{token.prefix}"
@@ -250,6 +248,8 @@ def console_command(
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         sock.close()
+        if isinstance(party, ConsumerConsole):
+            party.stop_warming()  # its refitting process too: not left behind the console
 
 
 def _party(

@@ -92,6 +92,8 @@ MAX_JOBS = 16
 STATEMENTS_SHOWN = 100
 #: CPU priority the refits of published fits run at, above the console's (nice).
 REFIT_NICENESS = 10
+#: Seconds between the refitting process's looks at whether the console still runs.
+PARENT_CHECK_SECONDS = 0.5
 #: The explore form's questions answered ahead by the warm-up: the query kinds the form asks
 #: with its defaults alone (a count, a logistic regression and a marginal need a field more).
 ANSWERED_AHEAD = ("mean", "moment2", "cdf", "covariance")
@@ -491,9 +493,14 @@ class ConsumerConsole:
             refitter.terminate()
 
     def _warm(self) -> None:
+        from dpmarket.console import plots
         from dpmarket.consumer.catalogue import published_fits, unstored_fits, verify_fits, warm
 
         try:
+            # What the main page waits for on its first fetch: the process's first figure
+            # and the catalogue's read (the curator's channel opened).
+            plots.warm_up()
+            self.catalogue()
             # At the console's priority: it holds the lock answers take while it draws a
             # design (a second or so each), and a starved holder would keep them waiting.
             # First, before anything else, as a first answer needs what it computes.
@@ -551,7 +558,7 @@ class ConsumerConsole:
         context = multiprocessing.get_context("spawn")  # no copy of this process's threads
         child = context.Process(
             target=_refit_child,
-            args=(fits, str(self.model_dir)),
+            args=(fits, str(self.model_dir), os.getpid()),
             name="explore-refit",
             daemon=True,  # ends with the console
         )
@@ -1055,11 +1062,28 @@ def _why(reason: str, spec: str) -> str:
     return reason.removeprefix(f"{spec}: ")
 
 
-def _refit_child(fits: list[Any], model_dir: str) -> None:
+def end_with(parent: int) -> threading.Thread:
+    """In a child process: end it (``os._exit(0)``) once its parent ``parent`` (a pid) has
+    ended, looked at every :data:`PARENT_CHECK_SECONDS` by a daemon thread (returned)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_SECONDS)
+        os._exit(0)  # what is half written is a temporary file: the store keeps whole files
+
+    thread = threading.Thread(target=watch, name="end-with-parent", daemon=True)
+    thread.start()
+    return thread
+
+
+def _refit_child(fits: list[Any], model_dir: str, console: int) -> None:
     """The refitting process (:meth:`ConsumerConsole._refit_elsewhere`): lower its priority,
-    then fit into the model store."""
+    then fit into the model store; it ends as soon as the console's process ``console`` has
+    (a console stopped by a signal exits without ending its children: the refits went on for
+    a minute or more beside the next console's)."""
     from dpmarket.consumer.catalogue import refit_into_store
 
+    end_with(console)
     with contextlib.suppress(OSError):
         os.nice(REFIT_NICENESS)
     refit_into_store(fits, model_dir)

@@ -84,6 +84,69 @@ def test_work_ahead_gives_way_to_a_page_s_computation() -> None:
         bounded.pause()  # returns after its limit though a page's computation runs
 
 
+_PARENT = """
+import multiprocessing, sys, time
+from dpmarket.console.consumer import end_with
+
+def child(parent, watch):
+    if watch:
+        end_with(parent)
+    time.sleep(120)
+
+if __name__ == "__main__":
+    import os
+    p = multiprocessing.get_context("spawn").Process(
+        target=child, args=(os.getpid(), sys.argv[1] == "watch"), daemon=True
+    )
+    p.start()
+    print(p.pid, flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("watch", [True, False])
+def test_a_refitting_process_ends_with_its_console(tmp_path: Path, watch: bool) -> None:
+    """A console killed by a signal runs no exit handler, so its refitting process (spawned,
+    daemonic) would live on (a stranger found refits running a minute and more beside the
+    next console's): :func:`end_with` ends it once the parent has gone. The control (no
+    :func:`end_with`): the child outlives its killed parent."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "parent.py"
+    script.write_text(_PARENT)
+    parent = subprocess.Popen(
+        [sys.executable, str(script), "watch" if watch else "plain"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert parent.stdout is not None
+    with parent.stdout:
+        child = int(parent.stdout.readline())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(30)
+
+    def alive() -> bool:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return False
+        with open(f"/proc/{child}/stat") as stat:  # a zombie has ended
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+    for _ in range(100 if watch else 20):  # 10 s for it to end; the control: still there at 2 s
+        if not alive():
+            break
+        time.sleep(0.1)
+    try:
+        assert alive() is not watch
+    finally:
+        if alive():
+            os.kill(child, signal.SIGKILL)
+
+
 def test_an_answer_that_takes_long_is_computed_off_the_request(tmp_path: Path) -> None:
     """A curator that takes the connection and never answers (a listening socket nobody
     accepts on; the client's deadline 1.5 s): the explore page does not wait for the catalogue's

@@ -49,7 +49,8 @@ SID = "9663fef5ac6196908c073ec1c659183d"
 
 def _earning_ledger(data_dir: Path) -> None:
     """The young owner's ledger: one session charged (18 points read, ε 1) and its statement
-    (6 points delivered) recorded: 0.18 + 0.30 + 2.00 = 2.48 credits."""
+    recorded; without a reward the delivered price is paid on the points read up to p (18 of
+    p = 20: the summary's 6 are not stated), so 0.18 + 0.90 + 2.00 = 3.08 credits."""
     settlement = SettlementTerms(summary_size=20, validation_size=40)
     quoted = session_quote(
         dict.fromkeys(OWNERS, PRICES), dict.fromkeys(OWNERS, 60), 1.0, settlement
@@ -83,12 +84,12 @@ def test_the_owner_sees_its_earnings_and_prices(tmp_path: Path) -> None:
     page = client.get(f"{token.prefix}/owner", headers={"Authorization": f"Bearer {token.value}"})
     assert page.status_code == 200
     earnings = page.text.split('id="earnings"', 1)[1].split("</section>", 1)[0]
-    assert re.search(r'id="earned-total">2\.48<', earnings), earnings
+    assert re.search(r'id="earned-total">3\.08<', earnings), earnings
     row = re.search(r"<tbody>\s*<tr>(.*?)</tr>", earnings, flags=re.DOTALL)
     assert row is not None
     cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1))
     # recorded at, session, consumer, read, delivered, ε, charge, reward, total
-    assert cells[1:] == [SID[:8], "alice", "18", "6", "1", "2.48", "0.00", "2.48"], cells
+    assert cells[1:] == [SID[:8], "alice", "18", "18", "1", "3.08", "0.00", "3.08"], cells
     assert "senior" not in page.text  # another owner's line is not in this owner's statement
     prices = page.text.split('id="prices"', 1)[1].split("</section>", 1)[0]
     assert "<dt>per raw point read</dt><dd>0.01</dd>" in prices
