@@ -109,6 +109,13 @@ _KEYS: dict[tuple[str, str], str] = {
     ("sketches", "epsilon"): "epsilon_per_sketch",
     ("cape", "min_colluders"): "cape_min_colluders",
 }
+#: The ``[access]`` keys that are true or false.
+_ACCESS_FLAGS = (
+    "allow_non_private",
+    "allow_exact_bids",
+    "allow_steered_selection",
+    "allow_reward_disclosure",
+)
 _KEY_OF_FIELD = {name: f"{section}.{key}" for (section, key), name in _KEYS.items()}
 _SECTIONS = tuple(dict.fromkeys(section for section, _ in _KEYS))
 _SECTION_COMMENTS = {
@@ -415,12 +422,7 @@ class OwnerPolicy:
             )
         put("points_fraction_per_session", fraction)
         put("rounds_per_point", _integer(self.rounds_per_point, "rounds_per_point"))
-        for flag in (
-            "allow_non_private",
-            "allow_exact_bids",
-            "allow_steered_selection",
-            "allow_reward_disclosure",
-        ):
+        for flag in _ACCESS_FLAGS:
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{_key(flag)} must be true or false, got {getattr(self, flag)!r}")
         curators = self.curators
