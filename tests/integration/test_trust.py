@@ -1210,7 +1210,8 @@ def test_a_reward_is_refused_unless_every_owner_consents_to_what_its_statement_d
     its quote without the reward is served. Control: an owner that consents (the budget
     cluster) opens the same terms."""
     m = len(digits.validation)
-    reward = RewardOffer("value", 1_000_000, 1.0)
+    # A payout epsilon of 1e-3: the control's owner (the budget cluster) has little left.
+    reward = RewardOffer("value", 1_000_000, 0.001)
     without = MarketTerms(4, 0, 0, SettlementTerms(10, m))
     rewarded = MarketTerms(4, 0, 0, reward.settlement(10, m))
     rff = draw_rff_params(digits.n_features, D, 0.5, np.random.default_rng(29))
