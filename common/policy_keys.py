@@ -30,6 +30,7 @@ POLICY_KEYS: tuple[str, ...] = (
     "access.allow_non_private",
     "access.allow_exact_bids",
     "access.allow_steered_selection",
+    "access.allow_reward_disclosure",
     "limits.max_sessions",
     "limits.session_idle_timeout_seconds",
     "limits.max_rff_dimension",

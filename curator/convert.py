@@ -104,6 +104,7 @@ def info_from_proto(
             allow_exact_bids=message.access.allow_exact_bids,
             allow_steered_selection=message.access.allow_steered_selection,
             allow_non_private=message.access.allow_non_private,
+            allow_reward_disclosure=message.access.allow_reward_disclosure,
         )
         if message.HasField("access")
         else None,

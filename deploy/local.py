@@ -93,7 +93,8 @@ _CURATOR_COMMANDS = ("curator serve", "serve-curator")
 _OWNER_COMMANDS = ("owner serve", "serve-owner")
 #: The CA's folder in a deployment (``ca.crt``, ``ca.key``): read by ``dpmarket pki issue`` only.
 CA_DIR = "ca"
-#: What a drafted owner policy says above the keys it sets away from the production defaults
+#: What a drafted owner policy says above the keys it sets away from the production defaults,
+#: and above a default whose disclosure an operator should weigh before changing it
 #: (:meth:`dpmarket.owner.policy.OwnerPolicy.to_toml`'s ``notes``).
 DRAFT_NOTES = {
     "allow_steered_selection": (
@@ -106,6 +107,15 @@ DRAFT_NOTES = {
         "column, for at most min(session.points, floor(session.points_fraction * rows)) rows a\n"
         "session. Set false when someone else runs the curator: this owner then serves the\n"
         "uniform method only and refuses candidates sessions when they open, charging nothing."
+    ),
+    "allow_reward_disclosure": (
+        "false: sessions with a consumer's reward (request --reward) are refused when they open,\n"
+        "charging nothing. What a reward discloses: each owner's statement states exactly how\n"
+        "many of its points the summary holds (the reward pays on that count). That count depends\n"
+        "on the consumer's validation set and on every other owner's points and is not a DP\n"
+        "release: this owner would learn it of the others, and they of this owner. Set true only\n"
+        "if this owner consents to that; a session runs with a reward only among owners that all\n"
+        "set it."
     ),
 }
 
@@ -281,7 +291,9 @@ def draft_owner_policy(peers: Sequence[tuple[str, str]] = ()) -> OwnerPolicy:
     ``access.allow_steered_selection = true``: the one operator runs the curator too, and the
     tutorial's default method (candidates) picks its rows along the curator's embedding, which
     an owner serves only with that key (:func:`dpmarket.owner.terms.check_steered_selection`).
-    Exact bids and non-private sessions stay refused.
+    Exact bids, non-private sessions and sessions with a consumer's reward
+    (``access.allow_reward_disclosure``, drafted false with a note saying what it discloses)
+    stay refused.
 
     Parameters
     ----------

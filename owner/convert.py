@@ -63,6 +63,7 @@ def info_to_proto(info: OwnerInfo) -> owner_pb2.GetOwnerInfoResponse:
             allow_exact_bids=info.access.allow_exact_bids,
             allow_steered_selection=info.access.allow_steered_selection,
             allow_non_private=info.access.allow_non_private,
+            allow_reward_disclosure=info.access.allow_reward_disclosure,
         ),
     )
 

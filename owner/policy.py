@@ -24,6 +24,8 @@ comments is ``deploy/policies/owner.toml``)::
     allow_exact_bids = false    # whether per-round methods (exact bids to the curator) are served
     allow_steered_selection = false  # whether the candidates methods (rows picked along the
                                      # curator's embedding) are served
+    allow_reward_disclosure = false  # whether sessions with a consumer's reward are served (its
+                                     # statement tells each owner its count in the summary)
     [limits]
     max_sessions = 8
     session_idle_timeout_seconds = 600
@@ -97,6 +99,7 @@ _KEYS: dict[tuple[str, str], str] = {
     ("access", "allow_non_private"): "allow_non_private",
     ("access", "allow_exact_bids"): "allow_exact_bids",
     ("access", "allow_steered_selection"): "allow_steered_selection",
+    ("access", "allow_reward_disclosure"): "allow_reward_disclosure",
     ("limits", "max_sessions"): "max_sessions",
     ("limits", "session_idle_timeout_seconds"): "session_idle_timeout_seconds",
     ("limits", "max_rff_dimension"): "max_rff_dimension",
@@ -106,6 +109,13 @@ _KEYS: dict[tuple[str, str], str] = {
     ("sketches", "epsilon"): "epsilon_per_sketch",
     ("cape", "min_colluders"): "cape_min_colluders",
 }
+#: The ``[access]`` keys that are true or false.
+_ACCESS_FLAGS = (
+    "allow_non_private",
+    "allow_exact_bids",
+    "allow_steered_selection",
+    "allow_reward_disclosure",
+)
 _KEY_OF_FIELD = {name: f"{section}.{key}" for (section, key), name in _KEYS.items()}
 _SECTIONS = tuple(dict.fromkeys(section for section, _ in _KEYS))
 _SECTION_COMMENTS = {
@@ -273,6 +283,17 @@ class OwnerPolicy:
         session opens (``FAILED_PRECONDITION`` naming this key), before anything is counted or
         picked, and nothing is charged; the uniform method is served either way.
         ``access.allow_steered_selection``.
+    allow_reward_disclosure : bool
+        Whether sessions whose terms carry a consumer's value-based reward (``request
+        --reward``) may be served. With a reward, each owner's statement states exactly how
+        many of its points the summary holds (the reward pays on that count), and that count
+        is a function of the consumer's validation set and of every other owner's points, not
+        a DP release (docs/how-it-works.md, "What a payout reveals"): this owner learns it of
+        the others, and they of this owner. Every owner of a session receives the same
+        settlement terms, reward included, so a session runs with a reward only among owners
+        that all consented. Off (the default), terms with a reward are refused when the
+        session opens (``FAILED_PRECONDITION`` naming this key), before anything is read or
+        charged. ``access.allow_reward_disclosure``.
     curators : tuple of str
         Names (certificate names) of the curators this owner serves; at least one, no
         duplicates, none empty. ``access.curators``.
@@ -333,8 +354,8 @@ class OwnerPolicy:
     Notes
     -----
     The budgets are enforced by :class:`dpmarket.owner.ledger.OwnerLedger` (epsilon, delta and
-    points; ``allow_non_private``); ``allow_exact_bids``, ``allow_steered_selection`` and
-    ``rounds_per_point`` by the owner
+    points; ``allow_non_private``); ``allow_exact_bids``, ``allow_steered_selection``,
+    ``allow_reward_disclosure`` and ``rounds_per_point`` by the owner
     when a session opens (:func:`dpmarket.owner.terms.check_terms`); ``curators`` and the
     ``limits`` are enforced by the owner service; ``sketches`` by the owner's publisher
     (:class:`dpmarket.owner.sketches.SketchPublisher`), before the ledger is asked; ``cape`` by the
@@ -354,6 +375,7 @@ class OwnerPolicy:
     allow_non_private: bool = False
     allow_exact_bids: bool = False
     allow_steered_selection: bool = False
+    allow_reward_disclosure: bool = False
     curators: tuple[str, ...] = ("curator",)
     max_sessions: int = 8
     session_idle_timeout_seconds: float = 600.0
@@ -400,7 +422,7 @@ class OwnerPolicy:
             )
         put("points_fraction_per_session", fraction)
         put("rounds_per_point", _integer(self.rounds_per_point, "rounds_per_point"))
-        for flag in ("allow_non_private", "allow_exact_bids", "allow_steered_selection"):
+        for flag in _ACCESS_FLAGS:
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{_key(flag)} must be true or false, got {getattr(self, flag)!r}")
         curators = self.curators

@@ -87,7 +87,12 @@ from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.limits import QUICK_STEP_BYTES, WorkLimits
 from dpmarket.owner.partitioned import PartitionedData
 from dpmarket.owner.steps import SessionSteps
-from dpmarket.owner.terms import check_exact_bids, check_rounds, check_steered_selection
+from dpmarket.owner.terms import (
+    check_exact_bids,
+    check_reward_disclosure,
+    check_rounds,
+    check_steered_selection,
+)
 from dpmarket.runtime.tables import PointSet
 
 logger = logging.getLogger(__name__)
@@ -1016,6 +1021,7 @@ class Owner:
                 allow_exact_bids=policy.allow_exact_bids,
                 allow_steered_selection=policy.allow_steered_selection,
                 allow_non_private=policy.allow_non_private,
+                allow_reward_disclosure=policy.allow_reward_disclosure,
             )
         if self.data is None:
             return OwnerInfo(
@@ -1105,10 +1111,12 @@ class Owner:
         allowance = n
         if self.ledger is not None:
             # What the method asks that no charge covers (exact bids to the curator, rows
-            # picked along the curator's direction), then what it charges, then how many
-            # rounds: each refusal before anything is computed.
+            # picked along the curator's direction, a reward's count of the summary's points),
+            # then what it charges, then how many rounds: each refusal before anything is
+            # computed.
             check_exact_bids(self.ledger.policy, terms)
             check_steered_selection(self.ledger.policy, terms)
+            check_reward_disclosure(self.ledger.policy, terms)
             payout = 0.0
             if terms.market is not None:
                 payout = owner_payout_epsilon(terms.market.settlement)
@@ -1143,10 +1151,12 @@ class Owner:
         """The raw points a session id may still read under its quote line.
 
         One session id is one session across its opens, read against the line it first
-        accepted (its statement is checked against that line): a reopen may read that line's
-        points less every point charged under the id, charges no epsilon beyond the terms' once
-        (its statement could not pay it), and a session id whose statement is recorded is paid
-        for good and opens no more. Refusals raise FailedPreconditionError; nothing is charged.
+        accepted (its statement is checked against that line): a reopen must state the same
+        settlement terms (a reward cannot be added, nor changed, after the id opened), may read
+        that line's points less every point charged under the id, charges no epsilon beyond the
+        terms' once (its statement could not pay it), and a session id whose statement is
+        recorded is paid for good and opens no more. Refusals raise FailedPreconditionError;
+        nothing is charged.
         """
         assert self.ledger is not None and terms.market is not None
         earnings = Earnings(self.ledger, self.owner_id)
@@ -1163,6 +1173,18 @@ class Owner:
                 "pays; open a new session under a new id"
             )
         first = earnings.accepted_line(curator, session_id) or terms.market
+        if first.settlement != terms.market.settlement:
+            # What the statement will be checked against, and what this owner consented to (a
+            # reward among it, check_reward_disclosure): fixed when the id first opened.
+            was, now = first.settlement, terms.market.settlement
+            raise FailedPreconditionError(
+                f"session {short_id(session_id)} opened under other settlement terms (reward "
+                f"rule {was.reward_rule}, reward {was.reward}, p = {was.summary_size}, m = "
+                f"{was.validation_size}) than it is reopened under (reward rule "
+                f"{now.reward_rule}, reward {now.reward}, p = {now.summary_size}, m = "
+                f"{now.validation_size}): a session id keeps the terms it first opened with; "
+                "open a new session under a new id"
+            )
         most = min(terms.market.max_points_read, first.max_points_read)
         return max(0, most - int(spent.points))
 
@@ -1214,7 +1236,8 @@ class Owner:
             non-private terms the policy does not allow), or the policy refuses what the terms'
             method asks (:mod:`dpmarket.owner.terms`: a per-round method without
             ``access.allow_exact_bids``; a candidates method or its hashes mode without
-            ``access.allow_steered_selection``; more Bid rounds than
+            ``access.allow_steered_selection``; terms with a consumer's reward without
+            ``access.allow_reward_disclosure``; more Bid rounds than
             ``session.rounds_per_point`` times the point allowance), or the owner's prices
             refuse the quote (:func:`~dpmarket.common.market.terms.check_quote`: a quoted
             charge below them, or no quote for an owner that is not free), or the session id's

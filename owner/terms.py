@@ -24,6 +24,11 @@ charge covers:
   largest value. So an owner serves these methods only if its policy trusts the
   curator with relevance-steered selection (``access.allow_steered_selection``, off by
   default); the uniform method, whose rows do not depend on their values, is served either way.
+* **A reward's disclosure of the summary's composition** (:func:`check_reward_disclosure`). With
+  a consumer's reward, each owner's statement states how many of its points the summary holds,
+  a function of the consumer's validation set and of every other owner's points that no epsilon
+  charges. So an owner serves terms with a reward only if its policy consents
+  (``access.allow_reward_disclosure``, off by default).
 * **How many rounds** (:func:`check_rounds`): at most ``session.rounds_per_point`` Bid rounds per
   raw point the session may receive (Notes of :func:`check_rounds`).
 
@@ -37,7 +42,12 @@ from dpmarket.common.errors import BudgetRefusedError, FailedPreconditionError
 from dpmarket.common.summarization.terms import OwnerTerms
 from dpmarket.owner.policy import OwnerPolicy
 
-__all__ = ["check_exact_bids", "check_rounds", "check_steered_selection"]
+__all__ = [
+    "check_exact_bids",
+    "check_reward_disclosure",
+    "check_rounds",
+    "check_steered_selection",
+]
 
 
 def check_exact_bids(policy: OwnerPolicy, terms: OwnerTerms) -> None:
@@ -139,6 +149,57 @@ def check_steered_selection(policy: OwnerPolicy, terms: OwnerTerms) -> None:
             "curator with relevance-steered selection (access.allow_steered_selection = "
             "false). Use the uniform method, or ask the owner's operator to set "
             "access.allow_steered_selection = true"
+        )
+
+
+def check_reward_disclosure(policy: OwnerPolicy, terms: OwnerTerms) -> None:
+    """Refuse terms that carry a consumer's reward, unless the policy consents to what its
+    statements disclose.
+
+    Parameters
+    ----------
+    policy : OwnerPolicy
+        The owner's policy in force.
+    terms : OwnerTerms
+        The terms a session opens with; their market terms' settlement states the reward rule
+        and amount (``reward_rule`` ``"none"``: no reward, nothing to consent to).
+
+    Raises
+    ------
+    FailedPreconditionError
+        If the terms' settlement has a reward rule and not ``policy.allow_reward_disclosure``.
+        The text names the rule and the policy key and says what to do; it depends on nothing
+        but the terms and the policy (public inputs), so the curator may pass it on to a
+        consumer. Raised before anything is read or charged.
+
+    Notes
+    -----
+    *What a reward discloses.* The reward pays each owner ``j`` on ``n_j``, the count of its
+    points the summary holds, and its statement states ``n_j`` exactly (an owner that delivered
+    nothing is paid exactly 0). ``n_j`` is a function of the consumer's validation set ``D_v``
+    and of the other owners' points, not a DP release: one validation point, or one other
+    owner's point, can move up to ``p`` of the summary's points from one owner to another (a
+    young against an old validation set: an owner of old patients told 3 against 0). A
+    private count is of no use at that sensitivity (``p`` per validation point), so the
+    disclosure is made consented instead: every owner of a session receives the same
+    settlement terms (the reward rule and amount, recorded when it accepts them and checked
+    against its statement, so a reward cannot be added after it opened), and each refuses
+    them unless its policy allows; the owners left out hold no point of the summary, so every
+    owner whose points can move another's count has consented, and the consumer, whose
+    validation set moves them too, asked for the reward.
+    """
+    market = terms.market
+    if market is None or market.settlement.reward_rule == "none":
+        return
+    if not policy.allow_reward_disclosure:
+        raise FailedPreconditionError(
+            f"this owner does not serve sessions with a reward (rule "
+            f"{market.settlement.reward_rule}): the reward's statement tells each owner exactly "
+            "how many of its points the summary holds, which depends on the consumer's "
+            "validation set and on every other owner's points and no epsilon charges, and this "
+            "owner's policy does not consent to that disclosure (access.allow_reward_disclosure "
+            "= false). Request without --reward, or ask the owner's operator to set "
+            "access.allow_reward_disclosure = true"
         )
 
 

@@ -57,6 +57,7 @@ __all__ = [
     "access_refusal",
     "approximate_delta",
     "owner_terms",
+    "reward_refusal",
 ]
 
 
@@ -145,11 +146,15 @@ class OwnerAccess:
         ``access.allow_steered_selection``: the candidates method (and its hashes mode).
     allow_non_private : bool
         ``access.allow_non_private``: a non-private method (greedy).
+    allow_reward_disclosure : bool
+        ``access.allow_reward_disclosure``: a session with a consumer's reward, whatever its
+        method (:func:`reward_refusal`).
     """
 
     allow_exact_bids: bool = False
     allow_steered_selection: bool = False
     allow_non_private: bool = False
+    allow_reward_disclosure: bool = False
 
 
 @dataclass(frozen=True)
@@ -232,6 +237,18 @@ def access_refusal(method: str, access: OwnerAccess) -> str | None:
     if session is SessionMethod.GREEDY and not access.allow_non_private:
         missing.append("access.allow_non_private")
     return None if not missing else f"{' and '.join(missing)} off"
+
+
+def reward_refusal(access: OwnerAccess) -> str | None:
+    """Why an owner whose policy has ``access`` refuses a session with a consumer's reward when
+    it opens (:func:`dpmarket.owner.terms.check_reward_disclosure`), or None when it consents.
+
+    Returns
+    -------
+    str or None
+        ``"access.allow_reward_disclosure off"``, or None.
+    """
+    return None if access.allow_reward_disclosure else "access.allow_reward_disclosure off"
 
 
 class TermsEpsilon(enum.Enum):

@@ -33,7 +33,7 @@ from dpmarket.common.summarization.kernels import check_validation_set
 from dpmarket.common.summarization.methods import SummarizationConfig
 from dpmarket.common.summarization.session_ledger import SessionLedger, TermsReport
 from dpmarket.common.summarization.summary import SessionReport, SessionRequest, SummaryResult
-from dpmarket.common.summarization.terms import OwnerTerms
+from dpmarket.common.summarization.terms import OwnerTerms, reward_refusal
 from dpmarket.curator.summarization.state import (
     ProgressCallback,
     SessionContext,
@@ -163,7 +163,9 @@ class SummarizationSession:
             validation set, or ``check_terms`` refuses the terms.
         FailedPreconditionError
             If the schemas of the consumer and the owners differ (naming the first column that
-            differs), owners' policies refuse the terms and fewer owners remain than the
+            differs), owners' policies refuse the terms (a consumer's reward among them: the
+            owners whose published access does not consent to it are left out before anything
+            is quoted or opened) and fewer owners remain than the
             session requires, or the owners' policies allow fewer raw points than the summary
             size.
         CostCapExceededError
@@ -188,6 +190,7 @@ class SummarizationSession:
         active = state.active()
         if not active:
             raise UnavailableError("no owner answered: " + state.drop_notes())
+        self._leave_out_reward_refusals()
         state.require_min_owners()
         schemas = {state.info(i).owner_id: state.info(i).schema for i in active}
         request = self.request
@@ -226,6 +229,32 @@ class SummarizationSession:
         await self._offer.open(terms)
         state.emit("setup", f"h1 shared with {len(state.active())} owner(s)")
         state.prepared = True
+
+    def _leave_out_reward_refusals(self) -> None:
+        """With a consumer's reward, leave out every answering owner whose published access
+        does not consent to it (:func:`~dpmarket.common.summarization.terms.reward_refusal`:
+        the check it would make at OpenSession, :func:`dpmarket.owner.terms.
+        check_reward_disclosure`), before anything is quoted or opened: the session then runs
+        with the others if ``min_owners`` allows, and otherwise fails naming them
+        (``FAILED_PRECONDITION``, :meth:`~dpmarket.curator.summarization.state.SessionState.
+        require_min_owners`). An owner that
+        publishes no access is asked, and refuses at OpenSession if its policy does."""
+        state = self.state
+        if self.request.reward.rule == "none":
+            return
+        for index in state.active():
+            access = state.info(index).access
+            refused = None if access is None else reward_refusal(access)
+            if refused is None:
+                continue
+            text = (
+                f"refused (its published policy: {refused}): a reward's statement tells each "
+                "owner exactly how many of its points the summary holds, and its policy does "
+                "not consent to that disclosure. Request without --reward, or ask its operator "
+                "to set access.allow_reward_disclosure = true"
+            )
+            state.drop(index, f"refused the session's terms: {text}", "refused the session")
+            state.slots[index].refusal = text
 
     def _quote(self, terms: OwnerTerms) -> Quote:
         """The session's maximum cost from every answering owner's published prices: each

@@ -98,6 +98,13 @@ def test_init_writes_pki_configs_policies_and_a_draft_schema(tmp_path: Path) -> 
     above = lines[: lines.index("allow_steered_selection = true")]
     note = " ".join(line for line in above[-9:] if line.startswith("# "))
     assert "a column's largest value" in note and "Set false" in note, note
+    # A reward's statement tells each owner its count in the summary: the drafts do not consent,
+    # and say in the file what consenting discloses.
+    assert not drafted.allow_reward_disclosure
+    above = lines[: lines.index("allow_reward_disclosure = false")]
+    note = " ".join(line for line in above[-7:] if line.startswith("# "))
+    assert "many of its points the summary holds" in note, note
+    assert "request --reward" in note and "Set true only" in note, note
     # The catalogue drafts a marginals spec (Gaussian at delta 1e-6, its measurements planned
     # for the smallest owner's 30 rows, drafted as 30), which explore prefers for counts.
     declaration = SketchDeclaration.from_mapping(

@@ -72,6 +72,7 @@ delta = 1e-3
 
 [access]
 allow_steered_selection = true   # the candidates method, the consumer's default
+allow_reward_disclosure = true   # the reward sessions: each owner consents to its count
 
 [prices]
 per_point_read = "0.01"
@@ -385,10 +386,28 @@ def test_a_session_is_settled_from_the_owners_records_and_each_owner_checks_its_
         over_cap = dataclasses.replace(
             part, header=dataclasses.replace(part.header, max_cost=part.line.total - 1)
         )
+        # A reward added after the session opened without one (the curator signs it): the
+        # owner checks the header against the settlement it accepted, so the reward it never
+        # consented to for this session is refused, and the count its line states with it.
+        offered = RewardOffer("value", 5_000_000, 1.0).settlement(P, len(digits.validation))
+        fields = offered.header_fields()
+        header = dataclasses.replace(
+            part.header,
+            reward_rule="value",
+            reward=5_000_000,
+            payout_epsilon=int(fields["payout_epsilon"]),
+            noise_scale=int(fields["noise_scale"]),
+            point_mean=int(fields["point_mean"]),
+            point_spread=int(fields["point_spread"]),
+        )
+        rewarded = dataclasses.replace(
+            part, header=header, line=dataclasses.replace(part.line, reward=1)
+        )
         for data, sig, code in (
             (forged, signature, grpc.StatusCode.INVALID_ARGUMENT),
             (lying.encode(), sign_statement(lying, _curator_key(market)), FAILED),
             (over_cap.encode(), sign_statement(over_cap, _curator_key(market)), FAILED),
+            (rewarded.encode(), sign_statement(rewarded, _curator_key(market)), FAILED),
         ):
             with pytest.raises(grpc.RpcError) as info:
                 deliver(data, sig)
@@ -677,6 +696,13 @@ def test_a_reward_is_split_by_the_private_payouts_charged_to_their_subjects(
     assert header.reward_rule == "value" and header.reward == 5_000_000
     assert header.noise_scale == settlement.header_fields()["noise_scale"]
     _check_settled(market, settled)
+    # Every owner of the session accepted the same settlement, reward rule and amount included
+    # (each consented to the reward by its policy: access.allow_reward_disclosure), and checks
+    # its statement against it.
+    for name in market.owner_ids:
+        with OwnerLedger(market.owner_state(name), None) as ledger:
+            accepted = Earnings(ledger, name).accepted_line(str(CURATOR), header.session_id)
+        assert accepted is not None and accepted.settlement == settlement, name
     payout = owner_payout_epsilon(settlement)
     assert 0 < payout <= 1.0
     delivered = [line for line in settled.statement.lines if line.points_delivered > 0]

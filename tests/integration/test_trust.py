@@ -44,7 +44,10 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.memory import Flood, flood
+from dpmarket.common.errors import FailedPreconditionError
 from dpmarket.common.ids import short_id
+from dpmarket.common.market.statement import SettlementTerms
+from dpmarket.common.market.terms import MarketTerms, RewardOffer
 from dpmarket.common.privacy.noise import SeededNoise
 from dpmarket.common.summarization.methods import (
     CandidatesConfig,
@@ -74,6 +77,7 @@ from dpmarket.runtime.admission import (
 from dpmarket.runtime.arrays import array_from_proto, array_to_proto
 from dpmarket.runtime.framing import FRAME_BYTES, PiecesChannel
 from dpmarket.runtime.identity import CA_CERT, Identity, identity_files
+from dpmarket.runtime.market import market_terms_to_proto
 from dpmarket.runtime.transport import TARGET_NAME_OVERRIDE, TransportSecurity, sync_channel
 from dpmarket.v1 import (
     array_pb2,
@@ -872,6 +876,7 @@ points = 1000
 [access]
 allow_steered_selection = true   # the candidates sessions, and the controls
 allow_exact_bids = true   # the controls of attack 2: the per-round method's bids
+allow_reward_disclosure = true   # the control of the reward's consent
 """
 BUDGET_CURATOR_POLICY = """
 [sessions]
@@ -1244,6 +1249,79 @@ def test_steered_selection_is_refused_unless_the_owner_trusts_its_curator_with_i
     assert [(e.session, e.epsilon, e.delta, e.points) for e in new[owner_id]] == [
         (sid, 0.0, 0.0, 1)
     ]
+
+
+def test_a_reward_is_refused_unless_every_owner_consents_to_what_its_statement_discloses(
+    guard: LocalCluster, budget: LocalCluster, digits: Scenario
+) -> None:
+    """With a reward, each owner's statement states how many of its points the summary holds (a
+    function of D_v and of the other owners' points, not DP). An owner with the default policy
+    (``access.allow_reward_disclosure = false``: the guard cluster) refuses terms that carry a
+    reward at OpenSession, naming the key, before anything is read or charged (a step then finds
+    no session); the same terms without the reward open (the control). A consumer's request
+    with a reward is refused by the curator before any owner is opened or quoted, naming every
+    owner that does not consent (from their published access) and the key, charging nothing;
+    its quote without the reward is served. Control: an owner that consents (the budget
+    cluster) opens the same terms."""
+    m = len(digits.validation)
+    # A payout epsilon of 1e-3: the control's owner (the budget cluster) has little left.
+    reward = RewardOffer("value", 1_000_000, 0.001)
+    without = MarketTerms(4, 0, 0, SettlementTerms(10, m))
+    rewarded = MarketTerms(4, 0, 0, reward.settlement(10, m))
+    rff = draw_rff_params(digits.n_features, D, 0.5, np.random.default_rng(29))
+
+    def terms(market: MarketTerms) -> Any:
+        return owner_pb2.SessionTerms(
+            method=owner_pb2.SESSION_METHOD_UNIFORM, market=market_terms_to_proto(market)
+        )
+
+    owner_id = guard.owner_ids[0]
+    before, charges = _ledgers(guard), _charges(guard)
+    with _channel(guard, guard.owner_targets[0], Identity("owner", owner_id), CURATOR) as ch:
+        stub = owner_pb2_grpc.OwnerServiceStub(ch)
+        code, details = _status(stub.OpenSession, _open_request("reward", rff, terms(rewarded)))
+        assert code == grpc.StatusCode.FAILED_PRECONDITION, details
+        assert "access.allow_reward_disclosure = false" in details, details
+        sample = owner_pb2.SampleUniformRequest(session_id="reward", count=1)
+        assert _status(stub.SampleUniform, sample)[0] == grpc.StatusCode.NOT_FOUND
+        info = stub.GetOwnerInfo(owner_pb2.GetOwnerInfoRequest(), timeout=CALL_TIMEOUT)
+        assert not info.access.allow_reward_disclosure  # published: the curator reads it
+        stub.OpenSession(_open_request("no-reward", rff, terms(without)), timeout=CALL_TIMEOUT)
+        stub.CloseSession(
+            owner_pb2.CloseSessionRequest(session_id="no-reward"), timeout=CALL_TIMEOUT
+        )
+    # A consumer's request with a reward, through the curator: refused before any owner opens.
+    config = UniformConfig(summary_size=10, rff_dimension=D)
+    request = create_request_to_proto(config, digits.validation, digits.seed_set, 0, reward=reward)
+    with _channel(guard, guard.curator_target, CURATOR, CONSUMER) as channel:
+        curator = curator_pb2_grpc.CuratorServiceStub(channel)
+        code, details = _status(curator.CreateSession, request)
+    assert code == grpc.StatusCode.FAILED_PRECONDITION, details
+    assert details.count("(refused the session)") == len(guard.owner_ids), details
+    assert all(name in details for name in guard.owner_ids), details
+    assert "access.allow_reward_disclosure off" in details and "without --reward" in details
+    assert "127.0.0.1" not in details, details
+    with CuratorClient(guard.curator_target, guard.consumer_security()) as client:
+        quoted = client.quote_session(config, digits.validation, digits.seed_set)
+        with pytest.raises(FailedPreconditionError, match=r"access\.allow_reward_disclosure off"):
+            client.quote_session(config, digits.validation, digits.seed_set, reward=reward)
+    assert sorted(line.owner for line in quoted.lines) == sorted(guard.owner_ids)
+    assert _ledgers(guard) == before, "a refused session charges nothing"
+    assert _charges(guard) == charges
+
+    # Control: an owner whose policy consents opens the same terms (opening charges nothing).
+    owner_id = budget.owner_ids[0]
+    before = _ledgers(budget)
+    with _channel(budget, budget.owner_targets[0], Identity("owner", owner_id), CURATOR) as ch:
+        stub = owner_pb2_grpc.OwnerServiceStub(ch)
+        opened = stub.OpenSession(
+            _open_request("reward-consented", rff, terms(rewarded)), timeout=CALL_TIMEOUT
+        )
+        stub.CloseSession(
+            owner_pb2.CloseSessionRequest(session_id="reward-consented"), timeout=CALL_TIMEOUT
+        )
+    assert opened.max_points == 4
+    assert _ledgers(budget) == before
 
 
 # =================================================================== lifecycle cluster

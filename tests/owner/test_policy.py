@@ -31,6 +31,7 @@ def test_defaults() -> None:
         "allow_non_private": False,
         "allow_exact_bids": False,
         "allow_steered_selection": False,
+        "allow_reward_disclosure": False,
         "curators": ["curator"],
         "max_sessions": 8,
         "session_idle_timeout_seconds": 600.0,
@@ -205,6 +206,7 @@ def test_every_error_names_the_file_and_key(
         ("allow_non_private", "yes", "access.allow_non_private"),
         ("allow_exact_bids", 1, "access.allow_exact_bids"),
         ("allow_steered_selection", "yes", "access.allow_steered_selection"),
+        ("allow_reward_disclosure", 1, "access.allow_reward_disclosure"),
         ("rounds_per_point", 0, "session.rounds_per_point"),
     ],
 )

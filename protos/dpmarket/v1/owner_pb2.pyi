@@ -154,22 +154,28 @@ class OwnerAccess(_message.Message):
     ALLOW_EXACT_BIDS_FIELD_NUMBER: _builtins.int
     ALLOW_STEERED_SELECTION_FIELD_NUMBER: _builtins.int
     ALLOW_NON_PRIVATE_FIELD_NUMBER: _builtins.int
+    ALLOW_REWARD_DISCLOSURE_FIELD_NUMBER: _builtins.int
     allow_exact_bids: _builtins.bool
     """access.allow_exact_bids: the per-round methods (private, rounds, greedy)."""
     allow_steered_selection: _builtins.bool
     """access.allow_steered_selection: the candidates method and its hashes mode."""
     allow_non_private: _builtins.bool
     """access.allow_non_private: a non-private method (greedy)."""
+    allow_reward_disclosure: _builtins.bool
+    """access.allow_reward_disclosure: a session with a consumer's reward (its statement tells each
+    owner how many of its points the summary holds), whatever its method.
+    """
     def __init__(
         self,
         *,
         allow_exact_bids: _builtins.bool = ...,
         allow_steered_selection: _builtins.bool = ...,
         allow_non_private: _builtins.bool = ...,
+        allow_reward_disclosure: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_exact_bids", b"allow_exact_bids", "allow_non_private", b"allow_non_private", "allow_steered_selection", b"allow_steered_selection"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_exact_bids", b"allow_exact_bids", "allow_non_private", b"allow_non_private", "allow_reward_disclosure", b"allow_reward_disclosure", "allow_steered_selection", b"allow_steered_selection"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
