@@ -79,7 +79,12 @@ from dpmarket.common.summarization.hashes import HashAdvert, hash_points
 from dpmarket.common.summarization.kernels import bid_direction, bid_scores, embedding_greedy
 from dpmarket.common.summarization.rff import RFFParams, random_fourier_features
 from dpmarket.common.summarization.terms import OwnerAccess, OwnerTerms, Step
-from dpmarket.common.validation import check_matrix, check_positive_int, check_vector
+from dpmarket.common.validation import (
+    check_matrix,
+    check_not_tiny,
+    check_positive_int,
+    check_vector,
+)
 from dpmarket.owner.earnings import PAYOUT_MECHANISM, Earnings, payout_session
 from dpmarket.owner.engine import WorkCancelled
 from dpmarket.owner.hash_keys import HashKeyParty
@@ -108,9 +113,12 @@ EMBEDDING_LIMIT = 1e9
 
 def _embedding(x: NDArray[np.float64], name: str, d: int) -> NDArray[np.floating]:
     """``x`` as a finite vector of length ``d`` whose entries lie within
-    :data:`EMBEDDING_LIMIT`, or InvalidArgumentError naming the problem (public inputs only)."""
+    :data:`EMBEDDING_LIMIT` and none non-zero below
+    :data:`~dpmarket.common.validation.PARAMETER_FLOOR`, or InvalidArgumentError naming the
+    problem (public inputs only)."""
     try:
         v = check_vector(x, name, size=d)
+        check_not_tiny(v, name)
     except ValueError as exc:
         raise InvalidArgumentError(str(exc)) from exc
     largest = float(np.abs(v).max()) if v.size else 0.0
@@ -572,6 +580,10 @@ class OwnerSession:
                 f"shrinkage_sigma must be finite and within [0, {EMBEDDING_LIMIT:g}], got "
                 f"{shrinkage_sigma}"
             )
+        try:
+            check_not_tiny(shrinkage_sigma, "shrinkage_sigma")
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from exc
         validation = _embedding(embedding, "validation_embedding", self.d)
         prior = (
             None
@@ -723,11 +735,16 @@ class OwnerSession:
         FailedPreconditionError
             If the validation embedding is unset.
         InvalidArgumentError
-            If ``threshold`` is NaN or infinite.
+            If ``threshold`` is NaN or infinite, or non-zero below
+            :data:`~dpmarket.common.validation.PARAMETER_FLOOR` in magnitude.
         """
         g = self._require_validation()
         if not np.isfinite(threshold):
             raise InvalidArgumentError(f"threshold must be finite, got {threshold}")
+        try:
+            check_not_tiny(threshold, "threshold")
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from exc
         with self._computing("relevance count"):
             return self.work.count(
                 g.astype(np.float32), threshold, self.sent_indices, self.progress, self.cancel
@@ -751,7 +768,8 @@ class OwnerSession:
             validation embedding is unset, the count was released at another threshold, or the
             owner's policy refuses the terms.
         InvalidArgumentError
-            If ``threshold`` is NaN or infinite.
+            If ``threshold`` is NaN or infinite, or non-zero below
+            :data:`~dpmarket.common.validation.PARAMETER_FLOOR` in magnitude.
 
         Notes
         -----
@@ -1072,7 +1090,10 @@ class Owner:
         ``[0, 2 pi)``) pass at any ``gamma`` a consumer may ask for data of any sensible scale;
         crafted ones that would drive the float32 cosine to NaN on some values and not others
         (a membership oracle through the step's status) are refused here, and the features are
-        total anyway (an angle beyond the limit is taken as 0).
+        total anyway (an angle beyond the limit is taken as 0). So are frequencies and phases
+        whose magnitude is non-zero but below
+        :data:`~dpmarket.common.validation.PARAMETER_FLOOR` (products with the rows' values
+        could be subnormal, and the open's time would follow how many values are non-zero).
         """
         if rff.n_features != info.num_features:
             raise InvalidArgumentError(
@@ -1085,6 +1106,8 @@ class Owner:
             )
         try:
             check_angle_bound(rff.omega, rff.phase, self._magnitudes(), "h1")
+            check_not_tiny(rff.omega, "h1 frequencies")
+            check_not_tiny(rff.phase, "h1 phases")
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from exc
         if self.limits is not None:
