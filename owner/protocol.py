@@ -1157,27 +1157,45 @@ class Owner:
             # The quote's line for this owner: at least its own prices at the line's limits,
             # and no more raw points than the line states (so the statement stays within it).
             check_quote(policy.prices, terms.market, terms.epsilon, owner=self.owner_id)
-            if terms.market is not None:
-                line = self._line_left(session_id, terms, curator)
+            line = self._line_left(session_id, terms, curator)
+            if line is not None:
                 allowance = min(allowance, line)
         return allowance
 
-    def _line_left(self, session_id: str, terms: OwnerTerms, curator: str) -> int:
-        """The raw points a session id may still read under its quote line.
+    def _line_left(self, session_id: str, terms: OwnerTerms, curator: str) -> int | None:
+        """The raw points a session id may still read under its quote line (None: it has none).
 
-        One session id is one session across its opens, read against the line it first
-        accepted (its statement is checked against that line): a reopen may read that line's
-        points less every point charged under the id, charges no epsilon beyond the terms' once
-        (its statement could not pay it), and a session id whose statement is recorded is paid
-        for good and opens no more. Refusals raise FailedPreconditionError; nothing is charged.
+        One session id is one session across its opens, under the terms of its first open: the
+        quote line it first accepted, or none when it first opened (and was charged) without
+        one. A reopen under other terms (another line, a line where there was none, or none
+        where there was one) is refused: its statement, checked against one line, could not
+        settle what the other terms read or charged. Under its line a reopen may read that
+        line's points less every point charged under the id and charges no epsilon beyond the
+        terms' once (its statement could not pay it); a session id whose statement is recorded
+        is paid for good and opens no more, whatever the terms. Refusals raise
+        FailedPreconditionError, before anything is read; nothing is charged.
         """
-        assert self.ledger is not None and terms.market is not None
+        assert self.ledger is not None
         earnings = Earnings(self.ledger, self.owner_id)
         if earnings.settled(curator, session_id):
             raise FailedPreconditionError(
                 f"session {short_id(session_id)} is settled (its statement is recorded): it "
                 "cannot be opened again; open a new session under a new id"
             )
+        first = earnings.accepted_line(curator, session_id)
+        charged = bool(self.ledger.entries(session=session_id, limit=1))
+        if (first is None and charged and terms.market is not None) or (
+            first is not None and terms.market != first
+        ):
+            had = "no quote line" if first is None else "another quote line"
+            now = "none" if terms.market is None else "a different one"
+            raise FailedPreconditionError(
+                f"session {short_id(session_id)} first opened under {had}; reopened under "
+                f"{now}, its statement could not settle what each read: reopen it under the "
+                "terms it first opened with, or open a new session under a new id"
+            )
+        if terms.market is None:
+            return None
         spent = self.ledger.session_totals(session_id)
         if spent.epsilon > 0 and terms.epsilon > 0:
             raise FailedPreconditionError(
@@ -1185,9 +1203,7 @@ class Owner:
                 f"it would charge epsilon {terms.epsilon:g} again, beyond what its quote line "
                 "pays; open a new session under a new id"
             )
-        first = earnings.accepted_line(curator, session_id) or terms.market
-        most = min(terms.market.max_points_read, first.max_points_read)
-        return max(0, most - int(spent.points))
+        return max(0, terms.market.max_points_read - int(spent.points))
 
     def open_session(
         self,
@@ -1241,7 +1257,10 @@ class Owner:
             ``session.rounds_per_point`` times the point allowance), or the owner's prices
             refuse the quote (:func:`~dpmarket.common.market.terms.check_quote`: a quoted
             charge below them, or no quote for an owner that is not free), or the session id's
-            statement is recorded already (a settled session never reopens). Nothing is charged.
+            statement is recorded already (a settled session never reopens, whatever its
+            terms), or the session id opened before under other terms (another quote line, or
+            a line where it had none, or none where it had one: an id's terms are fixed at its
+            first open). Nothing is read or charged.
         ResourceExhaustedError
             If ``max_sessions`` sessions are open (after closing idle ones).
         AlreadyExistsError
