@@ -238,14 +238,7 @@ class CapeSite:
             else:
                 assert not isinstance(spec, CapeMeanSpec)
                 x, y, moved = spec.clamped(raw_x, table.select([target])[:, 0])
-            if moved:
-                logger.info(
-                    "CAPE job %s: values clamped to the request's public bounds (this log "
-                    "only): %s of %d rows",
-                    short_id(job_id),
-                    ", ".join(f"{c!r} {n}" for c, n in moved.items()),
-                    table.n_rows,
-                )
+            _log_clamped(job_id, moved, table.n_rows)
             if isinstance(spec, CapeMeanSpec):
                 return x, None
             assert y is not None
@@ -648,14 +641,7 @@ class CapeSite:
         for _, _, m in found:
             for column, count in m.items():
                 moved[column] = moved.get(column, 0) + count
-        if moved:
-            logger.info(
-                "CAPE job %s: values clamped to the request's public bounds (this log only): "
-                "%s of %d rows",
-                short_id(job_id),
-                ", ".join(f"{c!r} {n}" for c, n in moved.items()),
-                table.n_rows,
-            )
+        _log_clamped(job_id, moved, table.n_rows)
         rows, value = mean_statistic([(n, v) for n, v, _ in found])
         if rows != job.rows:
             raise ValueError(f"the table holds {rows} rows, {job.rows} planned")
@@ -844,6 +830,18 @@ class CapeSite:
             for j in idle:
                 del self._jobs[j]
         return idle
+
+
+def _log_clamped(job_id: str, moved: Mapping[str, int], rows: int) -> None:
+    """Log how many values the request's bounds clamped (this owner's log only), whether or not
+    any were: a step that logged only when some were, before its charge, would take longer for
+    some tables, which a curator could time."""
+    logger.info(
+        "CAPE job %s: values clamped to the request's public bounds (this log only): %s of %d rows",
+        short_id(job_id),
+        ", ".join(f"{c!r} {n}" for c, n in moved.items()) or "none",
+        rows,
+    )
 
 
 def _checked_vector(values: NDArray[np.float64], length: int, name: str) -> NDArray[np.float64]:

@@ -239,3 +239,18 @@ def test_subnormal_parameters_are_refused_the_same_way_whatever_the_records_noth
     monkeypatch.setattr(owner_cape, "check_not_tiny", lambda *a, **k: None)
     answers = {name: _answer(site, params, SUBNORMAL) for name, (site, params) in owners.items()}
     assert answers == {"below": "released", "above": "released"}
+
+
+def test_the_clamp_is_logged_alike_whether_or_not_a_value_was_clamped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The open's clamp writes its log line for a table within the bounds as for one beyond
+    them (a step that logged only when some value was clamped, before any charge, took longer
+    for those tables)."""
+    keys = {s: ec.generate_private_key(ec.SECP256R1()) for s in SITES}
+    for name, last in (("within", 74.0), ("beyond", 150.0)):
+        site = _site(tmp_path / name, np.append(INCOMES[:-1], last), keys)
+        caplog.clear()
+        with caplog.at_level("INFO", logger="dpmarket.owner.cape"):
+            site.open("job", SPEC, 1, curator=CURATOR, consumer="consumer:c")
+        assert "values clamped to the request's public bounds" in caplog.text, name
