@@ -3,20 +3,23 @@
 Random Fourier features (the summarization's h1, :mod:`dpmarket.common.summarization.rff`; the M2M
 RFF sketch, :class:`dpmarket.common.sketches.feature_maps.RFFMap`) spend almost all their time in
 ``cos`` and ``sin``: measured here, 17-18 ns per float64 value against 1.0-1.3 ns per float32 value
-(numpy's SIMD kernels). The projections ``omega . x`` stay in float64 and are rounded to float32 as
-they are when every angle is at most :data:`DIRECT_LIMIT` (64 rad) in magnitude, an argument error
-of at most ``64 * 2**-24 ~ 3.8e-6``; a block with a larger angle is first reduced to ``[-pi, pi]``
-in float64 (error at most ``pi * 2**-24 ~ 1.9e-7``; four more float64 passes, so only when needed).
-The cosine and sine are then off by that plus numpy's float32 error (a few units in the last place):
-at most about 4e-6 in absolute terms, far below the Monte Carlo error of any feature map
-(``1/sqrt(d)``) and, summed over rows, below any release's noise.
+(numpy's SIMD kernels). The projections ``omega . x`` stay in float64, are reduced to ``[-pi, pi]``
+in float64 and rounded to float32 (error at most ``pi * 2**-24 ~ 1.9e-7``). The reduction runs on
+every block, whatever its angles: a path chosen from the angles (say, rounding them directly when
+all are small) would make the time of a step on an owner's rows depend on their values, which a
+curator can read for free (an open that charges nothing). The cosine and sine are then off by
+that plus numpy's float32 error (a few units in the last place): at most about 4e-6 in absolute
+terms, far below the Monte Carlo error of any feature map (``1/sqrt(d)``) and, summed over rows,
+below any release's noise. Angles below :data:`TINY_ANGLE` are taken as 0, so that no float32
+value here is subnormal (a CPU takes many times longer on such values; owners also refuse
+curator numbers below :data:`dpmarket.common.validation.PARAMETER_FLOOR`).
 
 Every function here is total: an angle that is NaN, infinite or beyond :data:`ANGLE_LIMIT` in
-magnitude is taken as 0 (cosine 1, sine 0) whatever else the block holds, so no input makes a
-feature NaN or raises. Beyond the limit float64 no longer holds an angle to the accuracy above,
-and without the rule a huge finite angle reduced in float64 is still too large for float32 (an
-infinite float32 angle, a NaN cosine): a feature that is NaN for some rows and finite for others
-would make a computation on an owner's rows fail or succeed with the rows. Owners refuse
+magnitude is taken as 0 (cosine 1, sine 0) by a select that costs the same for every value, so no
+input makes a feature NaN or raises. Beyond the limit float64 no longer holds an angle to the
+accuracy above, and without the rule a huge finite angle reduced in float64 is still too large for
+float32 (an infinite float32 angle, a NaN cosine): a feature that is NaN for some rows and finite
+for others would make a computation on an owner's rows fail or succeed with the rows. Owners refuse
 parameters that can reach the limit on their public bounds (:func:`check_angle_bound`); the rule
 covers whatever is left (a table without public bounds, any map built elsewhere).
 
@@ -34,8 +37,10 @@ from numpy.typing import NDArray
 
 TWO_PI = 2.0 * math.pi
 
-#: Largest angle magnitude (rad) rounded to float32 without a float64 reduction first.
-DIRECT_LIMIT = 64.0
+#: Smallest non-zero angle magnitude (rad) evaluated: ``2**-100`` (7.9e-31); a smaller one is
+#: taken as 0 (its cosine is 1 and its sine within 7.9e-31 of 0 in float32 anyway). Its float32
+#: cast would be subnormal (below ``1.2e-38``) or underflow, slow paths taken only for some rows.
+TINY_ANGLE = 2.0**-100
 
 #: Largest angle magnitude (rad) evaluated; a larger, NaN or infinite angle is taken as 0. ``2**40``
 #: (1.1e12): a float64 angle ``t`` computed as ``omega . x + phase`` over ``n`` terms is off by at
@@ -125,9 +130,14 @@ def check_angle_bound(
 
 
 def reduced_angles(t: NDArray[np.float64]) -> NDArray[np.float32]:
-    """The angles ``t`` in float32: as they are when ``|t| <= DIRECT_LIMIT`` everywhere, else
-    ``t - 2 pi round(t / 2 pi)`` computed in float64 first, and 0 where ``t`` is NaN, infinite or
-    beyond :data:`ANGLE_LIMIT` in magnitude.
+    """The angles ``t`` reduced to ``[-pi, pi]`` in float64 (``t - 2 pi round(t / 2 pi)``) and
+    cast to float32, with 0 where ``t`` is NaN, infinite, beyond :data:`ANGLE_LIMIT` or below
+    :data:`TINY_ANGLE` in magnitude.
+
+    Every value takes the same operations whatever the others hold: no branch reads the
+    angles (they come from an owner's rows, and a step that took a faster path for some
+    tables would tell a curator about them by its time), and no angle is left subnormal for
+    the float32 cast and kernels (module docstring).
 
     Parameters
     ----------
@@ -137,18 +147,15 @@ def reduced_angles(t: NDArray[np.float64]) -> NDArray[np.float32]:
     Returns
     -------
     ndarray of float32, the shape of ``t``
-        Finite angles in ``[-pi - 2**-12, pi + 2**-12]`` (or ``t`` itself within
-        ``DIRECT_LIMIT``) with the cosine and sine of ``t`` to within 3.8e-6 (module docstring)
-        where ``|t| <= ANGLE_LIMIT``.
+        Finite angles in ``[-pi - 2**-12, pi + 2**-12]`` with the cosine and sine of ``t`` to
+        within 3.8e-6 (module docstring) where ``|t| <= ANGLE_LIMIT``.
     """
     if t.size == 0:
         return t.astype(np.float32)
     size = np.abs(t)
-    largest = float(size.max())  # NaN when t holds one
-    if largest <= DIRECT_LIMIT:
-        return t.astype(np.float32)
-    if not largest <= ANGLE_LIMIT:
-        t[~(size <= ANGLE_LIMIT)] = 0.0  # NaN, inf or beyond the limit: the angle 0
+    # NaN, inf, beyond the limit or tiny: the angle 0 (a select, the same work for every value).
+    keep = (size <= ANGLE_LIMIT) & (size >= TINY_ANGLE)
+    np.copyto(t, np.where(keep, t, 0.0))
     turns = np.rint(t * (1.0 / TWO_PI))
     turns *= TWO_PI
     t -= turns

@@ -97,6 +97,57 @@ def check_vector(
     return out
 
 
+#: The smallest non-zero magnitude an owner takes in a number a curator chooses for a computation
+#: on its rows (h1 frequencies and phases, embeddings and the shrinkage amount, an RFF sketch's
+#: frequencies, CAPE parameters and noise totals): ``1e-20``. Below it a product with a row's
+#: value can be subnormal (float64 below ``2.2e-308``; float32, in which scores and features are
+#: kept, below ``1.2e-38``), and a CPU takes many times longer for each subnormal operand or
+#: result, so the time of a step would follow how many rows hold non-zero values.
+#: :func:`check_not_tiny` refuses such numbers (rather than zeroing them: an honest draw never
+#: lands there, and the curator's recomputation must see the same numbers as the owner).
+#:
+#: Derivation: a product of a parameter ``|p| >= 1e-20`` with a float32 feature or score factor
+#: (``|h| >= 1e-9``: the smallest non-zero ``|cos|`` of a float32 angle, ``4.4e-8``, times
+#: ``sqrt(2 / d) >= 0.02``) is at least ``1e-29``, and differences of such float32 values are
+#: multiples of their unit in the last place (``>= 1e-29 * 2**-23 = 1.2e-36``): both normal.
+#: In float64 a product with a row's value ``x`` is at least ``1e-20 |x|``, normal for every
+#: ``|x| >= 1e-288`` (the owner's own values, never the curator's choice). Angles are flushed to
+#: 0 below ``2**-100`` before their float32 cast (:func:`dpmarket.common.fourier.reduced_angles`),
+#: which covers the cancellations of a sum. Honest numbers are far from it: a Gaussian
+#: frequency of standard deviation ``>= 1e-3`` lies within ``1e-20`` of 0 with probability
+#: below ``1e-17``.
+PARAMETER_FLOOR = 1e-20
+
+
+def check_not_tiny(values: ArrayLike, name: str, *, floor: float = PARAMETER_FLOOR) -> None:
+    """Refuse numbers whose magnitude is non-zero but below ``floor`` (public inputs only).
+
+    Parameters
+    ----------
+    values : array-like of float, any shape
+        Numbers a curator chose; 0, NaN and inf pass (other checks refuse the latter two).
+    name : str
+        Names the numbers in the message.
+    floor : float, default :data:`PARAMETER_FLOOR`
+        The smallest non-zero magnitude taken.
+
+    Raises
+    ------
+    ValueError
+        If some value is non-zero with magnitude below ``floor`` (the message says how many,
+        the smallest, and what to do).
+    """
+    size = np.abs(np.asarray(values, dtype=np.float64)).ravel()
+    tiny = (size > 0) & (size < floor)
+    if tiny.any():
+        raise ValueError(
+            f"{name} holds {int(tiny.sum())} non-zero value(s) below {floor:g} in magnitude "
+            f"(the smallest {float(size[tiny].min()):.3g}): products with such numbers can be "
+            "subnormal, which makes a step's time follow the data; send 0 or a value of at "
+            f"least {floor:g}"
+        )
+
+
 def check_epsilon(epsilon: float, name: str = "epsilon") -> float:
     """Return ``epsilon`` as float if it is finite and > 0; raise ``ValueError`` otherwise."""
     eps = float(epsilon)

@@ -84,6 +84,7 @@ from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from dpmarket.common.privacy.rng import production_rng
 from dpmarket.common.secagg.protocol import RoundParams
+from dpmarket.common.validation import check_not_tiny
 from dpmarket.owner.earnings import Earnings
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.partitioned import PartitionedTable, mean_statistic
@@ -237,14 +238,7 @@ class CapeSite:
             else:
                 assert not isinstance(spec, CapeMeanSpec)
                 x, y, moved = spec.clamped(raw_x, table.select([target])[:, 0])
-            if moved:
-                logger.info(
-                    "CAPE job %s: values clamped to the request's public bounds (this log "
-                    "only): %s of %d rows",
-                    short_id(job_id),
-                    ", ".join(f"{c!r} {n}" for c, n in moved.items()),
-                    table.n_rows,
-                )
+            _log_clamped(job_id, moved, table.n_rows)
             if isinstance(spec, CapeMeanSpec):
                 return x, None
             assert y is not None
@@ -647,14 +641,7 @@ class CapeSite:
         for _, _, m in found:
             for column, count in m.items():
                 moved[column] = moved.get(column, 0) + count
-        if moved:
-            logger.info(
-                "CAPE job %s: values clamped to the request's public bounds (this log only): "
-                "%s of %d rows",
-                short_id(job_id),
-                ", ".join(f"{c!r} {n}" for c, n in moved.items()),
-                table.n_rows,
-            )
+        _log_clamped(job_id, moved, table.n_rows)
         rows, value = mean_statistic([(n, v) for n, v, _ in found])
         if rows != job.rows:
             raise ValueError(f"the table holds {rows} rows, {job.rows} planned")
@@ -696,6 +683,7 @@ class CapeSite:
                 raise FailedPreconditionError("the job is not planned, or released already")
             e_hat = self._round_draws(job, round_id)
             total = _checked_vector(total, plan.size, "noise_total")
+            _check_floor(total, "noise_total")
             _check_headroom(plan, job.index, e_hat, total)
             with on_private_data(f"CAPE job {short_id(job_id)}: the statistic"):
                 if job.x is None:
@@ -781,6 +769,7 @@ class CapeSite:
                 )
             theta = _checked_parameters(job.spec, parameters, iteration, job.noise_scale)
             total = _checked_vector(total, plan.size, "noise_total")
+            _check_floor(total, "noise_total")
             row = e_hat[iteration - plan.first_iteration]
             _check_headroom(plan, job.index, row, total)
             with on_private_data(f"CAPE job {short_id(job_id)}: the gradient"):
@@ -843,6 +832,18 @@ class CapeSite:
         return idle
 
 
+def _log_clamped(job_id: str, moved: Mapping[str, int], rows: int) -> None:
+    """Log how many values the request's bounds clamped (this owner's log only), whether or not
+    any were: a step that logged only when some were, before its charge, would take longer for
+    some tables, which a curator could time."""
+    logger.info(
+        "CAPE job %s: values clamped to the request's public bounds (this log only): %s of %d rows",
+        short_id(job_id),
+        ", ".join(f"{c!r} {n}" for c, n in moved.items()) or "none",
+        rows,
+    )
+
+
 def _checked_vector(values: NDArray[np.float64], length: int, name: str) -> NDArray[np.float64]:
     out = np.asarray(values, dtype=np.float64)
     if out.shape != (length,) or not np.isfinite(out).all():
@@ -851,6 +852,17 @@ def _checked_vector(values: NDArray[np.float64], length: int, name: str) -> NDAr
             + ("" if out.shape != (length,) else " with NaN or inf")
         )
     return out
+
+
+def _check_floor(values: NDArray[np.float64], name: str) -> None:
+    """Refuse a curator's parameters or noise total holding a value non-zero below
+    :data:`~dpmarket.common.validation.PARAMETER_FLOOR` in magnitude (InvalidArgumentError;
+    public inputs only, before any record is read): products with such numbers can be
+    subnormal, and a gradient's time would follow how many records pass a threshold."""
+    try:
+        check_not_tiny(values, name)
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from exc
 
 
 def _checked_parameters(
@@ -864,8 +876,9 @@ def _checked_parameters(
     Raises
     ------
     InvalidArgumentError
-        If ``parameters`` are not ``P`` finite values or one exceeds the bound (naming the
-        largest and the bound).
+        If ``parameters`` are not ``P`` finite values, one exceeds the bound (naming the
+        largest and the bound) or one is non-zero below
+        :data:`~dpmarket.common.validation.PARAMETER_FLOOR` (:func:`_check_floor`).
     """
     theta = _checked_vector(parameters, spec.n_params, "parameters")
     bound = parameter_bound(
@@ -881,6 +894,7 @@ def _checked_parameters(
             f"{bound:.6g}, the most a training with this learning rate, clip and noise reaches "
             "by then: send the training's own parameters"
         )
+    _check_floor(theta, "parameters")
     return theta
 
 

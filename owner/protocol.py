@@ -79,7 +79,12 @@ from dpmarket.common.summarization.hashes import HashAdvert, hash_points
 from dpmarket.common.summarization.kernels import bid_direction, bid_scores, embedding_greedy
 from dpmarket.common.summarization.rff import RFFParams, random_fourier_features
 from dpmarket.common.summarization.terms import OwnerAccess, OwnerTerms, Step
-from dpmarket.common.validation import check_matrix, check_positive_int, check_vector
+from dpmarket.common.validation import (
+    check_matrix,
+    check_not_tiny,
+    check_positive_int,
+    check_vector,
+)
 from dpmarket.owner.earnings import PAYOUT_MECHANISM, Earnings, payout_session
 from dpmarket.owner.engine import WorkCancelled
 from dpmarket.owner.hash_keys import HashKeyParty
@@ -113,9 +118,12 @@ EMBEDDING_LIMIT = 1e9
 
 def _embedding(x: NDArray[np.float64], name: str, d: int) -> NDArray[np.floating]:
     """``x`` as a finite vector of length ``d`` whose entries lie within
-    :data:`EMBEDDING_LIMIT`, or InvalidArgumentError naming the problem (public inputs only)."""
+    :data:`EMBEDDING_LIMIT` and none non-zero below
+    :data:`~dpmarket.common.validation.PARAMETER_FLOOR`, or InvalidArgumentError naming the
+    problem (public inputs only)."""
     try:
         v = check_vector(x, name, size=d)
+        check_not_tiny(v, name)
     except ValueError as exc:
         raise InvalidArgumentError(str(exc)) from exc
     largest = float(np.abs(v).max()) if v.size else 0.0
@@ -577,6 +585,10 @@ class OwnerSession:
                 f"shrinkage_sigma must be finite and within [0, {EMBEDDING_LIMIT:g}], got "
                 f"{shrinkage_sigma}"
             )
+        try:
+            check_not_tiny(shrinkage_sigma, "shrinkage_sigma")
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from exc
         validation = _embedding(embedding, "validation_embedding", self.d)
         prior = (
             None
@@ -728,11 +740,16 @@ class OwnerSession:
         FailedPreconditionError
             If the validation embedding is unset.
         InvalidArgumentError
-            If ``threshold`` is NaN or infinite.
+            If ``threshold`` is NaN or infinite, or non-zero below
+            :data:`~dpmarket.common.validation.PARAMETER_FLOOR` in magnitude.
         """
         g = self._require_validation()
         if not np.isfinite(threshold):
             raise InvalidArgumentError(f"threshold must be finite, got {threshold}")
+        try:
+            check_not_tiny(threshold, "threshold")
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from exc
         with self._computing("relevance count"):
             return self.work.count(
                 g.astype(np.float32), threshold, self.sent_indices, self.progress, self.cancel
@@ -756,7 +773,8 @@ class OwnerSession:
             validation embedding is unset, the count was released at another threshold, or the
             owner's policy refuses the terms.
         InvalidArgumentError
-            If ``threshold`` is NaN or infinite.
+            If ``threshold`` is NaN or infinite, or non-zero below
+            :data:`~dpmarket.common.validation.PARAMETER_FLOOR` in magnitude.
 
         Notes
         -----
@@ -1078,7 +1096,10 @@ class Owner:
         ``[0, 2 pi)``) pass at any ``gamma`` a consumer may ask for data of any sensible scale;
         crafted ones that would drive the float32 cosine to NaN on some values and not others
         (a membership oracle through the step's status) are refused here, and the features are
-        total anyway (an angle beyond the limit is taken as 0).
+        total anyway (an angle beyond the limit is taken as 0). So are frequencies and phases
+        whose magnitude is non-zero but below
+        :data:`~dpmarket.common.validation.PARAMETER_FLOOR` (products with the rows' values
+        could be subnormal, and the open's time would follow how many values are non-zero).
         """
         if rff.n_features != info.num_features:
             raise InvalidArgumentError(
@@ -1091,6 +1112,8 @@ class Owner:
             )
         try:
             check_angle_bound(rff.omega, rff.phase, self._magnitudes(), "h1")
+            check_not_tiny(rff.omega, "h1 frequencies")
+            check_not_tiny(rff.phase, "h1 phases")
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from exc
         if self.limits is not None:
@@ -1142,29 +1165,46 @@ class Owner:
             # The quote's line for this owner: at least its own prices at the line's limits,
             # and no more raw points than the line states (so the statement stays within it).
             check_quote(policy.prices, terms.market, terms.epsilon, owner=self.owner_id)
-            if terms.market is not None:
-                line = self._line_left(session_id, terms, curator)
+            line = self._line_left(session_id, terms, curator)
+            if line is not None:
                 allowance = min(allowance, line)
         return allowance
 
-    def _line_left(self, session_id: str, terms: OwnerTerms, curator: str) -> int:
-        """The raw points a session id may still read under its quote line.
+    def _line_left(self, session_id: str, terms: OwnerTerms, curator: str) -> int | None:
+        """The raw points a session id may still read under its quote line (None: it has none).
 
-        One session id is one session across its opens, read against the line it first
-        accepted (its statement is checked against that line): a reopen must state the same
-        settlement terms (a reward cannot be added, nor changed, after the id opened), may read
-        that line's points less every point charged under the id, charges no epsilon beyond the
-        terms' once (its statement could not pay it), and a session id whose statement is
-        recorded is paid for good and opens no more. Refusals raise FailedPreconditionError;
-        nothing is charged.
+        One session id is one session across its opens, under the terms of its first open: the
+        quote line it first accepted (its settlement terms among it: a reward cannot be added,
+        nor changed, after the id opened), or none when it first opened (and was charged)
+        without one. A reopen under other terms (another line, a line where there was none, or
+        none where there was one) is refused: its statement, checked against one line, could
+        not settle what the other terms read or charged. Under its line a reopen may read that
+        line's points less every point charged under the id and charges no epsilon beyond the
+        terms' once (its statement could not pay it); a session id whose statement is recorded
+        is paid for good and opens no more, whatever the terms. Refusals raise
+        FailedPreconditionError, before anything is read; nothing is charged.
         """
-        assert self.ledger is not None and terms.market is not None
+        assert self.ledger is not None
         earnings = Earnings(self.ledger, self.owner_id)
         if earnings.settled(curator, session_id):
             raise FailedPreconditionError(
                 f"session {short_id(session_id)} is settled (its statement is recorded): it "
                 "cannot be opened again; open a new session under a new id"
             )
+        first = earnings.accepted_line(curator, session_id)
+        charged = bool(self.ledger.entries(session=session_id, limit=1))
+        if (first is None and charged and terms.market is not None) or (
+            first is not None and terms.market != first
+        ):
+            had = "no quote line" if first is None else "another quote line"
+            now = "none" if terms.market is None else "a different one"
+            raise FailedPreconditionError(
+                f"session {short_id(session_id)} first opened under {had}; reopened under "
+                f"{now}, its statement could not settle what each read: reopen it under the "
+                "terms it first opened with, or open a new session under a new id"
+            )
+        if terms.market is None:
+            return None
         spent = self.ledger.session_totals(session_id)
         if spent.epsilon > 0 and terms.epsilon > 0:
             raise FailedPreconditionError(
@@ -1172,21 +1212,7 @@ class Owner:
                 f"it would charge epsilon {terms.epsilon:g} again, beyond what its quote line "
                 "pays; open a new session under a new id"
             )
-        first = earnings.accepted_line(curator, session_id) or terms.market
-        if first.settlement != terms.market.settlement:
-            # What the statement will be checked against, and what this owner consented to (a
-            # reward among it, check_reward_disclosure): fixed when the id first opened.
-            was, now = first.settlement, terms.market.settlement
-            raise FailedPreconditionError(
-                f"session {short_id(session_id)} opened under other settlement terms (reward "
-                f"rule {was.reward_rule}, reward {was.reward}, p = {was.summary_size}, m = "
-                f"{was.validation_size}) than it is reopened under (reward rule "
-                f"{now.reward_rule}, reward {now.reward}, p = {now.summary_size}, m = "
-                f"{now.validation_size}): a session id keeps the terms it first opened with; "
-                "open a new session under a new id"
-            )
-        most = min(terms.market.max_points_read, first.max_points_read)
-        return max(0, most - int(spent.points))
+        return max(0, terms.market.max_points_read - int(spent.points))
 
     def open_session(
         self,
@@ -1241,7 +1267,10 @@ class Owner:
             ``session.rounds_per_point`` times the point allowance), or the owner's prices
             refuse the quote (:func:`~dpmarket.common.market.terms.check_quote`: a quoted
             charge below them, or no quote for an owner that is not free), or the session id's
-            statement is recorded already (a settled session never reopens). Nothing is charged.
+            statement is recorded already (a settled session never reopens, whatever its
+            terms), or the session id opened before under other terms (another quote line, or
+            a line where it had none, or none where it had one: an id's terms are fixed at its
+            first open). Nothing is read or charged.
         ResourceExhaustedError
             If ``max_sessions`` sessions are open (after closing idle ones).
         AlreadyExistsError

@@ -39,6 +39,7 @@ from dpmarket.common.cape.capefm import CapeFMPlan, plan_capefm
 from dpmarket.common.cape.dpgd import CapeTrainingPlan, n_params, plan_training, training_loss_sigma
 from dpmarket.common.cape.functional_mechanism import Task, scale_to_bounds, to_raw_coefficients
 from dpmarket.common.cape.mean import CapeMeanPlan, plan_mean
+from dpmarket.common.validation import check_not_tiny
 
 #: Name of the constant feature added for an intercept.
 INTERCEPT = "(intercept)"
@@ -52,11 +53,14 @@ MAX_MAGNITUDE = 1e100
 
 
 def _check_magnitude(name: str, *values: float) -> None:
-    """Raise ``ValueError`` unless every value is finite with ``|value| <= MAX_MAGNITUDE``."""
+    """Raise ``ValueError`` unless every value is finite with ``|value| <= MAX_MAGNITUDE``, and
+    0 or at least :data:`~dpmarket.common.validation.PARAMETER_FLOOR` in magnitude (a smaller
+    one makes products with records' values subnormal: an owner's time would follow them)."""
     if not all(math.isfinite(v) and abs(v) <= MAX_MAGNITUDE for v in values):
         raise ValueError(
             f"{name} must be finite and within +-{MAX_MAGNITUDE:g}, got {list(values)}"
         )
+    check_not_tiny(np.asarray(values, dtype=np.float64), name)
 
 
 def clamp_to_bounds(

@@ -71,7 +71,12 @@ from dpmarket.common.sketches.marginals import (
     marginals_map,
 )
 from dpmarket.common.sketches.sketch import DEFAULT_NUMERATOR_SHARE, PrivateSketch, SketchMechanism
-from dpmarket.common.validation import check_config_keys, config_number, config_table
+from dpmarket.common.validation import (
+    check_config_keys,
+    check_not_tiny,
+    config_number,
+    config_table,
+)
 
 __all__ = [
     "DEFAULT_DELTA",
@@ -196,7 +201,10 @@ class SketchSpec:
         do not fit together (by building the mechanism at ``epsilon``), or RFF frequencies whose
         angles can exceed :data:`dpmarket.common.fourier.ANGLE_LIMIT` on the domain
         (:func:`~dpmarket.common.fourier.check_angle_bound`: checked on public inputs before any
-        owner reads a record; the features are finite beyond it anyway).
+        owner reads a record; the features are finite beyond it anyway), or RFF frequencies or
+        RACE projections and offsets non-zero below
+        :data:`~dpmarket.common.validation.PARAMETER_FLOOR` in magnitude (products with a
+        record's values could be subnormal, a sketch's time then following the records).
     """
 
     name: str
@@ -233,6 +241,10 @@ class SketchSpec:
             if isinstance(self.feature_map, RFFMap):
                 magnitudes = np.maximum(np.abs(self.domain.low), np.abs(self.domain.high))
                 check_angle_bound(self.feature_map.omega, None, magnitudes, "RFF frequency")
+                check_not_tiny(self.feature_map.omega, "RFF frequencies")
+            if isinstance(self.feature_map, RACEMap):
+                check_not_tiny(self.feature_map.projections, "RACE projections")
+                check_not_tiny(self.feature_map.offsets, "RACE offsets")
         except ValueError as exc:
             raise InvalidArgumentError(f"spec {self.name}: {exc}") from None
 

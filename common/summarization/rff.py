@@ -168,8 +168,9 @@ def random_fourier_features(
         The session's h1 parameters.
     dtype : numpy floating dtype, default float32
         Output dtype. The projection ``x @ omega.T + phase`` is computed in float64, the cosine in
-        float32 (:func:`dpmarket.common.fourier.cos32`, which first reduces any angle above 64 rad
-        in float64: within 4e-6 of the float64 cosine, about 15 times faster), the scaling in
+        float32 (:func:`dpmarket.common.fourier.cos32`, which first reduces every angle in
+        float64, whatever its size, so that the time does not depend on the rows: within 4e-6
+        of the float64 cosine, about 15 times faster), the scaling in
         ``dtype``. An angle that is NaN, infinite or beyond
         :data:`dpmarket.common.fourier.ANGLE_LIMIT` (parameters far beyond any honest draw for
         the data's scale) is taken as 0: the features are finite whatever the parameters.

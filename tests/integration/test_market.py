@@ -263,6 +263,16 @@ def test_a_session_id_reads_one_quote_line_across_its_opens_and_never_reopens_on
         assert _open(stub, sid, digits, line, 0.0, uniform).max_points == 4
         assert sample(4).points.shape == [4, digits.n_features]
         close()
+        # Another line (9 points, epsilon 0.5 for candidates-counts): the id's terms are those
+        # of its first open; refused before anything is read (main: opened, 5 more points).
+        other = MarketTerms.of(
+            session_quote({owner: OWNER_PRICES}, {owner: 9}, 0.5, settlement), owner, settlement
+        )
+        before = _ledger_sizes(market)
+        with pytest.raises(grpc.RpcError) as info:
+            _open(stub, sid, digits, other, 0.5)
+        assert info.value.code() == FAILED and "another quote line" in (info.value.details() or "")
+        assert _ledger_sizes(market) == before
         assert _open(stub, sid, digits, line, 0.0, uniform).max_points == 0  # main: 4
         with pytest.raises(grpc.RpcError) as info:
             sample(4)

@@ -351,7 +351,7 @@ def test_a_value_outside_the_domain_is_clamped_at_publication_and_counted_in_the
     bad = tmp_path / "bad.csv"
     pd.DataFrame(values, columns=list(table.columns)).to_csv(bad, index=False)
     state = _replacing_ledger(dep, "owner-EV", tmp_path / "state")
-    with caplog.at_level("WARNING", logger="dpmarket.owner.sketches"):
+    with caplog.at_level("INFO", logger="dpmarket.owner.sketches"):
         result = CliRunner().invoke(
             cli_main,
             [
@@ -363,7 +363,7 @@ def test_a_value_outside_the_domain_is_clamped_at_publication_and_counted_in_the
             ],
         )  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert "'air_time' 1 of 1500 rows" in caplog.text
+    assert "'air_time' 1, 'delayed' 0 of 1500 rows" in caplog.text
     with OwnerLedger(tmp_path / "state", None) as ledger:
         accepted, entry = ledger.entries()  # the replaced ledger accepted, the publication
         stored = SketchPublisher(ledger).stored(_spec(dep, "mini/race"))

@@ -165,6 +165,7 @@ def test_with_the_bound_off_both_owners_release_a_finite_gradient_the_overflow_c
     the owner holding the record above c answered INVALID_ARGUMENT 'f_s holds NaN or inf values'
     after charging, the other released."""
     monkeypatch.setattr(owner_cape, "parameter_bound", lambda **_: float("inf"), raising=False)
+    monkeypatch.setattr(owner_cape, "check_not_tiny", lambda *a, **k: None)  # CRAFTED's w2
     answers = {name: _answer(site, params, CRAFTED) for name, (site, params) in owners.items()}
     assert answers == {"below": "released", "above": "released"}
 
@@ -203,6 +204,7 @@ def test_after_the_records_are_read_nothing_fails_whatever_the_parameters_and_to
     on their own values) and totals up to the headroom's edge, every iteration is released by
     both owners, each release finite (``_answer`` asserts it)."""
     monkeypatch.setattr(owner_cape, "parameter_bound", lambda **_: float("inf"), raising=False)
+    monkeypatch.setattr(owner_cape, "check_not_tiny", lambda *a, **k: None)  # +-1e-310 too
     rng = np.random.default_rng(7)
     extremes = np.array([MAX, -MAX, 1e300, -1e300, 1e154, 1e-310, -1e-310, 0.0, 3.0])
     for iteration in range(SPEC.iterations):
@@ -210,3 +212,45 @@ def test_after_the_records_are_read_nothing_fails_whatever_the_parameters_and_to
         total = np.where(rng.random(SPEC.n_params) < 0.5, -1e299, 1e299) * (iteration % 2)
         for site, params in owners.values():
             assert _answer(site, params, theta, iteration, total) == "released", (iteration, theta)
+
+
+#: The stranger's gradient timing (within the bound): W1 = 1, b1 = -c, w2 = 1e-310, b2 = 0. The
+#: products with w2 are subnormal exactly for the records above c, so each iteration's time
+#: counted them.
+SUBNORMAL = np.array([1.0, -C, 1e-310, 0.0])
+
+
+def test_subnormal_parameters_are_refused_the_same_way_whatever_the_records_nothing_charged(
+    owners: dict[str, tuple[CapeSite, RoundParams]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused at both owners with the same text (``PARAMETER_FLOOR``), before any record is
+    read or anything charged; a subnormal noise total alike. The control: with the floor off,
+    the owners read their records and release (charged), as on main."""
+    answers = {name: _answer(site, params, SUBNORMAL) for name, (site, params) in owners.items()}
+    assert answers["below"] == answers["above"]
+    assert answers["below"].startswith("INVALID_ARGUMENT: parameters holds 1 non-zero value")
+    site, params = owners["below"]
+    tiny_total = np.full(SPEC.n_params, 1e-310)
+    assert _answer(site, params, np.array([0.5, 0.0, -0.3, 0.0]), total=tiny_total).startswith(
+        "INVALID_ARGUMENT: noise_total holds 4 non-zero value"
+    )
+    for site, _ in owners.values():
+        assert site.ledger is not None and list(site.ledger.entries()) == []
+    monkeypatch.setattr(owner_cape, "check_not_tiny", lambda *a, **k: None)
+    answers = {name: _answer(site, params, SUBNORMAL) for name, (site, params) in owners.items()}
+    assert answers == {"below": "released", "above": "released"}
+
+
+def test_the_clamp_is_logged_alike_whether_or_not_a_value_was_clamped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The open's clamp writes its log line for a table within the bounds as for one beyond
+    them (a step that logged only when some value was clamped, before any charge, took longer
+    for those tables)."""
+    keys = {s: ec.generate_private_key(ec.SECP256R1()) for s in SITES}
+    for name, last in (("within", 74.0), ("beyond", 150.0)):
+        site = _site(tmp_path / name, np.append(INCOMES[:-1], last), keys)
+        caplog.clear()
+        with caplog.at_level("INFO", logger="dpmarket.owner.cape"):
+            site.open("job", SPEC, 1, curator=CURATOR, consumer="consumer:c")
+        assert "values clamped to the request's public bounds" in caplog.text, name

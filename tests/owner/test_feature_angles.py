@@ -135,3 +135,67 @@ def test_an_embedding_beyond_its_limit_is_refused_alike(entry: float) -> None:
         outcomes.append(_outcome(functools.partial(owner.set_validation_embedding, "s", g)))
     assert outcomes == ["InvalidArgumentError"] * 2
     assert math.isfinite(EMBEDDING_LIMIT)
+
+
+def _tiny_frequency() -> RFFParams:
+    """The stranger's subnormal kind (a frequency of 1e-310 on ``kids``, inside every bound): its
+    product with a row's value is subnormal exactly where ``kids != 0``, so the open's time
+    counted those rows."""
+    omega = np.full((2, 3), 0.01)
+    omega[:, 0] = 1e-310
+    return RFFParams(omega=omega, phase=np.array([0.5, 1.0]), gamma=1.0)
+
+
+def test_subnormal_h1_parameters_are_refused_at_the_open_before_any_row_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_read(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the owner computed features of its rows")
+
+    monkeypatch.setattr(Owner, "_features", staticmethod(no_read))
+    tiny_phase = RFFParams(omega=np.full((2, 3), 0.01), phase=np.array([1e-300, 1.0]), gamma=1.0)
+    for rff, what in ((_tiny_frequency(), "h1 frequencies"), (tiny_phase, "h1 phases")):
+        for with_value in (False, True):
+            owner = _owner(with_value)
+            with pytest.raises(InvalidArgumentError, match=f"{what} holds [12] non-zero value"):
+                owner.open_session("s", rff, 0, terms=TERMS)
+            assert owner.sessions == {}
+
+
+def test_without_the_floor_the_open_reads_rows_whose_products_are_subnormal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The control: with the floor off the open computes h1 on the rows, and the number of
+    # subnormal products omega_ij x_j (the slow operations) is the number of rows with kids != 0.
+    monkeypatch.setattr(protocol, "check_not_tiny", lambda *a, **k: None)
+    rff = _tiny_frequency()
+    tiny = np.finfo(np.float64).tiny
+    counts = []
+    for with_value in (False, True):
+        owner = _owner(with_value)
+        assert _outcome(functools.partial(owner.open_session, "s", rff, 0, terms=TERMS)) == "ok"
+        assert isinstance(owner.data, PointSet)
+        products = owner.data.features[:, :1] * rff.omega[:, 0]
+        counts.append(int(((products != 0) & (np.abs(products) < tiny)).sum()))
+    assert counts == [0, rff.d]
+
+
+@pytest.mark.parametrize("entry", [1e-310, -1e-40, 1e-21])
+def test_an_embedding_or_threshold_below_the_floor_is_refused_alike(entry: float) -> None:
+    rff = draw_rff_params(3, 8, 1e-6, np.random.default_rng(0))
+    outcomes = []
+    for with_value in (False, True):
+        owner = _owner(with_value)
+        owner.open_session("s", rff, 0, terms=TERMS)
+        g = np.full(8, 0.1)
+        g[3] = entry
+        outcomes.append(_outcome(functools.partial(owner.set_validation_embedding, "s", g)))
+        sigma = functools.partial(
+            owner.set_validation_embedding, "s", np.full(8, 0.1), shrinkage_sigma=abs(entry)
+        )
+        outcomes.append(_outcome(sigma))
+        owner.set_validation_embedding("s", np.full(8, 0.1))
+        session = owner.session("s")
+        outcomes.append(_outcome(functools.partial(session.relevant_count, entry)))
+        assert _outcome(functools.partial(session.relevant_count, 0.0)) == "ok"
+    assert outcomes == ["InvalidArgumentError"] * 6

@@ -129,7 +129,7 @@ def test_a_session_id_keeps_the_settlement_it_first_opened_with(
     owner.open_session("s", RFF, 0, terms=_terms(first))
     owner.close_session("s")
     before = ledger.entries()
-    with pytest.raises(FailedPreconditionError, match="keeps the terms it first opened with"):
+    with pytest.raises(FailedPreconditionError, match="under the terms it first opened with"):
         owner.open_session("s", RFF, 0, terms=_terms(again))
     assert ledger.entries() == before and owner.sessions == {}
     accepted = Earnings(ledger, "o").accepted_line(LOCAL_CURATOR, "s")

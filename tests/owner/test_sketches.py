@@ -159,7 +159,7 @@ def test_values_outside_the_domain_are_clamped_and_counted_in_the_owners_log_onl
     projected[17, 1], projected[3, 2] = 10.0, 1.0
     ledger = ledgers()
     publisher = SketchPublisher(ledger, noise=SeededNoise(np.random.default_rng(5)))
-    with caplog.at_level("WARNING", logger="dpmarket.owner.sketches"):
+    with caplog.at_level("INFO", logger="dpmarket.owner.sketches"):
         done = publisher.publish(
             specs["hist"], Table(table.columns, values, "owner-0"), curator=CURATOR
         )
@@ -175,6 +175,17 @@ def test_values_outside_the_domain_are_clamped_and_counted_in_the_owners_log_onl
     with pytest.raises(InvalidArgumentError, match=r"no column\(s\) \['b'\]"):
         publisher.publish(specs["race"], missing, curator=CURATOR)
     assert len(ledger.entries()) == 1
+
+
+def test_the_domain_step_logs_alike_whether_or_not_values_moved(
+    ledgers: Any, specs: dict[str, SketchSpec], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The projection's log line is written for every table, none moved or some (a step that
+    logged only when some values moved, before the charge, took longer for those tables)."""
+    publisher = SketchPublisher(ledgers(), noise=SeededNoise(np.random.default_rng(5)))
+    with caplog.at_level("INFO", logger="dpmarket.owner.sketches"):
+        publisher.publish(specs["hist"], _table(extra=False), curator=CURATOR)
+    assert "values projected onto the spec's domain (this log only): 'a' 0" in caplog.text
 
 
 def test_sketch_and_ledger_survive_a_restart(tmp_path: Path, specs: dict[str, SketchSpec]) -> None:

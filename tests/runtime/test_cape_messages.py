@@ -20,7 +20,13 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from dpmarket.common.cape.agreement import SizeAttestation
-from dpmarket.common.cape.spec import INTERCEPT, CapeJobSpec, CapeMeanSpec, CapeTrainingSpec
+from dpmarket.common.cape.spec import (
+    INTERCEPT,
+    MAX_MAGNITUDE,
+    CapeJobSpec,
+    CapeMeanSpec,
+    CapeTrainingSpec,
+)
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.secagg.fixedpoint import MAX_MODULUS_BITS, MAX_RESOLUTION_BITS, FixedPoint
 from dpmarket.common.secagg.protocol import (
@@ -32,6 +38,7 @@ from dpmarket.common.secagg.protocol import (
     UnmaskResponse,
 )
 from dpmarket.common.secagg.shamir import PRIME, Share
+from dpmarket.common.validation import PARAMETER_FLOOR
 from dpmarket.runtime import cape_messages as msg
 from dpmarket.v1 import array_pb2, cape_pb2, secure_aggregation_pb2
 
@@ -72,6 +79,11 @@ names = st.text(st.characters(codec="utf-8"), min_size=1, max_size=12).filter(
 #: Finite floats of every magnitude: -0.0, subnormals (5e-324), the largest (1.797e308).
 finite = st.floats(allow_nan=False, allow_infinity=False)
 positive = st.floats(min_value=0.0, exclude_min=True, allow_infinity=False)
+#: The numbers a spec may hold (bounds, clip, learning rate): 0 (either sign) or of magnitude
+#: within [PARAMETER_FLOOR, MAX_MAGNITUDE] (dpmarket.common.cape.spec).
+_magnitudes = st.floats(min_value=PARAMETER_FLOOR, max_value=MAX_MAGNITUDE)
+spec_numbers = st.sampled_from([0.0, -0.0]) | _magnitudes | _magnitudes.map(lambda x: -x)
+spec_positive = _magnitudes
 deltas = st.floats(min_value=0.0, max_value=1.0, exclude_min=True, exclude_max=True)
 #: S_C: None (the default, unset on the wire) or any count, 0 included (set on the wire).
 colluders = st.none() | st.integers(0, 2**62)
@@ -80,10 +92,10 @@ calibrations = st.sampled_from(["exact", "theorem1"])
 
 @st.composite
 def bounds(draw: st.DrawFn) -> tuple[float, float]:
-    a, b = draw(finite), draw(finite)
+    a, b = draw(spec_numbers), draw(spec_numbers)
     if a == b:  # 0.0 == -0.0 too
-        b = math.nextafter(a, math.inf)
-        if math.isinf(b):
+        b = math.nextafter(a, math.inf) if a != 0 else PARAMETER_FLOOR
+        if b > MAX_MAGNITUDE:
             a, b = math.nextafter(a, -math.inf), a
     return (a, b) if a < b else (b, a)
 
@@ -130,9 +142,9 @@ def training_specs(draw: st.DrawFn) -> CapeTrainingSpec:
         epsilon=draw(positive),
         delta=draw(deltas),
         iterations=draw(st.integers(1, 2**62)),
-        learning_rate=draw(positive),
+        learning_rate=draw(spec_positive),
         hidden=draw(st.integers(1, 2**62)),
-        clip=draw(positive),
+        clip=draw(spec_positive),
         colluders=draw(colluders),
     )
 
@@ -217,12 +229,14 @@ def test_any_job_round_trips_in_its_open_request(
 
 
 def test_edge_values_cross_exactly() -> None:
-    tiny, huge = 5e-324, 1.7976931348623157e308
+    # The extremes a spec's bounds may hold (0 or a magnitude within [PARAMETER_FLOOR,
+    # MAX_MAGNITUDE]); epsilon may be any positive float.
+    tiny, huge = PARAMETER_FLOOR, MAX_MAGNITUDE
     spec = CapeJobSpec(
         "linear",
         (("a", -0.0, tiny), ("b", -huge, huge)),
         ("y", -tiny, 0.0),
-        epsilon=tiny,
+        epsilon=5e-324,
         delta=math.nextafter(1.0, 0.0),
         colluders=2**62,
     )

@@ -11,12 +11,21 @@ Error bounds for ``h1(x) @ h1(y)``: with ``theta_i = (omega_i, b_i)`` i.i.d.,
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from dpmarket.common.fourier import ANGLE_LIMIT, angle_bound, check_angle_bound, cos32, cos_sin32
+from dpmarket.common.fourier import (
+    ANGLE_LIMIT,
+    TINY_ANGLE,
+    angle_bound,
+    check_angle_bound,
+    cos32,
+    cos_sin32,
+    reduced_angles,
+)
 from dpmarket.common.summarization.kernels import rbf_kernel
 from dpmarket.common.summarization.rff import RFFParams, draw_rff_params, random_fourier_features
 
@@ -256,3 +265,52 @@ def test_angle_bound_refuses_only_what_can_leave_the_limit() -> None:
         check_angle_bound(omega, np.array([0.0, 1e13]), None, "h1")
     with pytest.raises(ValueError, match="row 1"):  # an overflowing bound is refused too
         check_angle_bound(np.array([[0.0], [1e308]]), None, np.array([1e10]), "RFF sketch")
+
+
+def test_an_angle_is_reduced_alike_whatever_the_other_angles_hold() -> None:
+    # The path is not chosen from the angles: an angle of 10 rad is reduced whether or not
+    # another angle of its block exceeds 64 rad (the control: rounded directly to float32, 10 is
+    # not its reduced value 10 - 4 pi; a path that depended on the block's largest angle gave
+    # 10.0 with [10, 1] and -2.5664 with [10, 100], an open's time telling a curator whether
+    # some row's value exceeds a threshold).
+    small = reduced_angles(np.array([10.0, 1.0]))
+    large = reduced_angles(np.array([10.0, 100.0]))
+    assert small[0] == large[0] == np.float32(10.0 - 4 * math.pi)
+    assert np.float32(10.0) != small[0]
+
+
+def test_features_take_the_same_operations_for_tables_that_differ_in_one_row(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # h1 of two tables that differ in one row (its value 0.5 or 50, with frequencies 2: angles
+    # 1 and 100 rad): the same numpy operations run, counted on the reduction's rounding.
+    params = RFFParams(omega=np.full((3, 1), 2.0), phase=np.zeros(3), gamma=1)
+    calls = []
+    rint = np.rint
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return rint(*args, **kwargs)
+
+    monkeypatch.setattr(np, "rint", counted)
+    counts = []
+    rows = []
+    for last in (0.5, 50.0):
+        calls.clear()
+        f = random_fourier_features(np.array([[0.1], [0.2], [last]]), params)
+        counts.append(len(calls))
+        rows.append(f[:2])
+    assert counts[0] == counts[1] >= 1
+    np.testing.assert_array_equal(rows[0], rows[1])  # the other rows' features, bit for bit
+
+
+def test_tiny_angles_are_zero_and_no_float32_angle_is_subnormal() -> None:
+    tiny32 = np.finfo(np.float32).tiny
+    t = np.array([1e-40, -1e-310, 5e-324, 3e-35, TINY_ANGLE, 1.0])
+    # The control: cast directly, these angles are float32 subnormals (or float64 ones).
+    direct = t.astype(np.float32)
+    assert ((direct != 0) & (np.abs(direct) < tiny32)).any()
+    out = reduced_angles(t.copy())
+    assert not ((out != 0) & (np.abs(out) < tiny32)).any()
+    np.testing.assert_array_equal(out[:4], np.zeros(4, dtype=np.float32))
+    assert out[4] == np.float32(TINY_ANGLE) and out[5] == np.float32(1.0)
