@@ -271,7 +271,8 @@ class CapeSite:
         InvalidArgumentError
             If a column is missing, or a logistic regression's or a training's target is not a
             column this owner declared 0/1 (values outside the bounds are clamped, never
-            refused: the answer does not depend on them).
+            refused: the answer does not depend on them); or ``market`` carries a reward (a job
+            delivers no points to split one by).
         ResourceExhaustedError, AlreadyExistsError
             Beyond ``max_jobs`` open jobs; a job id in use.
         """
@@ -279,6 +280,13 @@ class CapeSite:
             raise FailedPreconditionError("this owner holds no table for CAPE jobs")
         if not job_id:
             raise InvalidArgumentError("job_id must be a non-empty string")
+        if market is not None and market.settlement.reward_rule != "none":
+            # A reward is split by the points a summary holds (and its statement discloses their
+            # count, which an owner consents to for sessions only); a job delivers no points.
+            raise InvalidArgumentError(
+                f"a CAPE job delivers no points, so its terms carry no reward (reward rule "
+                f"{market.settlement.reward_rule!r}); send the job's terms without one"
+            )
         if spec.colluders is not None and spec.colluders < self.min_colluders:
             raise FailedPreconditionError(
                 f"the job defends against S_C={spec.colluders} colluders, below this owner's "

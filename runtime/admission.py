@@ -122,13 +122,14 @@ from dpmarket.common.errors import (
 from dpmarket.runtime.allocator import RELEASE_AFTER_BYTES, large_call_began, large_call_ended
 from dpmarket.runtime.authz import ROLES_ATTRIBUTE, Authorizer
 from dpmarket.runtime.framing import FRAME_BYTES, SIZE_METADATA, most_pieces
-from dpmarket.runtime.identity import ROLES, peer_identity
+from dpmarket.runtime.identity import ROLES, Identity, peer_identity
 from dpmarket.runtime.status import abort_for
 
 __all__ = [
     "COLUMN_BYTES",
     "CONTENDED_UPLOAD_SECONDS",
     "DEFAULT_CONCURRENT_CALLS",
+    "ITSELF",
     "MIN_UPLOAD_BYTES_PER_SECOND",
     "OPEN_CALLS_PER_CALLER",
     "OPEN_CALLS_PER_CLASS",
@@ -176,10 +177,13 @@ OPEN_CALLS_PER_CLASS = 2
 #: The class of the health and reflection services' callers that the server's own services do
 #: not serve (:meth:`Admission.open_class`).
 OTHERS = "others"
+#: The class of the server's own identity (its operator's checks of it: a compose healthcheck,
+#: its console, ``dpmarket up``'s readiness at the curator), whom no other caller's calls fill.
+ITSELF = "itself"
 #: Calls the health and reflection services serve at once, together, at most: each class's
-#: :data:`OPEN_CALLS_PER_CLASS`, for a class per role and :data:`OTHERS`. So they may make a
-#: server hold 8 x 2 x 1 MiB, whoever calls.
-OPEN_CONCURRENT_CALLS = OPEN_CALLS_PER_CLASS * (len(ROLES) + 1)
+#: :data:`OPEN_CALLS_PER_CLASS`, for a class per role, :data:`OTHERS` and :data:`ITSELF`. So
+#: they may make a server hold 10 x 2 x 1 MiB, whoever calls.
+OPEN_CONCURRENT_CALLS = OPEN_CALLS_PER_CLASS * (len(ROLES) + 2)
 #: Pieces of unary requests a server reads at once, over all its services; an admitted call
 #: waits for its turn before each piece of its request is read (HTTP/2 flow control meanwhile
 #: holds the request at the client, but for the stream's window, 64 KiB:
@@ -902,10 +906,13 @@ class _Gate:
             whom = self.admission.open_class(context)
             group = (OPEN_SERVICES, whom, None)  # the calls of the caller's class
             if active.get(group, 0) >= OPEN_CALLS_PER_CLASS:
-                served = "parties their server's own services do not serve"
+                named = {
+                    OTHERS: "parties their server's own services do not serve",
+                    ITSELF: "the server's own identity",
+                }
                 raise ResourceExhaustedError(
                     f"{self.service} are serving the {OPEN_CALLS_PER_CLASS} calls at once they "
-                    f"keep for {served if whom == OTHERS else whom + 's'}; retry when one has ended"
+                    f"keep for {named.get(whom, whom + 's')}; retry when one has ended"
                 )
             keys += (group,)
         for k in keys:
@@ -1419,6 +1426,11 @@ class Admission(grpc.aio.ServerInterceptor):
         role and name) take the health and reflection services' calls of their role's class,
         every other identity those of :data:`OTHERS` (:meth:`open_class`;
         :data:`OPEN_CALLS_PER_CLASS` each). None (the default): every identity takes its role's.
+    own : Identity, optional
+        The server's own identity: its calls of the health and reflection services take the
+        class :data:`ITSELF` (a stranger's single consumer identity, holding the calls of
+        "the rest", refused every check an owner's operator made of it with its own
+        certificate).
     """
 
     def __init__(
@@ -1429,8 +1441,10 @@ class Admission(grpc.aio.ServerInterceptor):
         budget_bytes: int = REQUEST_BUDGET_BYTES,
         caller_bytes: int | None = None,
         served: Sequence[Authorizer] | None = None,
+        own: Identity | None = None,
     ) -> None:
         self.frame_bytes = frame_bytes
+        self.own = own
         #: The request bytes its calls hold at once.
         self.budget = RequestBudget(budget_bytes, SMALL_LANE_BYTES)
         #: Unary requests being read at once (:data:`READS_AT_ONCE`), whichever the service, and
@@ -1499,17 +1513,20 @@ class Admission(grpc.aio.ServerInterceptor):
     def open_class(self, context: grpc.aio.ServicerContext) -> str:
         """The class whose :data:`OPEN_CALLS_PER_CLASS` calls of the health and reflection
         services the caller's call takes: its role, if the server's own services serve it (by
-        role and name; every identity, without ``served``), else :data:`OTHERS`. One rule at
-        every server: at the curator consumers, owners and the rest each have their own calls, so
-        that consumer identities holding theirs refuse no owner's check (nor ``dpmarket up``'s,
-        made as the curator); at an owner the curators it serves and the rest. On plaintext
-        transport every caller is in one class. Its identity is already verified
-        (:meth:`_any_identity`)."""
+        role and name; every identity, without ``served``), else :data:`OTHERS`; the server's
+        own identity (``own``) is :data:`ITSELF`. One rule at every server: at the curator
+        consumers, owners, the curator itself (``dpmarket up``'s checks) and the rest each have
+        their own calls, so that consumer identities holding theirs refuse no owner's check; at
+        an owner the curators it serves, the owner itself (its compose healthcheck, its
+        console) and the rest. On plaintext transport every caller is in one class. Its identity
+        is already verified (:meth:`_any_identity`)."""
         if self.insecure:
             return "insecure callers"
         identity = peer_identity(context)
         if identity is None:
             return OTHERS
+        if identity == self.own:
+            return ITSELF
         if self.served is None:
             return identity.role
         for authorizer in self.served:

@@ -216,7 +216,7 @@ async def start_server(
         *((k, v) for k, v in SERVER_OPTIONS if k != "grpc.max_receive_message_length"),
         ("grpc.max_receive_message_length", frame),
     ]
-    admission = Admission(frame, insecure=security.insecure, served=served)
+    admission = Admission(frame, insecure=security.insecure, served=served, own=security.identity)
     interceptors: list[grpc.aio.ServerInterceptor] = [admission]
     metrics = metrics if metrics is not None else installed_metrics()
     if metrics is not None:  # counted first, so that admission's refusals are counted too

@@ -316,3 +316,27 @@ def test_a_job_no_longer_held_is_answered_from_the_ledger_to_its_own_curator_onl
     never = site.close("never-charged", curator=CURATOR)
     assert (never.epsilon, never.delta, never.points) == (0.0, 0.0, 0)
     assert len(_entries(site)) == 1  # answering charges nothing
+
+
+def test_a_job_whose_terms_carry_a_reward_is_refused_before_anything_is_read(
+    tmp_path: Path, keys: dict[str, ec.EllipticCurvePrivateKey]
+) -> None:
+    """A reward is split by the points a summary holds, which a job has none of, and only a
+    session's owner consents to what its statement discloses: a stranger's curator had an owner
+    that does not consent accept CAPE terms with a reward, recorded for the job's statement.
+    Refused (INVALID_ARGUMENT), nothing charged or opened; the control: the same terms without
+    the reward open the job."""
+    from dpmarket.common.errors import InvalidArgumentError
+    from dpmarket.common.market.statement import SettlementTerms
+    from dpmarket.common.market.terms import MarketTerms
+
+    site = _site(tmp_path, keys, 0)
+    rewarded = SettlementTerms(10, 10, payout_epsilon=1.0, reward_rule="value", reward=100)
+    plain = SettlementTerms(10, 10)
+    with pytest.raises(InvalidArgumentError, match="carry no reward"):
+        site.open("job", SPEC, 0, curator=CURATOR, consumer="consumer:alice",
+                  market=MarketTerms(0, 0, 0, rewarded))  # fmt: skip
+    assert _entries(site) == [] and not site._jobs
+    rows = site.open("job", SPEC, 0, curator=CURATOR, consumer="consumer:alice",
+                     market=MarketTerms(0, 0, 0, plain))  # fmt: skip
+    assert rows == ROWS["owner"]

@@ -1001,7 +1001,9 @@ SERVES = {
 
 
 @pytest.mark.parametrize("per_class", [True, False])
-@pytest.mark.parametrize(("server", "victim"), [("owner", CURATOR), ("curator", OWNER)])
+@pytest.mark.parametrize(
+    ("server", "victim"), [("owner", CURATOR), ("curator", OWNER), ("owner", OWNER)]
+)
 def test_a_served_partys_health_checks_keep_their_calls_whoever_holds_the_others(
     pki: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -1016,7 +1018,9 @@ def test_a_served_partys_health_checks_keep_their_calls_whoever_holds_the_others
     the curator, refusing the owners' checks of it). At an owner, which does not serve them, and
     at the curator, which does, the consumers' class keeps ``OPEN_CALLS_PER_CLASS`` calls: their
     calls beyond are refused at once, naming it, and the served party's check (the curator's of
-    an owner, an owner's of the curator) is served. Control (every caller in one class, as the
+    an owner, an owner's of the curator) is served, and so is the server's own check of itself
+    (class ``ITSELF``: one consumer refused every check an owner's operator made with the
+    owner's own certificate, which fell in the rest). Control (every caller in one class, as the
     calls were shared before): the consumers' calls fill the class and the check is refused."""
     if not per_class:
         monkeypatch.setattr(admission.Admission, "open_class", lambda self, context: OTHERS)
