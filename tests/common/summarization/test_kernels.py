@@ -450,3 +450,17 @@ def test_the_suggested_gamma_is_the_one_a_refusal_names_and_is_accepted() -> Non
         suggested_gamma(points[:1])
     with pytest.raises(ValueError, match="most points repeat"):
         suggested_gamma(np.ones((5, 4)))
+
+
+def test_a_bid_direction_holds_no_number_below_the_floor() -> None:
+    """Embeddings just above the 1e-20 floor whose difference is far below it (a stranger:
+    3e-36, whose products with float32 features were subnormal and made a bid round's time
+    count the rows near a value): the direction's entry is 0; honest entries are kept. The
+    control: the plain difference is 3e-36."""
+    from dpmarket.common.summarization.kernels import _direction, bid_direction
+
+    gv = np.array([2e-20, 0.3])
+    gs = np.array([np.nextafter(4e-20, 0.0), 0.1])
+    assert 0 < abs(_direction(gv, gs, 1)[0]) < 1e-30  # control
+    direction = bid_direction(gv, gs, 1)
+    assert direction[0] == 0.0 and direction[1] == np.float32(0.3 - 0.5 * 0.1)
