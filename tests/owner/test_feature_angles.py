@@ -11,7 +11,6 @@ same requests get the same statuses whatever the rows hold. Each test fails with
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -123,18 +122,24 @@ def test_an_angle_just_within_the_limit_passes_and_one_beyond_is_refused() -> No
         assert _outcome(functools.partial(owner.open_session, "s", rff, 0, terms=TERMS)) == expected
 
 
+def _opened(with_value: bool) -> Owner:
+    """An owner (its table with or without the value) with session "s" open."""
+    owner = _owner(with_value)
+    owner.open_session("s", draw_rff_params(3, 8, 1e-6, np.random.default_rng(0)), 0, terms=TERMS)
+    return owner
+
+
+def _embedding_outcome(owner: Owner, entry: float) -> str:
+    """The outcome of a validation embedding holding ``entry`` (the rest 0.1)."""
+    g = np.full(8, 0.1)
+    g[3] = entry
+    return _outcome(functools.partial(owner.set_validation_embedding, "s", g))
+
+
 @pytest.mark.parametrize("entry", [EMBEDDING_LIMIT * 10, 1e30, -1e300])
 def test_an_embedding_beyond_its_limit_is_refused_alike(entry: float) -> None:
-    rff = draw_rff_params(3, 8, 1e-6, np.random.default_rng(0))
-    outcomes = []
-    for with_value in (False, True):
-        owner = _owner(with_value)
-        owner.open_session("s", rff, 0, terms=TERMS)
-        g = np.full(8, 0.1)
-        g[3] = entry
-        outcomes.append(_outcome(functools.partial(owner.set_validation_embedding, "s", g)))
+    outcomes = [_embedding_outcome(_opened(with_value), entry) for with_value in (False, True)]
     assert outcomes == ["InvalidArgumentError"] * 2
-    assert math.isfinite(EMBEDDING_LIMIT)
 
 
 def _tiny_frequency() -> RFFParams:
@@ -182,14 +187,10 @@ def test_without_the_floor_the_open_reads_rows_whose_products_are_subnormal(
 
 @pytest.mark.parametrize("entry", [1e-310, -1e-40, 1e-21])
 def test_an_embedding_or_threshold_below_the_floor_is_refused_alike(entry: float) -> None:
-    rff = draw_rff_params(3, 8, 1e-6, np.random.default_rng(0))
     outcomes = []
     for with_value in (False, True):
-        owner = _owner(with_value)
-        owner.open_session("s", rff, 0, terms=TERMS)
-        g = np.full(8, 0.1)
-        g[3] = entry
-        outcomes.append(_outcome(functools.partial(owner.set_validation_embedding, "s", g)))
+        owner = _opened(with_value)
+        outcomes.append(_embedding_outcome(owner, entry))
         sigma = functools.partial(
             owner.set_validation_embedding, "s", np.full(8, 0.1), shrinkage_sigma=abs(entry)
         )
