@@ -94,9 +94,12 @@ calibrations = st.sampled_from(["exact", "theorem1"])
 def bounds(draw: st.DrawFn) -> tuple[float, float]:
     a, b = draw(spec_numbers), draw(spec_numbers)
     if a == b:  # 0.0 == -0.0 too
-        b = math.nextafter(a, math.inf) if a != 0 else PARAMETER_FLOOR
-        if b > MAX_MAGNITUDE:
-            a, b = math.nextafter(a, -math.inf), a
+        if a == 0:
+            b = PARAMETER_FLOOR
+        else:  # one step away from 0, so |b| stays at least PARAMETER_FLOOR (-1e-20 included)
+            b = math.nextafter(a, math.copysign(math.inf, a))
+            if abs(b) > MAX_MAGNITUDE:
+                b = math.nextafter(a, 0.0)
     return (a, b) if a < b else (b, a)
 
 
