@@ -84,6 +84,24 @@ def test_a_negative_noisy_count_shows_as_0_with_its_release() -> None:
     assert noisy_count_text(0.0) == "0"
 
 
+def test_the_header_names_the_party_once() -> None:
+    """The tutorial's consumer is named "consumer": its header read "consumer consumer"."""
+    scope = {"type": "http", "method": "GET", "path": f"{BASE}/consumer", "headers": []}
+
+    def header(identity: Identity) -> str:
+        page = (
+            console_templates(identity, BASE)
+            .get_template("base.html")
+            .render(request=Request(scope), role=identity.role, form_token="t", now=0.0)
+        )
+        found = re.search(r'<span class="who"[^>]*>(.*?)</span>', page)
+        assert found is not None
+        return re.sub(r"<[^>]+>", "", found.group(1))
+
+    assert header(Identity("consumer", "consumer")) == "consumer"
+    assert header(Identity("consumer", "alice")) == "consumer alice"  # the control: role and name
+
+
 def test_flag_texts_write_plus_minus() -> None:
     text = _logreg_reason(True, 5)
     assert "± 1.96 ×" in text and "-+" not in text
