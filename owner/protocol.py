@@ -1271,7 +1271,8 @@ class Owner:
             statement is recorded already (a settled session never reopens, whatever its
             terms), or the session id opened before under other terms (another quote line, or
             a line where it had none, or none where it had one: an id's terms are fixed at its
-            first open). Nothing is read or charged.
+            first open), or the session id was first opened as a CAPE job
+            (:mod:`dpmarket.owner.ids`). Nothing is read or charged.
         ResourceExhaustedError
             If ``max_sessions`` sessions are open (after closing idle ones).
         AlreadyExistsError
