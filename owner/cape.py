@@ -35,6 +35,7 @@ as a fixed INTERNAL status, never as text.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -86,6 +87,7 @@ from dpmarket.common.privacy.rng import production_rng
 from dpmarket.common.secagg.protocol import RoundParams
 from dpmarket.common.validation import check_not_tiny
 from dpmarket.owner.earnings import Earnings
+from dpmarket.owner.ids import IdState
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.partitioned import PartitionedTable, mean_statistic
 from dpmarket.owner.policy import DEFAULT_MIN_COLLUDERS
@@ -186,11 +188,20 @@ class CapeSite:
         self._jobs: dict[str, _Job] = {}
         self._lock = threading.Lock()
 
-    def _job(self, job_id: str, curator: str) -> _Job:
+    def _ids(self) -> IdState | None:
+        """The state of this owner's ids (:mod:`dpmarket.owner.ids`); None without a ledger."""
+        return None if self.ledger is None else IdState(self.ledger, self.name)
+
+    def _job(self, job_id: str, curator: str, *, closing: bool = False) -> _Job:
+        """An open job of ``curator``'s, for a step (refused once its statement is recorded,
+        before the step reads or charges anything) or, ``closing``, to close it."""
         with self._lock:
             job = self._jobs.get(job_id)
         if job is None or job.curator != curator:
             raise NotFoundError(f"unknown CAPE job {short_id(job_id)}")
+        ids = self._ids()
+        if ids is not None and not closing:
+            ids.check_unsettled(curator, job_id)
         job.touched = self.clock()
         return job
 
@@ -267,7 +278,12 @@ class CapeSite:
             If this owner holds no table, the spec's ``S_C`` (when the consumer set it) is below
             this owner's floor (the message names the floor), or its ledger refuses the terms
             (for gradient descent, the whole training's total); or (``QuoteRefusedError``) the
-            owner has prices and ``market`` is None or quotes less than they give.
+            owner has prices and ``market`` is None or quotes less than they give. With a
+            ledger, also before anything is read (:mod:`dpmarket.owner.ids`): if the job id is
+            settled (its statement is recorded: whatever the terms), was first opened as a
+            session, or first opened under other terms (spec, consumer or quote line), or was
+            charged already and ``market`` is a quote line (a rerun would charge its epsilon
+            again, beyond what the line pays).
         InvalidArgumentError
             If a column is missing, or a logistic regression's or a training's target is not a
             column this owner declared 0/1 (values outside the bounds are clamped, never
@@ -287,6 +303,11 @@ class CapeSite:
                 f"a CAPE job delivers no points, so its terms carry no reward (reward rule "
                 f"{market.settlement.reward_rule!r}); send the job's terms without one"
             )
+        ids = self._ids()
+        terms = _job_terms(spec, consumer, market)
+        if ids is not None:  # the id's own rules first: nothing is read for a refused id
+            ids.check_open(curator, job_id, "cape", terms)
+            self._check_charged_line(job_id, market)
         if spec.colluders is not None and spec.colluders < self.min_colluders:
             raise FailedPreconditionError(
                 f"the job defends against S_C={spec.colluders} colluders, below this owner's "
@@ -330,12 +351,25 @@ class CapeSite:
                     f"this owner runs at most {self.max_jobs} jobs at once; retry later"
                 )
             self._jobs[job_id] = job
+        if ids is not None:
+            ids.opened(curator, job_id, "cape", terms)
         if self.ledger is not None and market is not None:  # what its statement is checked against
             prices = self.ledger.policy.prices
             Earnings(self.ledger, self.name).accept(
                 curator=curator, session=job_id, consumer=consumer, market=market, prices=prices
             )
         return rows
+
+    def _check_charged_line(self, job_id: str, market: MarketTerms | None) -> None:
+        """Refuse to reopen, under a quote line, a job id its terms were charged under already:
+        a run charges its terms' epsilon again, beyond what the line (and so the id's one
+        statement) pays. Without a line there is no statement, and a rerun is charged again."""
+        assert self.ledger is not None
+        if market is not None and self.ledger.session_totals(job_id).epsilon > 0:
+            raise FailedPreconditionError(
+                f"CAPE job {short_id(job_id)} charged its terms' epsilon already: run again, "
+                "it would charge it again, beyond what its quote line pays; run it under a new id"
+            )
 
     def _check_plan_inputs(
         self, job: _Job, sites: Sequence[str], colluders: int, first_iteration: int
@@ -519,6 +553,9 @@ class CapeSite:
             job = self._jobs.get(job_id)
         if job is None:
             raise NotFoundError(f"unknown CAPE job {short_id(job_id)}")
+        ids = self._ids()
+        if ids is not None:  # a settled job's rounds are refused too
+            ids.check_unsettled(job.curator, job_id)
         return job
 
     @staticmethod
@@ -616,6 +653,7 @@ class CapeSite:
                 epsilon=epsilon,
                 delta=delta,
                 points=0,
+                record=IdState(self.ledger, self.name).charge_guard(job.curator, job_id),
             )
         job.charged = True
 
@@ -814,7 +852,7 @@ class CapeSite:
             if any(e.curator != curator for e in self.ledger.entries(session=job_id)):
                 raise NotFoundError(f"unknown CAPE job {short_id(job_id)}")
             return self._spent(job_id)
-        job = self._job(job_id, curator)
+        job = self._job(job_id, curator, closing=True)
         with self._lock:
             self._jobs.pop(job_id, None)
         if self.ledger is not None:
@@ -838,6 +876,16 @@ class CapeSite:
             for j in idle:
                 del self._jobs[j]
         return idle
+
+
+def _job_terms(spec: AnyCapeSpec, consumer: str, market: MarketTerms | None) -> dict[str, object]:
+    """The terms a job id is fixed to at its first open (:mod:`dpmarket.owner.ids`): its spec
+    (kind and every field), its consumer and its quote line."""
+    return {
+        "spec": {"kind": type(spec).__name__, **dataclasses.asdict(spec)},
+        "consumer": consumer,
+        "market": None if market is None else dataclasses.asdict(market),
+    }
 
 
 def _log_clamped(job_id: str, moved: Mapping[str, int], rows: int) -> None:

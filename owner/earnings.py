@@ -161,7 +161,17 @@ class Earnings:
 
     def settled(self, curator: str, session: str) -> bool:
         """Whether a statement of the session is recorded (the session is paid for good)."""
-        return self._by_session(curator, session) is not None
+        return self.ledger.read(lambda conn: self.settled_in(conn, curator, session))
+
+    @staticmethod
+    def settled_in(conn: sqlite3.Connection, curator: str, session: str) -> bool:
+        """:meth:`settled` inside a transaction of the owner's database (``conn``)."""
+        return (
+            conn.execute(
+                "SELECT 1 FROM earnings WHERE curator = ? AND session = ?", (curator, session)
+            ).fetchone()
+            is not None
+        )
 
     def _accepted(self, curator: str, session: str) -> tuple[str, MarketTerms, OwnerPrices] | None:
         row = self.ledger.read(
@@ -215,8 +225,8 @@ class Earnings:
             If the curator has no certificate key, the statement disagrees with the owner's
             ledger, terms or prices
             (:class:`~dpmarket.common.market.statement.StatementMismatchError`, listing every
-            field), or another statement was recorded for the session already. Nothing is
-            recorded.
+            field), or another statement was recorded for the session already, or a charge
+            under the session landed while the statement was checked. Nothing is recorded.
         """
         if not isinstance(curator_key, ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey):
             raise FailedPreconditionError(
@@ -243,6 +253,7 @@ class Earnings:
                 f"session {session[:12]} of {curator} is settled already by statement "
                 f"{existing.id[:12]}; refused another ({key[:12]})"
             )
+        charges = self.ledger.read(lambda conn: _charges_under(conn, session))
         self._check_against_ledger(document, consumer, market, prices)
         line = document.line
         earning = Earning(
@@ -258,6 +269,14 @@ class Earnings:
         )
 
         def write(conn: sqlite3.Connection) -> bool:
+            # Checked and recorded as one: a charge under the session that landed after the
+            # check (a step still running) refuses the statement, and none lands after it
+            # (dpmarket.owner.ids.IdState.charge_guard).
+            if _charges_under(conn, session) != charges:
+                raise FailedPreconditionError(
+                    f"session {session[:12]} of {curator} was charged while its statement was "
+                    "checked: the statement may not state it; close the session, then settle it"
+                )
             cursor = conn.execute(
                 "INSERT OR IGNORE INTO earnings (id, curator, session, consumer, recorded_at, "
                 "charge, reward, total, statement, signature) "
@@ -357,6 +376,14 @@ class Earnings:
     def total(self) -> int:
         """Everything earned, micro-credits."""
         return sum(e.total for e in self.all())
+
+
+def _charges_under(conn: sqlite3.Connection, session: str) -> int:
+    """How many charges the ledger holds under a session and its payout release."""
+    row = conn.execute(
+        "SELECT COUNT(*) FROM charges WHERE session IN (?, ?)", (session, payout_session(session))
+    ).fetchone()
+    return int(row[0])
 
 
 #: How an owner's ledger names the payout release's charge.

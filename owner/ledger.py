@@ -312,6 +312,19 @@ MIGRATIONS: tuple[Migration, ...] = (
         SELECT RAISE(ABORT, 'a ledger keeps the keys of the ledgers it replaced');
     END;
     """,
+    # 8 -> 9: what each id (a session's or a CAPE job's: one namespace) was first opened as, and
+    # the terms its kind fixes at its first open (dpmarket.owner.ids): an id opens as one kind
+    # only, and a reopen carries its first open's terms.
+    """
+    CREATE TABLE opened_ids (
+        curator TEXT NOT NULL,
+        id TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('session', 'cape')),
+        terms_json TEXT,
+        opened_at REAL NOT NULL,
+        PRIMARY KEY (curator, id)
+    );
+    """,
 )
 
 #: The triggers that keep the ledger's records append-only: a ledger without one of them was
@@ -381,6 +394,7 @@ TABLES = (
     "session_market",
     "earnings",
     "replaced_ledgers",
+    "opened_ids",
 )
 
 

@@ -88,6 +88,7 @@ from dpmarket.common.validation import (
 from dpmarket.owner.earnings import PAYOUT_MECHANISM, Earnings, payout_session
 from dpmarket.owner.engine import WorkCancelled
 from dpmarket.owner.hash_keys import HashKeyParty
+from dpmarket.owner.ids import IdState
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.limits import QUICK_STEP_BYTES, WorkLimits
 from dpmarket.owner.partitioned import PartitionedData
@@ -1270,7 +1271,8 @@ class Owner:
             statement is recorded already (a settled session never reopens, whatever its
             terms), or the session id opened before under other terms (another quote line, or
             a line where it had none, or none where it had one: an id's terms are fixed at its
-            first open). Nothing is read or charged.
+            first open), or the session id was first opened as a CAPE job
+            (:mod:`dpmarket.owner.ids`). Nothing is read or charged.
         ResourceExhaustedError
             If ``max_sessions`` sessions are open (after closing idle ones).
         AlreadyExistsError
@@ -1285,6 +1287,9 @@ class Owner:
         # Idle sessions go first, so that they do not hold the slots a new session needs.
         self.expire_idle()
         self._check_new(session_id)
+        ids = self._ids()
+        if ids is not None:  # settled, or first opened as a CAPE job: refused
+            ids.check_open(curator, session_id, "session")
         self._check_shape(info, rff, data)
         allowance = self._allowance(session_id, info.num_points, terms, consumer, curator)
         self._check_new(session_id)
@@ -1322,6 +1327,8 @@ class Owner:
                 raise WorkCancelled("the session's opening was cancelled")
             self._check_new(session_id, locked=True)
             self._slots[session_id] = _Slot(session, curator, consumer, self.clock())
+        if ids is not None:
+            ids.opened(curator, session_id, "session")
         if self.ledger is not None and terms.market is not None:
             # The terms the session's statement will be checked against, durably (nothing is
             # charged: the open has passed every check).
@@ -1416,6 +1423,8 @@ class Owner:
             return None
         charged = False
         payout = 0.0 if terms.market is None else owner_payout_epsilon(terms.market.settlement)
+        # No charge lands under the id once its statement is recorded (rolled back).
+        unsettled = IdState(ledger, self.owner_id).charge_guard(curator, session_id)
         # The payout release is charged once per session id (a reopened session's payout is
         # the same release, stated once in its statement).
         paid = payout == 0.0 or ledger.session_totals(payout_session(session_id)).epsilon > 0
@@ -1446,6 +1455,7 @@ class Owner:
                     epsilon=payout,
                     delta=0.0,
                     points=0,
+                    record=unsettled,
                 )
                 paid = True
             ledger.charge(
@@ -1456,6 +1466,7 @@ class Owner:
                 epsilon=eps,
                 delta=dlt,
                 points=points,
+                record=unsettled,
             )
             charged = True
 
@@ -1479,11 +1490,19 @@ class Owner:
         """
         return self._slot(session_id, curator).session
 
+    def _ids(self) -> IdState | None:
+        """The state of this owner's ids (:mod:`dpmarket.owner.ids`); None without a ledger."""
+        return None if self.ledger is None else IdState(self.ledger, self.owner_id)
+
     @contextmanager
     def _step(self, session_id: str, curator: str) -> Iterator[OwnerSession]:
-        """Run one protocol step of a session under its lock."""
+        """Run one protocol step of a session under its lock; refused (FailedPreconditionError,
+        before it reads or charges anything) once the session's statement is recorded."""
         slot = self._slot(session_id, curator)
         with slot.lock:
+            ids = self._ids()
+            if ids is not None:
+                ids.check_unsettled(curator, session_id)
             yield slot.session
 
     def set_validation_embedding(

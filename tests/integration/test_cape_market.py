@@ -221,6 +221,48 @@ def test_an_owner_refuses_a_cape_job_quoted_below_its_prices(priced: LocalCluste
     assert _ledger_sizes(priced) == before  # opening charges nothing; refusals neither
 
 
+def _open_quoted(stub: Any, owner: str, job_id: str, epsilon: float) -> Any:
+    """OpenCapeJob of :func:`_mean` at ``epsilon`` at one owner, under its honest line."""
+    spec = _mean(epsilon=epsilon)
+    line = cape_quote({owner: PRICES}, spec.cost[0]).line(owner).charge.total
+    request = cape_pb2.OpenCapeJobRequest(
+        job_id=job_id,
+        consumer="consumer:consumer",
+        market=market_terms_to_proto(MarketTerms(0, line, line, NO_SUMMARY)),
+    )
+    cape_messages.job_to_proto(request, spec)
+    return stub.OpenCapeJob(request, timeout=CALL_TIMEOUT)
+
+
+def test_a_settled_cape_job_id_is_refused_at_every_owner_whatever_its_terms(
+    priced: LocalCluster, tmp_path: Path
+) -> None:
+    """A lying curator (the deployment's curator certificate) opens a CAPE job again under the
+    id of one it ran and settled: every owner refuses it, FAILED_PRECONDITION "is settled",
+    under a line at the job's epsilon and at another, before anything is read or charged (it
+    opened, charged and released again, a charge no statement can pay). Control: a new id opens
+    at every owner under the same line."""
+    before = _ledger_sizes(priced)
+    ran = _mean_cli(priced, tmp_path / "ran.json")
+    assert ran.exit_code == 0, ran.output
+    (job,) = {e.session for o in priced.owner_ids for e in _new_entries(priced, before)[o]}
+    _recorded_everywhere(priced, job)
+    settled = _ledger_sizes(priced)
+    security = TransportSecurity.from_files(*identity_files(priced.pki_dir, CURATOR))
+    for owner, target in zip(priced.owner_ids, priced.owner_targets, strict=True):
+        with sync_channel(target, security, Identity("owner", owner)) as channel:
+            stub = cape_pb2_grpc.CapeSiteServiceStub(channel)
+            for epsilon in (1.0, 0.25):
+                with pytest.raises(grpc.RpcError) as info:
+                    _open_quoted(stub, owner, job, epsilon)
+                assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+                assert "is settled" in (info.value.details() or "")
+            fresh = "fresh-" + job[6:]
+            assert _open_quoted(stub, owner, fresh, 1.0).num_rows > 0  # control: a new id
+            stub.CloseCapeJob(cape_pb2.CloseCapeJobRequest(job_id=fresh))
+    assert _ledger_sizes(priced) == settled, "an owner charged under a settled id"
+
+
 def test_a_cape_cap_in_the_client_api_is_refused_before_anything_runs(
     priced: LocalCluster,
 ) -> None:

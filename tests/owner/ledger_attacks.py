@@ -122,6 +122,7 @@ def downgrade(data_dir: Path, keep: int = 1) -> None:
             "session_market",
             "earnings",
             "replaced_ledgers",
+            "opened_ids",
         ):
             c.execute(f"DROP TABLE IF EXISTS {table}")
         c.execute(
@@ -250,8 +251,10 @@ def old_rule_open(conn: sqlite3.Connection, *, skip: object = ()) -> list[int]:
 
 
 def before_schema_8(conn: sqlite3.Connection) -> None:
-    """Take a ledger's schema-8 additions back out (``replaced_ledgers`` and its triggers), as a
-    ledger of schema 7 or earlier has them: its migration adds them again."""
+    """Take a ledger's schema-8 additions (``replaced_ledgers`` and its triggers) and later ones
+    (schema 9's ``opened_ids``) back out, as a ledger of schema 7 or earlier has them: its
+    migrations add them again."""
+    conn.execute("DROP TABLE opened_ids")
     conn.execute("DROP TRIGGER replaced_ledgers_no_update")
     conn.execute("DROP TRIGGER replaced_ledgers_no_delete")
     conn.execute("DROP TABLE replaced_ledgers")

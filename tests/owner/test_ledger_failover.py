@@ -259,16 +259,16 @@ def test_a_ledger_of_the_previous_schema_opens_and_keeps_its_supersessions(
     pki: Path, tmp_path: Path
 ) -> None:
     """A ledger of schema 7 (no ``replaced_ledgers``) that replaced a stale X by restore: the
-    owner migrates it on open (schema 8), it verifies, its restore entry still resolves X's
-    receipts up to X's charge found, and accepting a later one charges nothing (X's key was
-    not kept then): the loss on record, as that release did."""
+    owner migrates it on open (to this build's schema), it verifies, its restore entry still
+    resolves X's receipts up to X's charge found, and accepting a later one charges nothing
+    (X's key was not kept then): the loss on record, as that release did."""
     x_dir, late, x_id = _stale(pki, tmp_path)
     with OwnerLedger(x_dir, None, owner=owner(pki)) as x:
         within = x.receipt()
     restore_ledger(x_dir, _new_ledger(pki, tmp_path), replace_other=True)
     with closing(sqlite3.connect(ledger_path(x_dir))) as conn, conn:
         before_schema_8(conn)
-        conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) - 1}")
+        conn.execute("PRAGMA user_version = 7")
     with OwnerLedger(x_dir, None, owner=owner(pki)) as y:
         y.check_receipt(within, curator=CURATOR)
         with pytest.raises(LedgerRollbackError):
@@ -538,7 +538,7 @@ def test_a_backup_of_an_earlier_schema_verifies_and_restores_through_a_migrated_
     backup_ledger(source, backup)
     with closing(sqlite3.connect(backup)) as conn, conn:
         before_schema_8(conn)
-        conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) - 1}")
+        conn.execute("PRAGMA user_version = 7")
     kept = backup.read_bytes()
     found = verify_file(backup)
     assert found.ok and found.charges == 1 and found.identity.ledger_id == x_id  # type: ignore[union-attr]

@@ -1,0 +1,162 @@
+"""The state of an id at an owner: what it was first opened as, under which terms, and whether
+its statement is recorded (settled).
+
+A curator names each session and each CAPE job by an id; at an owner the ids of both kinds are
+one namespace, the one its ledger charges under (``charges.session``) and its earnings settle by
+(:mod:`dpmarket.owner.earnings`). The rule both kinds follow, decided here and nowhere else:
+
+* an id is of the kind it was first opened as (``"session"`` or ``"cape"``), recorded durably at
+  that open (table ``opened_ids``) with the terms its kind fixes (a CAPE job's: its spec, its
+  consumer, its quote line); an open as the other kind is refused, and so is a reopen under
+  other terms than its first open's where its kind records them (a session's terms are checked
+  by :meth:`dpmarket.owner.protocol.Owner.open_session` against its quote line);
+* once its statement is recorded the id is settled for good: an open is refused whatever its
+  terms, every later step under it is refused before it reads or charges anything
+  (:meth:`IdState.check_unsettled`), and a charge that would land after the statement is
+  rolled back in its own transaction (:meth:`IdState.charge_guard`), so that every charge the
+  ledger holds under the id is one its recorded statement was checked against
+  (:meth:`~dpmarket.owner.earnings.Earnings.record` checks and records in one transaction).
+
+An id opened before this record existed (a ledger of an earlier schema) has no row: its kind is
+then that of the charges under it (a CAPE job's mechanism names CAPE), unknown without any.
+Every refusal is :class:`~dpmarket.common.errors.FailedPreconditionError`, decided on the
+request and the owner's own records only (never its data); nothing is read or charged.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Mapping
+from typing import Literal
+
+from dpmarket.common.errors import FailedPreconditionError
+from dpmarket.common.ids import short_id
+from dpmarket.owner.earnings import Earnings
+from dpmarket.owner.ledger import OwnerLedger
+
+__all__ = ["IdKind", "IdState"]
+
+#: What an id was first opened as.
+IdKind = Literal["session", "cape"]
+
+_NAMES: dict[str, str] = {"session": "a session", "cape": "a CAPE job"}
+#: How the ledger's mechanism of a CAPE job's charge starts (dpmarket.common.cape.spec).
+_CAPE_MECHANISMS = ("CAPE ", "capeFM ")
+
+
+def _canonical(terms: Mapping[str, object]) -> str:
+    return json.dumps(terms, sort_keys=True, separators=(",", ":"))
+
+
+class IdState:
+    """The owner's record of its ids (:mod:`dpmarket.owner.ids`), in its ledger's database.
+
+    Parameters
+    ----------
+    ledger : OwnerLedger
+        The owner's open ledger (its database holds ``opened_ids`` and ``earnings``).
+    owner : str
+        The owner's name.
+    """
+
+    def __init__(self, ledger: OwnerLedger, owner: str) -> None:
+        self.ledger = ledger
+        self.earnings = Earnings(ledger, owner)
+
+    def _first(self, curator: str, id_: str) -> tuple[str, Mapping[str, object] | None] | None:
+        row = self.ledger.read(
+            lambda conn: conn.execute(
+                "SELECT kind, terms_json FROM opened_ids WHERE curator = ? AND id = ?",
+                (curator, id_),
+            ).fetchone()
+        )
+        if row is not None:
+            return str(row[0]), None if row[1] is None else json.loads(row[1])
+        charged = self.ledger.entries(session=id_, limit=1)
+        if not charged:
+            return None
+        cape = charged[0].mechanism.startswith(_CAPE_MECHANISMS)
+        return ("cape" if cape else "session"), None
+
+    def check_open(
+        self, curator: str, id_: str, kind: IdKind, terms: Mapping[str, object] | None = None
+    ) -> None:
+        """Refuse to open ``id_`` as ``kind`` if it is settled, was first opened as the other
+        kind, or (``terms`` given and recorded at its first open) under other terms.
+
+        Raises
+        ------
+        FailedPreconditionError
+            Naming the id and what to do (a new id); nothing is read or charged.
+        """
+        name = _NAMES[kind]
+        if self.earnings.settled(curator, id_):
+            raise FailedPreconditionError(
+                f"{name} id {short_id(id_)} is settled (its statement is recorded): it cannot "
+                "be opened again, whatever its terms; open it under a new id"
+            )
+        first = self._first(curator, id_)
+        if first is None:
+            return
+        first_kind, first_terms = first
+        if first_kind != kind:
+            raise FailedPreconditionError(
+                f"id {short_id(id_)} was first opened as {_NAMES[first_kind]}: it cannot be "
+                f"opened as {name} (an owner's sessions and CAPE jobs share one namespace of "
+                "ids); open it under a new id"
+            )
+        if terms is not None and first_terms is not None:
+            now = json.loads(_canonical(terms))  # as recorded: tuples as lists
+            changed = sorted(k for k in {*now, *first_terms} if now.get(k) != first_terms.get(k))
+            if changed:
+                raise FailedPreconditionError(
+                    f"{name} id {short_id(id_)} first opened under other terms "
+                    f"({', '.join(changed)} differ): a reopen must carry the terms of its first "
+                    "open, its statement is checked against one; open it under a new id"
+                )
+
+    def opened(
+        self, curator: str, id_: str, kind: IdKind, terms: Mapping[str, object] | None = None
+    ) -> None:
+        """Record that ``id_`` opened as ``kind`` under ``terms`` (once: its first open's)."""
+        text = None if terms is None else _canonical(terms)
+        now = time.time()
+        self.ledger.write(
+            lambda conn: conn.execute(
+                "INSERT OR IGNORE INTO opened_ids (curator, id, kind, terms_json, opened_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (curator, id_, kind, text, now),
+            )
+        )
+
+    def check_unsettled(self, curator: str, id_: str) -> None:
+        """Refuse a step under a settled id (before the step reads or charges anything).
+
+        Raises
+        ------
+        FailedPreconditionError
+            If the id's statement is recorded.
+        """
+        if self.earnings.settled(curator, id_):
+            raise _settled(id_)
+
+    def charge_guard(self, curator: str, id_: str) -> Callable[[sqlite3.Connection, int], None]:
+        """A ``record`` callback for :meth:`~dpmarket.owner.ledger.OwnerLedger.charge`: inside the
+        charge's transaction, it rolls the charge back (FailedPreconditionError) if the id's
+        statement is recorded, so that no charge lands under an id after its statement."""
+
+        def guard(conn: sqlite3.Connection, charge_id: int) -> None:
+            del charge_id
+            if Earnings.settled_in(conn, curator, id_):
+                raise _settled(id_)
+
+        return guard
+
+
+def _settled(id_: str) -> FailedPreconditionError:
+    return FailedPreconditionError(
+        f"id {short_id(id_)} is settled (its statement is recorded): it serves no more steps, "
+        "whatever they ask; open a new session or job under a new id"
+    )
