@@ -94,9 +94,11 @@ from dpmarket.owner.partitioned import PartitionedData
 from dpmarket.owner.steps import SessionSteps
 from dpmarket.owner.terms import (
     check_exact_bids,
+    check_reopen,
     check_reward_disclosure,
     check_rounds,
     check_steered_selection,
+    opened_terms,
 )
 from dpmarket.runtime.tables import PointSet
 
@@ -1133,10 +1135,11 @@ class Owner:
         ``n`` without a ledger. Charges nothing."""
         allowance = n
         if self.ledger is not None:
-            # What the method asks that no charge covers (exact bids to the curator, rows
-            # picked along the curator's direction, a reward's count of the summary's points),
-            # then what it charges, then how many rounds: each refusal before anything is
-            # computed.
+            # A reopen under terms other than its first open's, then what the method asks
+            # that no charge covers (exact bids to the curator, rows picked along the
+            # curator's direction, a reward's count of the summary's points), then what it
+            # charges, then how many rounds: each refusal before anything is computed.
+            line = self._line_left(session_id, terms, curator, consumer)
             check_exact_bids(self.ledger.policy, terms)
             check_steered_selection(self.ledger.policy, terms)
             check_reward_disclosure(self.ledger.policy, terms)
@@ -1165,19 +1168,22 @@ class Owner:
             # The quote's line for this owner: at least its own prices at the line's limits,
             # and no more raw points than the line states (so the statement stays within it).
             check_quote(policy.prices, terms.market, terms.epsilon, owner=self.owner_id)
-            line = self._line_left(session_id, terms, curator)
             if line is not None:
                 allowance = min(allowance, line)
         return allowance
 
-    def _line_left(self, session_id: str, terms: OwnerTerms, curator: str) -> int | None:
+    def _line_left(
+        self, session_id: str, terms: OwnerTerms, curator: str, consumer: str
+    ) -> int | None:
         """The raw points a session id may still read under its quote line (None: it has none).
 
         One session id is one session across its opens, under the terms of its first open: the
         quote line it first accepted (its settlement terms among it: a reward cannot be added,
-        nor changed, after the id opened), or none when it first opened (and was charged)
-        without one. A reopen under other terms (another line, a line where there was none, or
-        none where there was one) is refused: its statement, checked against one line, could
+        nor changed, after the id opened), or none when it first opened without one, and every
+        other field of its terms (method, epsilon, delta, rounds, consumer:
+        :func:`~dpmarket.owner.terms.check_reopen`). A reopen under other terms (another line,
+        a line where there was none, none where there was one, or another epsilon...) is
+        refused: its statement, checked against one line, could
         not settle what the other terms read or charged. Under its line a reopen may read that
         line's points less every point charged under the id and charges no epsilon beyond the
         terms' once (its statement could not pay it); a session id whose statement is recorded
@@ -1192,8 +1198,10 @@ class Owner:
                 "cannot be opened again; open a new session under a new id"
             )
         first = earnings.accepted_line(curator, session_id)
-        charged = bool(self.ledger.entries(session=session_id, limit=1))
-        if (first is None and charged and terms.market is not None) or (
+        opened = earnings.opened_terms(curator, session_id)
+        # Known to have opened without a line: charged under the id, or recorded so.
+        lineless = opened is not None or bool(self.ledger.entries(session=session_id, limit=1))
+        if (first is None and lineless and terms.market is not None) or (
             first is not None and terms.market != first
         ):
             had = "no quote line" if first is None else "another quote line"
@@ -1203,6 +1211,8 @@ class Owner:
                 f"{now}, its statement could not settle what each read: reopen it under the "
                 "terms it first opened with, or open a new session under a new id"
             )
+        if opened is not None:  # every other field of the terms, as first opened
+            check_reopen(short_id(session_id), opened, opened_terms(terms, consumer))
         if terms.market is None:
             return None
         spent = self.ledger.session_totals(session_id)
@@ -1322,15 +1332,16 @@ class Owner:
                 raise WorkCancelled("the session's opening was cancelled")
             self._check_new(session_id, locked=True)
             self._slots[session_id] = _Slot(session, curator, consumer, self.clock())
-        if self.ledger is not None and terms.market is not None:
-            # The terms the session's statement will be checked against, durably (nothing is
-            # charged: the open has passed every check).
+        if self.ledger is not None:
+            # The terms the session id is fixed to and its statement will be checked against,
+            # durably, at its first open (nothing is charged: the open has passed every check).
             Earnings(self.ledger, self.owner_id).accept(
                 curator=curator,
                 session=session_id,
                 consumer=consumer,
                 market=terms.market,
                 prices=self.ledger.policy.prices,
+                opened=opened_terms(terms, consumer),
             )
         return info.num_points, allowance
 
