@@ -1659,8 +1659,14 @@ class Owner:
         h1, kernel ``gamma``), with their labels. Each hash is charged as the raw point it
         describes: Theorem 9 protects the point only from receivers without the map.
 
+        Every public input (the step, the agreed secret, ``gamma``, then ``count``) is checked
+        before anything is charged or a point marked sent: a refusal charges nothing.
+
         Raises
         ------
+        InvalidArgumentError
+            If ``gamma`` is not a finite number > 0, or as
+            :meth:`OwnerSession.propose_candidates` (``count``).
         FailedPreconditionError
             If the terms' method is not a hashes method, this owner takes no part in hashes
             sessions, the secret is not agreed, or as :meth:`OwnerSession.propose_candidates`.
@@ -1669,12 +1675,16 @@ class Owner:
             session.steps.check(Step.HASHES)
             party = self._party()
             key_id = party.key_id(session_id)
+            try:  # the map first: a bad gamma is refused before anything is charged
+                params = party.params(key_id, self.info().num_features, session.d, gamma)
+            except ValueError as exc:
+                raise InvalidArgumentError(
+                    f"{exc}: the hashes' kernel parameter is the session's gamma"
+                ) from exc
             chosen = session.propose_candidates(
                 count, what="raw points as h1 hashes", step=Step.HASHES
             )
-            d = session.d
             points, labels = self._points(session, chosen)
-        params = party.params(key_id, points.shape[1], d, gamma)
         return hash_points(points, params), labels
 
     def hash_points(
