@@ -606,8 +606,11 @@ class SessionManager:
         on = {party: [c for c in charges if c.party == party] for party in ("validation", "owners")}
         # What every owner that released a point charged its own ledger for the release before
         # that point left (whether or not the release then happens): the session's ledger
-        # records it, so that its report holds every charge.
-        state.ledgers["owners"].charge(on["owners"])
+        # recorded it when the first point arrived (SessionState.points_arrived), so that a
+        # session that fails states it too; recorded here only if it was not.
+        if not state.payout_recorded:
+            state.ledgers["owners"].charge(on["owners"])
+            state.payout_recorded = True
         try:
             state.ledgers["validation"].charge(on["validation"])  # durable before values leave
         except DPMarketError as exc:

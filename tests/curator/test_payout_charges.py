@@ -1,0 +1,101 @@
+"""A session's owners' payout charge is in its ledger and report whether or not it ends.
+
+Every owner that releases a raw point charges its own ledger for the session's payout release
+before the point leaves (``owner/protocol.Owner._charger``). Main recorded that charge in the
+session's ledger only once the payout release was made, after a successful run: a session with
+a reward that failed after an owner released its points (here the other owner drops out of the
+uniform sample) stated no payout charge in its ledger, its report or the curator's store, while
+the owner's ledger held it. In-process owners with real durable ledgers, a real curator store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from dpmarket.common.errors import UnavailableError
+from dpmarket.common.market.payouts import PAYOUT_CHARGE_LABEL
+from dpmarket.common.market.terms import RewardOffer, owner_payout_epsilon
+from dpmarket.common.summarization.methods import UniformConfig
+from dpmarket.common.summarization.summary import SessionReport, SessionRequest
+from dpmarket.curator.policy import CuratorPolicy
+from dpmarket.curator.sessions import SessionManager
+from dpmarket.curator.store import CuratorStore
+from dpmarket.experiments.scenarios import Scenario
+from dpmarket.owner.earnings import payout_session
+from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.local import LocalOwnerEndpoint
+from dpmarket.owner.policy import OwnerPolicy
+from dpmarket.owner.protocol import Owner
+
+CONSUMER = "consumer:alice"
+CONFIG = UniformConfig(summary_size=6, rff_dimension=16)
+REWARD = RewardOffer("value", 1_000_000, 1.0)
+
+
+class _DownAtSample(LocalOwnerEndpoint):
+    """An owner that opens the session, then is unreachable when asked for its sample."""
+
+    async def sample_uniform(self, session_id: str, count: int) -> object:
+        raise UnavailableError("owner unreachable")
+
+
+def _payout_charges(report: SessionReport | None) -> list[float]:
+    assert report is not None
+    book = report.ledger.party("owners")
+    return [] if book is None else [c.event.epsilon for c in book.entries
+                                    if c.label == PAYOUT_CHARGE_LABEL]  # fmt: skip
+
+
+def test_a_failed_reward_session_states_the_payout_its_owners_charged(
+    tmp_path: Path, digits: Scenario
+) -> None:
+    """The first owner samples (charging the payout before its points leave), the second is
+    down: the session fails. Its report, its durable charges and the report a restarted
+    curator reads state the owners' payout charge, once, at the epsilon the first owner's
+    ledger holds. The control (the success path) is
+    tests/integration/test_market.py::test_a_reward_is_split_by_the_private_payouts_charged_to_their_subjects."""
+    policy = OwnerPolicy(allow_reward_disclosure=True)
+    owners, ledgers = [], []
+    for data in digits.owners[:2]:
+        ledger = OwnerLedger.create(tmp_path / data.name, policy)
+        owners.append(Owner(data.name, data, ledger=ledger))
+        ledgers.append(ledger)
+    store = CuratorStore(tmp_path / "curator")
+    endpoints = [LocalOwnerEndpoint(owners[0]), _DownAtSample(owners[1])]
+    curator = CuratorPolicy(allow_seeded_sessions=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+
+    async def run() -> tuple[str, SessionReport | None, SessionReport | None]:
+        manager = SessionManager(endpoints, policy=curator, store=store, signing_key=key)
+        request = SessionRequest(CONFIG, digits.validation, digits.seed_set, seed=3, reward=REWARD)
+        try:
+            sid = await manager.create(request, consumer=CONSUMER)
+            seen = [item async for item in manager.watch(sid, CONSUMER)]
+            event, report = seen[-1]
+            assert event.stage == "failed"
+        finally:
+            await manager.close()
+        restarted = SessionManager(endpoints, policy=curator, store=store, signing_key=key)
+        try:
+            _, again = [item async for item in restarted.watch(sid, CONSUMER)][-1]
+        finally:
+            await restarted.close()
+        return sid, report, again
+
+    sid, report, again = asyncio.run(run())
+    payout = owner_payout_epsilon(REWARD.settlement(CONFIG.summary_size, len(digits.validation)))
+    assert payout > 0
+    owner_session = store.market(sid).owner_session  # type: ignore[union-attr]
+    charged = ledgers[0].session_totals(payout_session(owner_session)).epsilon
+    assert charged == pytest.approx(payout)  # the first owner paid it
+    assert ledgers[1].session_totals(payout_session(owner_session)).epsilon == 0.0
+    assert _payout_charges(report) == [pytest.approx(payout)]
+    assert _payout_charges(again) == [pytest.approx(payout)]
+    durable = [c for c in store.charges(sid) if c.label == PAYOUT_CHARGE_LABEL]
+    assert [(c.party, c.event.epsilon) for c in durable] == [("owners", pytest.approx(payout))]
+    for ledger in ledgers:
+        ledger.close()
