@@ -1,35 +1,45 @@
-"""A session's owners' payout charge is in its ledger and report whether or not it ends.
+"""A session's payout charges: stated whether or not it ends, and a refused one settles.
+
+The owners' payout charge is in the session's ledger and report whether or not it ends.
 
 Every owner that releases a raw point charges its own ledger for the session's payout release
 before the point leaves (``owner/protocol.Owner._charger``). Main recorded that charge in the
 session's ledger only once the payout release was made, after a successful run: a session with
 a reward that failed after an owner released its points (here the other owner drops out of the
 uniform sample) stated no payout charge in its ledger, its report or the curator's store, while
-the owner's ledger held it. In-process owners with real durable ledgers, a real curator store.
+the owner's ledger held it. And when the payout release's charge on the consumer's validation
+set is refused at settlement, the session is settled without the release, saying so; main's
+``settle`` raised (the terms' silent release disagreed with the delivered counts), the session
+stayed unsettled and every retry raised again. In-process owners with real durable ledgers, a
+real curator store.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from dpmarket.common.errors import UnavailableError
+from dpmarket.common.errors import FailedPreconditionError, UnavailableError
 from dpmarket.common.market.payouts import PAYOUT_CHARGE_LABEL
+from dpmarket.common.market.statement import decode_statement
 from dpmarket.common.market.terms import RewardOffer, owner_payout_epsilon
+from dpmarket.common.privacy.ledger import Charge
 from dpmarket.common.summarization.methods import UniformConfig
 from dpmarket.common.summarization.summary import SessionReport, SessionRequest
 from dpmarket.curator.policy import CuratorPolicy
 from dpmarket.curator.sessions import SessionManager
 from dpmarket.curator.store import CuratorStore
 from dpmarket.experiments.scenarios import Scenario
-from dpmarket.owner.earnings import payout_session
+from dpmarket.owner.earnings import Earnings, payout_session
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.local import LocalOwnerEndpoint
 from dpmarket.owner.policy import OwnerPolicy
-from dpmarket.owner.protocol import Owner
+from dpmarket.owner.protocol import LOCAL_CURATOR, Owner
 
 CONSUMER = "consumer:alice"
 CONFIG = UniformConfig(summary_size=6, rff_dimension=16)
@@ -97,5 +107,69 @@ def test_a_failed_reward_session_states_the_payout_its_owners_charged(
     assert _payout_charges(again) == [pytest.approx(payout)]
     durable = [c for c in store.charges(sid) if c.label == PAYOUT_CHARGE_LABEL]
     assert [(c.party, c.event.epsilon) for c in durable] == [("owners", pytest.approx(payout))]
+    for ledger in ledgers:
+        ledger.close()
+
+
+class _RacedStore(CuratorStore):
+    """A store whose validation set's charge of the payout release is refused, as a budget
+    another session spent first would (no budget of the curator refuses it today: the session's
+    validation ledger has none; this is the refusal the settlement must survive)."""
+
+    def record_charges(self, session_id: str, charges: Sequence[Charge], **kw: Any) -> None:
+        if any(c.party == "validation" and c.label == PAYOUT_CHARGE_LABEL for c in charges):
+            raise FailedPreconditionError("the validation set's budget is spent")
+        super().record_charges(session_id, charges, **kw)
+
+
+def test_a_payout_refused_at_settlement_is_settled_without_it_saying_so(
+    tmp_path: Path, digits: Scenario
+) -> None:
+    """Both owners sample; the payout release's validation charge is refused when the session
+    settles. The session is done (its summary delivered), its statement is stored, states the
+    terms' settlement and why the payout was withheld, pays no value and no reward, and each
+    owner's part passes the owner's own check (recorded in its earnings). Main: no statement
+    (``settle`` raised; the session stayed unsettled)."""
+    policy = OwnerPolicy(allow_reward_disclosure=True)
+    owners, ledgers = [], []
+    for data in digits.owners[:2]:
+        ledger = OwnerLedger.create(tmp_path / data.name, policy)
+        owners.append(Owner(data.name, data, ledger=ledger))
+        ledgers.append(ledger)
+    store = _RacedStore(tmp_path / "curator")
+    key = ec.generate_private_key(ec.SECP256R1())
+    manager_args = {"policy": CuratorPolicy(allow_seeded_sessions=True), "store": store}
+
+    async def run() -> str:
+        endpoints = [LocalOwnerEndpoint(o) for o in owners]
+        manager = SessionManager(endpoints, signing_key=key, **manager_args)  # type: ignore[arg-type]
+        request = SessionRequest(CONFIG, digits.validation, digits.seed_set, seed=3, reward=REWARD)
+        try:
+            sid = await manager.create(request, consumer=CONSUMER)
+            event, _ = [item async for item in manager.watch(sid, CONSUMER)][-1]
+            assert event.stage == "done"
+            assert manager.result(sid, CONSUMER).points.shape[0] == CONFIG.summary_size
+        finally:
+            await manager.close()
+        return sid
+
+    sid = asyncio.run(run())
+    (stored,) = store.statements(CONSUMER, session_id=sid)
+    statement = decode_statement(stored.data)
+    header = statement.header
+    assert "refused" in header.payout_withheld
+    assert header.reward_rule == REWARD.rule and header.reward == REWARD.amount
+    assert all(line.value == 0 and line.reward == 0 for line in statement.lines)
+    assert all(line.points_delivered == min(line.points_read, CONFIG.summary_size)
+               for line in statement.lines)  # fmt: skip
+    assert not [c for c in store.charges(sid) if c.party == "validation"]
+    parts = [row for row in store.undelivered() if row[0] == sid]
+    assert len(parts) == len(owners)
+    for (_, name, part, signature), owner, ledger in zip(parts, owners, ledgers, strict=True):
+        assert name == owner.owner_id
+        earning, recorded = Earnings(ledger, name).record(
+            part, signature, curator=LOCAL_CURATOR, curator_key=key.public_key()
+        )
+        assert recorded and earning.reward == 0
     for ledger in ledgers:
         ledger.close()
