@@ -757,6 +757,35 @@ class OwnerRecord:
     epsilon_payout: float = 0.0
 
 
+def _reward_problems(header: StatementHeader, line: StatementLine) -> list[str]:
+    """What is wrong with a line's value and reward under its header's rule
+    (:func:`check_statement`): recomputed exactly for the value rule, within ``[0, reward]``
+    for the proportional split, 0 without a rule, and no value and no reward when the payout
+    was withheld."""
+    own: dict[str, int | None]
+    if header.payout_withheld:  # the release was not made (the header says why)
+        own = {"value": 0, "reward": 0}
+    elif header.reward_rule == "value":
+        reward = None
+        if line.points_delivered <= header.summary_size:
+            rule = ValueReward(header.reward, header.point_mean, header.point_spread)
+            reward = rule.payout(
+                line.value, line.points_delivered, header.summary_size, header.noise_scale
+            )
+        own = {"reward": reward}
+    elif header.reward_rule == "proportional":
+        if not 0 <= line.reward <= header.reward:
+            return [f"reward: {line.reward} is outside [0, {header.reward}]"]
+        own = {}
+    else:
+        own = {"reward": 0}
+    return [
+        f"{name}: the statement says {getattr(line, name)!r}, the owner's record {value!r}"
+        for name, value in own.items()
+        if getattr(line, name) != value
+    ]
+
+
 def check_statement(
     document: OwnerStatement,
     record: OwnerRecord,
@@ -848,23 +877,7 @@ def check_statement(
         expect("delivered_charge", line.delivered_charge, own.delivered)
         expect("epsilon_charge", line.epsilon_charge, own.epsilon)
         expect("minimum_topup", line.minimum_topup, own.minimum_topup)
-    if header.payout_withheld:
-        # The release was not made: no value, no reward (the header says why).
-        expect("value", line.value, 0)
-        expect("reward", line.reward, 0)
-    elif header.reward_rule == "value":
-        reward = None
-        if line.points_delivered <= header.summary_size:
-            rule = ValueReward(header.reward, header.point_mean, header.point_spread)
-            reward = rule.payout(
-                line.value, line.points_delivered, header.summary_size, header.noise_scale
-            )
-        expect("reward", line.reward, reward)
-    elif header.reward_rule == "proportional":
-        if not 0 <= line.reward <= header.reward:
-            problems.append(f"reward: {line.reward} is outside [0, {header.reward}]")
-    else:
-        expect("reward", line.reward, 0)
+    problems += _reward_problems(header, line)
     if line.points_delivered == 0:
         expect("value", line.value, 0)
     if quoted_charge is not None:
