@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from dpmarket.common.errors import FailedPreconditionError, UnavailableError
+from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
 from dpmarket.common.market.payouts import PAYOUT_CHARGE_LABEL
 from dpmarket.common.market.statement import decode_statement
 from dpmarket.common.market.terms import RewardOffer, owner_payout_epsilon
@@ -138,11 +138,11 @@ def test_a_payout_refused_at_settlement_is_settled_without_it_saying_so(
         ledgers.append(ledger)
     store = _RacedStore(tmp_path / "curator")
     key = ec.generate_private_key(ec.SECP256R1())
-    manager_args = {"policy": CuratorPolicy(allow_seeded_sessions=True), "store": store}
+    policy = CuratorPolicy(allow_seeded_sessions=True)
 
     async def run() -> str:
         endpoints = [LocalOwnerEndpoint(o) for o in owners]
-        manager = SessionManager(endpoints, signing_key=key, **manager_args)  # type: ignore[arg-type]
+        manager = SessionManager(endpoints, policy=policy, store=store, signing_key=key)
         request = SessionRequest(CONFIG, digits.validation, digits.seed_set, seed=3, reward=REWARD)
         try:
             sid = await manager.create(request, consumer=CONSUMER)
@@ -171,5 +171,46 @@ def test_a_payout_refused_at_settlement_is_settled_without_it_saying_so(
             part, signature, curator=LOCAL_CURATOR, curator_key=key.public_key()
         )
         assert recorded and earning.reward == 0
+    for ledger in ledgers:
+        ledger.close()
+
+
+def test_a_payout_the_policy_cannot_afford_is_refused_before_any_owner_opens(
+    tmp_path: Path, digits: Scenario
+) -> None:
+    """The curator's bound on the owners' epsilon (here 0.5) counts the payout release's charge
+    (1 for this reward): the request is refused when it is quoted, before any owner is opened,
+    and nothing is charged anywhere (main opened both owners and ran). The control: the same
+    request without the reward runs."""
+    owners, ledgers = [], []
+    for data in digits.owners[:2]:
+        ledger = OwnerLedger.create(tmp_path / data.name, OwnerPolicy(allow_reward_disclosure=True))
+        owners.append(Owner(data.name, data, ledger=ledger))
+        ledgers.append(ledger)
+    store = CuratorStore(tmp_path / "curator")
+    policy = CuratorPolicy(allow_seeded_sessions=True).with_overrides(
+        ranges={"owners_epsilon": (0.0, 0.5)}
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+
+    async def run(reward: RewardOffer) -> str:
+        endpoints = [LocalOwnerEndpoint(o) for o in owners]
+        manager = SessionManager(endpoints, policy=policy, store=store, signing_key=key)
+        request = SessionRequest(CONFIG, digits.validation, digits.seed_set, seed=3, reward=reward)
+        try:
+            sid = await manager.create(request, consumer=CONSUMER)
+            event, _ = [item async for item in manager.watch(sid, CONSUMER)][-1]
+            return event.stage
+        finally:
+            await manager.close()
+
+    with pytest.raises(
+        InvalidArgumentError, match=r"owners' data \(its terms' 0 and its payout release's 1\)"
+    ):
+        asyncio.run(run(REWARD))
+    assert all(ledger.entries() == [] for ledger in ledgers)
+    assert all(owner.sessions == {} for owner in owners)
+    assert asyncio.run(run(RewardOffer())) == "done"  # the control
+    assert all(ledger.entries() for ledger in ledgers)
     for ledger in ledgers:
         ledger.close()
