@@ -105,6 +105,9 @@ def test_a_failed_reward_session_states_the_payout_its_owners_charged(
     assert ledgers[1].session_totals(payout_session(owner_session)).epsilon == 0.0
     assert _payout_charges(report) == [pytest.approx(payout)]
     assert _payout_charges(again) == [pytest.approx(payout)]
+    # Its owner_spend names the owner that released (the one the payout charge is about).
+    for stated in (report, again):
+        assert stated is not None and stated.owner_spend[owners[0].owner_id].points > 0
     durable = [c for c in store.charges(sid) if c.label == PAYOUT_CHARGE_LABEL]
     assert [(c.party, c.event.epsilon) for c in durable] == [("owners", pytest.approx(payout))]
     for ledger in ledgers:
