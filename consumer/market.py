@@ -133,7 +133,8 @@ def statements_table(settled: list[SettledStatement], *, wide: bool = False) -> 
     """One row per (statement, owner): the session, the id its owners' ledgers list it by
     (:func:`owner_session_id`), the owner, points read and delivered, epsilon charged, the
     charge, the reward and the total, credits; ``wide`` adds the price components and whole
-    ids. Fits 80 columns without ``wide``."""
+    ids; a caption names each session whose payout release was withheld, and why. Fits 80
+    columns without ``wide``."""
     table = Table(title="settlement statements (credits)", title_justify="left")
     table.add_column("session", overflow="fold")
     table.add_column("at owners", overflow="fold")
@@ -167,4 +168,13 @@ def statements_table(settled: list[SettledStatement], *, wide: bool = False) -> 
         table.add_row(
             sid, owners_id, "[bold]all", *blank, "", f"[bold]{credits(item.statement.total)}"
         )
+    withheld = [
+        f"session {item.session_id if wide else item.session_id[:8]}: payout withheld, "
+        f"{item.statement.header.payout_withheld}"
+        for item in settled
+        if item.statement.header.payout_withheld
+    ]
+    if withheld:
+        table.caption = "\n".join(withheld)
+        table.caption_justify = "left"
     return table

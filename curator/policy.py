@@ -15,6 +15,7 @@ The policy file is TOML (parsed with :mod:`tomllib`); every key is optional::
     epsilon_owners_total = [0.01, 4.0]
     delta = [1e-12, 1e-5]
     # ... any method's parameter (dpmarket.common.summarization.methods; see DEFAULT_RANGES)
+    payout_epsilon = [0.01, 4.0]        # a reward's payout release epsilon
     owners_epsilon = [0.0, 4.0]         # the session's epsilon on the owners' data, all releases
     owners_delta = [0.0, 1e-5]          # and its delta (the printed PrivAuction's ~0.1 is refused)
     validation_points = [1, 100000]     # m
@@ -62,6 +63,8 @@ from typing import Any
 
 from dpmarket.common.cape.spec import AnyCapeSpec, CapeTrainingSpec
 from dpmarket.common.errors import InvalidArgumentError, ResourceExhaustedError
+from dpmarket.common.market.statement import SettlementTerms
+from dpmarket.common.market.terms import owner_payout_epsilon
 from dpmarket.common.sketches.marginals import marginals_map
 from dpmarket.common.sketches.spec import DEFAULT_DELTA, SketchDeclaration
 from dpmarket.common.summarization.methods import METHODS, H2Fields, Method, SummarizationConfig
@@ -93,6 +96,9 @@ DEFAULT_RANGES: dict[str, tuple[float, float]] = {
     "relevance_threshold": (0.0, 2.0),
     "candidate_even_share": (0.0, 1.0),
     "auction_share": (0.05, 1.0),
+    # A consumer's reward: the payout release's epsilon (each of its charges, on the validation
+    # set and on every owner with a delivered point, is at most this).
+    "payout_epsilon": (0.01, 4.0),
     # Derived quantities of the whole request.
     "owners_epsilon": (0.0, 4.0),
     "owners_delta": (0.0, 1e-3),
@@ -348,19 +354,41 @@ class CuratorPolicy:
         if delta > 0:
             self._check_range("sketch_delta", delta, "the sketch's delta")
 
-    def check_terms(self, terms: OwnerTerms) -> None:
-        """Check the session's total spend of the owners' privacy against the policy.
+    def check_terms(self, terms: OwnerTerms, settlement: SettlementTerms | None = None) -> None:
+        """Check the session's total spend of the owners' privacy against the policy, its
+        payout release included: called when the session is quoted, before any owner is opened
+        or charged.
+
+        Parameters
+        ----------
+        terms : OwnerTerms
+        settlement : SettlementTerms, optional
+            The session's settlement terms; with a reward, the payout release's epsilon is
+            checked against ``payout_epsilon`` (it bounds the release's charge on the
+            consumer's validation set, ``epsilon_V <= epsilon``), and what the release charges
+            each owner with a delivered point (``epsilon_O``,
+            :func:`~dpmarket.common.market.terms.owner_payout_epsilon`) counts in the owners'
+            epsilon, as each owner's own check counts it.
 
         Raises
         ------
         InvalidArgumentError
-            If the session's epsilon or delta on the owners' data is out of range (a
-            non-private session is refused by :meth:`check_request` unless ``"greedy"`` is
-            served).
+            If the payout epsilon, or the session's epsilon (its payout's included) or delta on
+            the owners' data, is out of range (a non-private session is refused by
+            :meth:`check_request` unless ``"greedy"`` is served).
         """
+        payout = 0.0
+        if settlement is not None and settlement.rule() is not None:
+            self._check_range(
+                "payout_epsilon", settlement.payout_epsilon, "the reward's payout epsilon"
+            )
+            payout = owner_payout_epsilon(settlement)
         if terms.non_private:
             return
-        self._check_range("owners_epsilon", terms.epsilon, "the session's epsilon on owners' data")
+        what = "the session's epsilon on owners' data"
+        if payout > 0:
+            what += f" (its terms' {terms.epsilon:g} and its payout release's {payout:g})"
+        self._check_range("owners_epsilon", terms.epsilon + payout, what)
         self._check_range("owners_delta", terms.delta, "the session's delta on owners' data")
 
 

@@ -519,8 +519,8 @@ class SessionManager:
         try:
             result = await session.run()
             if self.store is not None:
-                release = self._payouts(managed.session_id, session, result)
-                settlement = self._settle(managed.session_id, _delivered(result), release)
+                release, withheld = self._payouts(managed.session_id, session, result)
+                settlement = self._settle(managed.session_id, _delivered(result), release, withheld)
                 cost = None if settlement is None else settlement.statement.total
                 report = dataclasses.replace(
                     result.report, cost=cost, ledger=session.ledger_report()
@@ -532,7 +532,7 @@ class SessionManager:
                     result,
                     ttl=ttl,
                     settlement=settlement,
-                    payout=None if release is None else release_to_json(release),
+                    payout=_payout_json(release, withheld),
                 )
         except DPMarketError as exc:
             self._failed(managed, session, str(exc))
@@ -581,16 +581,17 @@ class SessionManager:
     # -------------------------------------------------------------------------- settlement
     def _payouts(
         self, session_id: str, session: SummarizationSession, result: SummaryResult
-    ) -> PayoutRelease | None:
+    ) -> tuple[PayoutRelease | None, str]:
         """The payout release the session's terms fix, its validation charge recorded first
-        (:func:`~dpmarket.curator.settlement.payout_release`); None without one, without a key
-        (nothing is settled), or when the validation set's budget refuses it (logged: the
-        statement then states no value)."""
+        (:func:`~dpmarket.curator.settlement.payout_release`), and why it was withheld ("" when
+        it was not): None without one, without a key (nothing is settled), or when the
+        validation set's ledger refuses its charge (logged; the statement is then written
+        without it and says so, ``StatementHeader.payout_withheld``, nothing raised)."""
         if self.store is None or self.signing_key is None:
-            return None
+            return None, ""
         market = self.store.market(session_id)
         if market is None:
-            return None
+            return None, ""
         state = session.state
         made = payout_release(
             market,
@@ -601,25 +602,32 @@ class SessionManager:
             state.noise,
         )
         if made is None:
-            return None
+            return None, ""
         release, charges = made
         on = {party: [c for c in charges if c.party == party] for party in ("validation", "owners")}
         # What every owner that released a point charged its own ledger for the release before
         # that point left (whether or not the release then happens): the session's ledger
-        # records it, so that its report holds every charge.
-        state.ledgers["owners"].charge(on["owners"])
+        # recorded it when the first point arrived (SessionState.points_arrived), so that a
+        # session that fails states it too; recorded here only if it was not.
+        if not state.payout_recorded:
+            state.ledgers["owners"].charge(on["owners"])
+            state.payout_recorded = True
         try:
             state.ledgers["validation"].charge(on["validation"])  # durable before values leave
         except DPMarketError as exc:
             logger.warning("session %s: no payout release: %s", short_id(session_id), exc)
-            return None
-        return release
+            return None, (
+                "the payout release's charge on the consumer's validation set was refused at "
+                "settlement; no value and no reward were released"
+            )
+        return release, ""
 
     def _settle(
         self,
         session_id: str,
         delivered: dict[str, int],
         release: PayoutRelease | None = None,
+        withheld: str = "",
     ) -> SignedSettlement | None:
         """The session's signed statement from its stored market and its owners' stored
         records, or None (not quoted, no key, or an owner's record not known yet: settled
@@ -632,7 +640,9 @@ class SessionManager:
             if market is None:
                 return None
             spends = self.store.owner_spend(session_id)
-            return settle_session(market, spends, delivered, self.signing_key, release)
+            return settle_session(
+                market, spends, delivered, self.signing_key, release, withheld=withheld
+            )
         except Exception:
             logger.exception("session %s: settling it failed", short_id(session_id))
             return None
@@ -657,12 +667,14 @@ class SessionManager:
                     "session %s: its summary expired before it was settled", short_id(session_id)
                 )
                 continue
-            release = None
+            release, withheld = None, ""
             payout = self.store.payout(session_id)
             market = self.store.market(session_id)
-            if payout is not None and market is not None:
+            if payout is not None and "withheld" in payout:
+                withheld = str(payout["withheld"])
+            elif payout is not None and market is not None:
                 release = release_from_json(payout, market.settlement)
-            settlement = self._settle(session_id, delivered, release)
+            settlement = self._settle(session_id, delivered, release, withheld)
             if settlement is not None and self.store.record_settlement(session_id, settlement):
                 self.store.refresh_owner_spend(session_id)
                 settled += 1
@@ -962,6 +974,14 @@ class SessionManager:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _payout_json(release: PayoutRelease | None, withheld: str) -> dict[str, Any] | None:
+    """What the store keeps of the session's payout: the release, or why it was withheld (so
+    that a settlement after a restart states the same), or None."""
+    if release is not None:
+        return release_to_json(release)
+    return {"withheld": withheld} if withheld else None
 
 
 def _delivered(result: SummaryResult) -> dict[str, int]:

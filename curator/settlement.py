@@ -140,6 +140,8 @@ def settle_session(
     delivered: Mapping[str, int],
     key: PrivateKey,
     release: PayoutRelease | None = None,
+    *,
+    withheld: str = "",
 ) -> SignedSettlement | None:
     """The session's signed statement, or None while an owner's record is not known.
 
@@ -156,6 +158,12 @@ def settle_session(
     release : PayoutRelease, optional
         The payout release, when the terms fix one (:func:`payout_release`; for a session that
         delivered nothing, :func:`~dpmarket.common.market.terms.silent_release`).
+    withheld : str, optional
+        Why the payout release the terms fix was not made (its validation charge refused):
+        the statement is written without it, saying so
+        (``StatementHeader.payout_withheld``). A session that delivered points under such
+        terms and has no release is settled so too, with a reason saying the release is
+        missing, rather than left unsettled.
 
     Returns
     -------
@@ -181,9 +189,17 @@ def settle_session(
             epsilon_payout=payout if spend.points > 0 else 0.0,
         )
     if release is None and market.settlement.rule() is not None:
+        if not withheld and any(n > 0 for n in delivered.values()):
+            withheld = "the payout release was not made"
         release = silent_release(sorted(records), market.settlement)
     statement = settle(
-        market.owner_session, market.consumer, market.quote, market.prices, records, release
+        market.owner_session,
+        market.consumer,
+        market.quote,
+        market.prices,
+        records,
+        release,
+        withheld=withheld if release is not None else "",
     )
     owners = {}
     for line in statement.lines:

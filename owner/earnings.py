@@ -3,9 +3,11 @@
 Kept in the owner's own durable database, beside its privacy ledger
 (:class:`~dpmarket.owner.ledger.OwnerLedger`, tables ``session_market`` and ``earnings``):
 
-* when a session opens with market terms, the owner records them durably
-  (:meth:`Earnings.accept`: its line of the quote, its prices then, the settlement the terms
-  fixed), so that it can check the session's statement after a restart of either party;
+* when a session id first opens, the owner records its terms durably (:meth:`Earnings.accept`:
+  its line of the quote if any, its prices then, the settlement the terms fixed, and the
+  method, epsilon, delta, rounds and consumer, :func:`~dpmarket.owner.terms.opened_terms`), so
+  that it can check the session's statement after a restart of either party, and refuse a
+  reopen under other terms;
 * when the curator delivers the session's statement (:meth:`Earnings.record`), the owner
   verifies the curator's signature with the key of the curator's verified certificate, checks
   the statement against its *own* ledger's record of the session (points released, epsilon
@@ -30,6 +32,7 @@ import json
 import math
 import sqlite3
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -99,17 +102,19 @@ class Earning:
         }
 
 
-def _terms_json(market: MarketTerms, prices: OwnerPrices) -> str:
-    return json.dumps(
-        {
-            "max_points_read": market.max_points_read,
-            "quoted_charge": market.quoted_charge,
-            "max_cost": market.max_cost,
-            "settlement": asdict(market.settlement),
-            "prices": asdict(prices),
-        },
-        sort_keys=True,
-    )
+def _terms_json(
+    market: MarketTerms | None, prices: OwnerPrices, opened: Mapping[str, object] | None
+) -> str:
+    data: dict[str, object] = {} if opened is None else {"opened": dict(opened)}
+    if market is not None:
+        data.update(
+            max_points_read=market.max_points_read,
+            quoted_charge=market.quoted_charge,
+            max_cost=market.max_cost,
+            settlement=asdict(market.settlement),
+            prices=asdict(prices),
+        )
+    return json.dumps(data, sort_keys=True)
 
 
 def _priced(epsilon: float) -> float:
@@ -138,18 +143,21 @@ class Earnings:
         curator: str,
         session: str,
         consumer: str,
-        market: MarketTerms,
+        market: MarketTerms | None,
         prices: OwnerPrices,
+        opened: Mapping[str, object] | None = None,
     ) -> None:
-        """Record the market terms a session opened with (once: a session reopened under its
-        id keeps the terms it first opened with)."""
+        """Record the terms a session opened with (once: a session reopened under its id keeps
+        the terms it first opened with): its market terms (None: it opened without a quote
+        line) and what else its first open fixed
+        (:func:`~dpmarket.owner.terms.opened_terms`, when given)."""
         now = time.time()
 
         def write(conn: sqlite3.Connection) -> None:
             conn.execute(
                 "INSERT OR IGNORE INTO session_market (curator, session, consumer, terms_json, "
                 "accepted_at) VALUES (?, ?, ?, ?, ?)",
-                (curator, session, consumer, _terms_json(market, prices), now),
+                (curator, session, consumer, _terms_json(market, prices, opened), now),
             )
 
         self.ledger.write(write)
@@ -158,6 +166,16 @@ class Earnings:
         """The market terms the session first opened with (None: it never opened with any)."""
         accepted = self._accepted(curator, session)
         return None if accepted is None else accepted[1]
+
+    def opened_terms(self, curator: str, session: str) -> dict[str, object] | None:
+        """What the session's first open fixed besides its quote line
+        (:func:`~dpmarket.owner.terms.opened_terms`), or None: it never opened, or opened
+        before the owner recorded it (then only its quote line, if any, is known)."""
+        row = self._row(curator, session)
+        if row is None:
+            return None
+        opened = json.loads(row[1]).get("opened")
+        return None if opened is None else dict(opened)
 
     def settled(self, curator: str, session: str) -> bool:
         """Whether a statement of the session is recorded (the session is paid for good)."""
@@ -173,16 +191,22 @@ class Earnings:
             is not None
         )
 
-    def _accepted(self, curator: str, session: str) -> tuple[str, MarketTerms, OwnerPrices] | None:
+    def _row(self, curator: str, session: str) -> tuple[str, str] | None:
         row = self.ledger.read(
             lambda conn: conn.execute(
                 "SELECT consumer, terms_json FROM session_market WHERE curator = ? AND session = ?",
                 (curator, session),
             ).fetchone()
         )
+        return None if row is None else (str(row[0]), str(row[1]))
+
+    def _accepted(self, curator: str, session: str) -> tuple[str, MarketTerms, OwnerPrices] | None:
+        row = self._row(curator, session)
         if row is None:
             return None
         data = json.loads(row[1])
+        if "max_points_read" not in data:  # opened without a quote line
+            return None
         market = MarketTerms(
             data["max_points_read"],
             data["quoted_charge"],

@@ -95,9 +95,11 @@ from dpmarket.owner.partitioned import PartitionedData
 from dpmarket.owner.steps import SessionSteps
 from dpmarket.owner.terms import (
     check_exact_bids,
+    check_reopen,
     check_reward_disclosure,
     check_rounds,
     check_steered_selection,
+    opened_terms,
 )
 from dpmarket.runtime.tables import PointSet
 
@@ -1134,10 +1136,11 @@ class Owner:
         ``n`` without a ledger. Charges nothing."""
         allowance = n
         if self.ledger is not None:
-            # What the method asks that no charge covers (exact bids to the curator, rows
-            # picked along the curator's direction, a reward's count of the summary's points),
-            # then what it charges, then how many rounds: each refusal before anything is
-            # computed.
+            # A reopen under terms other than its first open's, then what the method asks
+            # that no charge covers (exact bids to the curator, rows picked along the
+            # curator's direction, a reward's count of the summary's points), then what it
+            # charges, then how many rounds: each refusal before anything is computed.
+            line = self._line_left(session_id, terms, curator, consumer)
             check_exact_bids(self.ledger.policy, terms)
             check_steered_selection(self.ledger.policy, terms)
             check_reward_disclosure(self.ledger.policy, terms)
@@ -1166,19 +1169,22 @@ class Owner:
             # The quote's line for this owner: at least its own prices at the line's limits,
             # and no more raw points than the line states (so the statement stays within it).
             check_quote(policy.prices, terms.market, terms.epsilon, owner=self.owner_id)
-            line = self._line_left(session_id, terms, curator)
             if line is not None:
                 allowance = min(allowance, line)
         return allowance
 
-    def _line_left(self, session_id: str, terms: OwnerTerms, curator: str) -> int | None:
+    def _line_left(
+        self, session_id: str, terms: OwnerTerms, curator: str, consumer: str
+    ) -> int | None:
         """The raw points a session id may still read under its quote line (None: it has none).
 
         One session id is one session across its opens, under the terms of its first open: the
         quote line it first accepted (its settlement terms among it: a reward cannot be added,
-        nor changed, after the id opened), or none when it first opened (and was charged)
-        without one. A reopen under other terms (another line, a line where there was none, or
-        none where there was one) is refused: its statement, checked against one line, could
+        nor changed, after the id opened), or none when it first opened without one, and every
+        other field of its terms (method, epsilon, delta, rounds, consumer:
+        :func:`~dpmarket.owner.terms.check_reopen`). A reopen under other terms (another line,
+        a line where there was none, none where there was one, or another epsilon...) is
+        refused: its statement, checked against one line, could
         not settle what the other terms read or charged. Under its line a reopen may read that
         line's points less every point charged under the id and charges no epsilon beyond the
         terms' once (its statement could not pay it); a session id whose statement is recorded
@@ -1193,8 +1199,10 @@ class Owner:
                 "cannot be opened again; open a new session under a new id"
             )
         first = earnings.accepted_line(curator, session_id)
-        charged = bool(self.ledger.entries(session=session_id, limit=1))
-        if (first is None and charged and terms.market is not None) or (
+        opened = earnings.opened_terms(curator, session_id)
+        # Known to have opened without a line: charged under the id, or recorded so.
+        lineless = opened is not None or bool(self.ledger.entries(session=session_id, limit=1))
+        if (first is None and lineless and terms.market is not None) or (
             first is not None and terms.market != first
         ):
             had = "no quote line" if first is None else "another quote line"
@@ -1204,6 +1212,8 @@ class Owner:
                 f"{now}, its statement could not settle what each read: reopen it under the "
                 "terms it first opened with, or open a new session under a new id"
             )
+        if opened is not None:  # every other field of the terms, as first opened
+            check_reopen(short_id(session_id), opened, opened_terms(terms, consumer))
         if terms.market is None:
             return None
         spent = self.ledger.session_totals(session_id)
@@ -1329,15 +1339,16 @@ class Owner:
             self._slots[session_id] = _Slot(session, curator, consumer, self.clock())
         if ids is not None:
             ids.opened(curator, session_id, "session")
-        if self.ledger is not None and terms.market is not None:
-            # The terms the session's statement will be checked against, durably (nothing is
-            # charged: the open has passed every check).
+        if self.ledger is not None:
+            # The terms the session id is fixed to and its statement will be checked against,
+            # durably, at its first open (nothing is charged: the open has passed every check).
             Earnings(self.ledger, self.owner_id).accept(
                 curator=curator,
                 session=session_id,
                 consumer=consumer,
                 market=terms.market,
                 prices=self.ledger.policy.prices,
+                opened=opened_terms(terms, consumer),
             )
         return info.num_points, allowance
 
@@ -1667,8 +1678,14 @@ class Owner:
         h1, kernel ``gamma``), with their labels. Each hash is charged as the raw point it
         describes: Theorem 9 protects the point only from receivers without the map.
 
+        Every public input (the step, the agreed secret, ``gamma``, then ``count``) is checked
+        before anything is charged or a point marked sent: a refusal charges nothing.
+
         Raises
         ------
+        InvalidArgumentError
+            If ``gamma`` is not a finite number > 0, or as
+            :meth:`OwnerSession.propose_candidates` (``count``).
         FailedPreconditionError
             If the terms' method is not a hashes method, this owner takes no part in hashes
             sessions, the secret is not agreed, or as :meth:`OwnerSession.propose_candidates`.
@@ -1677,12 +1694,16 @@ class Owner:
             session.steps.check(Step.HASHES)
             party = self._party()
             key_id = party.key_id(session_id)
+            try:  # the map first: a bad gamma is refused before anything is charged
+                params = party.params(key_id, self.info().num_features, session.d, gamma)
+            except ValueError as exc:
+                raise InvalidArgumentError(
+                    f"{exc}: the hashes' kernel parameter is the session's gamma"
+                ) from exc
             chosen = session.propose_candidates(
                 count, what="raw points as h1 hashes", step=Step.HASHES
             )
-            d = session.d
             points, labels = self._points(session, chosen)
-        params = party.params(key_id, points.shape[1], d, gamma)
         return hash_points(points, params), labels
 
     def hash_points(

@@ -344,7 +344,19 @@ class SketchPublisher:
         stored: Publication, spec: SketchSpec, epsilon: float | None, digest: str
     ) -> None:
         """Log (the owner's log only) when a key released before is asked at another epsilon,
-        or its data changed since: the stored sketch is returned either way."""
+        or its data changed since: the stored sketch is returned either way.
+
+        The digest warning is a branch on the rows that no epsilon charges, so it must stay
+        with the owner's operator, and it does: a publication is made by the owner's own
+        process (``dpmarket owner publish``, :func:`dpmarket.client.publish`; no RPC of a
+        curator or consumer starts one), this log is that process's, and what is sent is the
+        stored sketch and its public fields whether or not the data changed (the curator's
+        ``already_in_catalogue`` is decided by the curator). The rows are read and digested on
+        every repeat, changed or not, so the one data-dependent difference is this log line.
+        Any change that sent the warning, a status or a count to the curator would have to
+        make it independent of the data first (say that a repeat returns the stored release,
+        always).
+        """
         asked = spec.epsilon if epsilon is None else float(epsilon)
         if asked != stored.sketch.mechanism.epsilon:
             logger.warning(

@@ -32,11 +32,16 @@ charge covers:
 * **How many rounds** (:func:`check_rounds`): at most ``session.rounds_per_point`` Bid rounds per
   raw point the session may receive (Notes of :func:`check_rounds`).
 
+A session id reopened is checked too (:func:`check_reopen`): every field of its terms is fixed at
+its first open, which the owner records (:func:`opened_terms`).
+
 Every refusal depends only on the terms, the policy and the ledger's public totals (never on the
 rows), are raised before anything is computed, and charge nothing.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from dpmarket.common.errors import BudgetRefusedError, FailedPreconditionError
 from dpmarket.common.summarization.terms import OwnerTerms
@@ -44,9 +49,11 @@ from dpmarket.owner.policy import OwnerPolicy
 
 __all__ = [
     "check_exact_bids",
+    "check_reopen",
     "check_reward_disclosure",
     "check_rounds",
     "check_steered_selection",
+    "opened_terms",
 ]
 
 
@@ -252,4 +259,47 @@ def check_rounds(policy: OwnerPolicy, terms: OwnerTerms, allowance: int) -> None
             "data-dependent bid, released point or not. Ask for a smaller summary, or the "
             "owner's operator may raise session.rounds_per_point, session.points or "
             "session.points_fraction"
+        )
+
+
+def opened_terms(terms: OwnerTerms, consumer: str) -> dict[str, object]:
+    """What a session id's first open fixes besides its quote line (which the owner records
+    apart, :meth:`~dpmarket.owner.earnings.Earnings.accept`): its method, epsilon, delta, Bid
+    rounds and consumer, as JSON-ready values (epsilon may be ``inf``, which Python's ``json``
+    writes and reads back exactly). The terms' description decides nothing and is left out."""
+    return {
+        "method": terms.method.value,
+        "epsilon": float(terms.epsilon),
+        "delta": float(terms.delta),
+        "max_rounds": int(terms.max_rounds),
+        "consumer": consumer,
+    }
+
+
+def check_reopen(session: str, first: Mapping[str, object], now: Mapping[str, object]) -> None:
+    """Refuse a session id reopened under terms other than those of its first open.
+
+    Parameters
+    ----------
+    session : str
+        The session id, shortened, for the message.
+    first, now : mapping
+        :func:`opened_terms` of the first open (as the owner recorded it) and of this open.
+
+    Raises
+    ------
+    FailedPreconditionError
+        If any field differs (another epsilon, delta, method, number of rounds or consumer): a
+        session id is one session across its opens, charged and settled under one set of terms,
+        and a reopen under another would release under terms its first open never accepted (a
+        count at another epsilon under the same quote line, whose statement could not tell
+        them apart). The text names every field that differs, with both values (the terms are
+        public); raised before anything is read or charged.
+    """
+    differ = [f"{k} {first.get(k)!r} now {v!r}" for k, v in now.items() if first.get(k) != v]
+    if differ:
+        raise FailedPreconditionError(
+            f"session {session} first opened under other terms ({'; '.join(differ)}): a session "
+            "id keeps the terms of its first open; reopen it under those terms, or open a new "
+            "session under a new id"
         )

@@ -93,12 +93,18 @@ class StatementMismatchError(FailedPreconditionError):
     (``FAILED_PRECONDITION``); the message lists every field that differs."""
 
 
+#: Fields a document leaves out of its canonical bytes when empty (so that the bytes of every
+#: statement without them are unchanged).
+_OPTIONAL = frozenset({"payout_withheld"})
+
+
 def _check_fields(obj: Any, signed: tuple[str, ...] = ()) -> None:
-    """Strings non-empty; ints exact ints in [0, 2^53) (``signed`` ones in (-2^53, 2^53))."""
+    """Strings non-empty (an :data:`_OPTIONAL` one may be empty); ints exact ints in
+    [0, 2^53) (``signed`` ones in (-2^53, 2^53))."""
     for f in fields(obj):
         value = getattr(obj, f.name)
         if f.type in ("str", str):
-            if not isinstance(value, str) or not value:
+            if not isinstance(value, str) or not (value or f.name in _OPTIONAL):
                 raise StatementError(f"{f.name} must be a non-empty string, got {value!r}")
         else:
             low = -_MAX_INT if f.name in signed else 0
@@ -127,11 +133,19 @@ class StatementHeader:
         The value rule's prior on one point's value, nano-value (0 for the other rules).
     max_cost : int
         The quote's maximum, micro-credits.
+    payout_withheld : str
+        Why the payout release the terms fixed was not made (its charge on the validation set
+        was refused at settlement), or empty. When set, the header still states the terms'
+        settlement (the rule, the reward, the payout epsilon and noise scale every owner
+        accepted), and every line states no value, no reward and, as without a reward, its
+        points read up to p as delivered (:func:`paid_delivered`). Left out of the canonical
+        bytes when empty.
 
     Raises
     ------
     StatementError
-        If a field is of the wrong type or out of range.
+        If a field is of the wrong type or out of range, or a payout is withheld under terms
+        that fix none.
     """
 
     session_id: str
@@ -144,6 +158,7 @@ class StatementHeader:
     point_mean: int
     point_spread: int
     max_cost: int
+    payout_withheld: str = ""
 
     def __post_init__(self) -> None:
         _check_fields(self)
@@ -151,6 +166,8 @@ class StatementHeader:
             raise StatementError(
                 f"reward_rule must be one of {REWARD_RULES}, got {self.reward_rule!r}"
             )
+        if self.payout_withheld and self.reward_rule == "none":
+            raise StatementError("a payout is withheld only under terms that fix a reward")
 
 
 @dataclass(frozen=True)
@@ -215,7 +232,11 @@ class StatementLine:
 
 
 def _to_json(obj: Any) -> dict[str, Any]:
-    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+    return {
+        f.name: getattr(obj, f.name)
+        for f in fields(obj)
+        if not (f.name in _OPTIONAL and getattr(obj, f.name) == "")
+    }
 
 
 def _dump(tag: bytes, document: dict[str, Any]) -> bytes:
@@ -303,7 +324,7 @@ def _parse(data: bytes, tag: bytes, keys: set[str]) -> dict[str, Any]:
 
 def _build(cls: type[Any], item: Any) -> Any:
     names = {f.name for f in fields(cls)}
-    if not isinstance(item, dict) or set(item) != names:
+    if not isinstance(item, dict) or not names - _OPTIONAL <= set(item) <= names:
         raise StatementError(f"a {cls.__name__} holds exactly the keys {sorted(names)}")
     return cls(**item)
 
@@ -437,6 +458,8 @@ def settle(
     prices: Mapping[str, OwnerPrices],
     records: Mapping[str, SessionRecord],
     release: PayoutRelease | None = None,
+    *,
+    withheld: str = "",
 ) -> Statement:
     """Write a session's statement from its quote, the owners' prices, what each released and
     the payout release.
@@ -453,6 +476,12 @@ def settle(
         The payout release (:func:`~dpmarket.common.market.payouts.release_payouts`); without
         one, every value and reward is 0, and each line's ``points_delivered`` is the owner's
         points read up to p (:func:`paid_delivered`), not its count in the summary.
+    withheld : str, optional
+        Why the payout release was not made (``StatementHeader.payout_withheld``); ``release``
+        then states only the terms' settlement
+        (:func:`~dpmarket.common.market.terms.silent_release`), its counts and values are not
+        used, and every line is written as without a release (no value, no reward, its points
+        read up to p as delivered).
 
     Returns
     -------
@@ -466,19 +495,23 @@ def settle(
         points read or delivered, epsilon or charge, or the total, exceed the quote (the session
         took more than its terms allowed).
     """
-    values, rewards = _released_values(release, records)
+    if withheld and release is None:
+        raise ValueError("a withheld payout is stated under the terms' (silent) release")
+    values, rewards = ({}, {}) if withheld else _released_values(release, records)
     lines = []
     for owner, record in records.items():
         if owner not in prices:
             raise ValueError(f"owner {owner!r} has no prices")
-        if release is not None and record.points_delivered > 0 and owner not in values:
+        made = release is not None and not withheld
+        if made and record.points_delivered > 0 and owner not in values:
             raise ValueError(f"owner {owner!r} delivered points but is not in the payout release")
-        if release is None:
+        if not made:
             paid = paid_delivered(record.points_read, quoted.summary_size)
             record = replace(record, points_delivered=paid)
         line = _priced_line(owner, record, prices[owner], quoted.line(owner).charge)
         lines.append(replace(line, value=values.get(owner, 0), reward=rewards.get(owner, 0)))
-    statement = Statement(_header(session_id, consumer, quoted, release), tuple(lines))
+    header = replace(_header(session_id, consumer, quoted, release), payout_withheld=withheld)
+    statement = Statement(header, tuple(lines))
     if statement.total > quoted.total:
         raise ValueError(
             f"the statement totals {format_credits(statement.total)} credits, more than the "
@@ -724,6 +757,35 @@ class OwnerRecord:
     epsilon_payout: float = 0.0
 
 
+def _reward_problems(header: StatementHeader, line: StatementLine) -> list[str]:
+    """What is wrong with a line's value and reward under its header's rule
+    (:func:`check_statement`): recomputed exactly for the value rule, within ``[0, reward]``
+    for the proportional split, 0 without a rule, and no value and no reward when the payout
+    was withheld."""
+    own: dict[str, int | None]
+    if header.payout_withheld:  # the release was not made (the header says why)
+        own = {"value": 0, "reward": 0}
+    elif header.reward_rule == "value":
+        reward = None
+        if line.points_delivered <= header.summary_size:
+            rule = ValueReward(header.reward, header.point_mean, header.point_spread)
+            reward = rule.payout(
+                line.value, line.points_delivered, header.summary_size, header.noise_scale
+            )
+        own = {"reward": reward}
+    elif header.reward_rule == "proportional":
+        if not 0 <= line.reward <= header.reward:
+            return [f"reward: {line.reward} is outside [0, {header.reward}]"]
+        own = {}
+    else:
+        own = {"reward": 0}
+    return [
+        f"{name}: the statement says {getattr(line, name)!r}, the owner's record {value!r}"
+        for name, value in own.items()
+        if getattr(line, name) != value
+    ]
+
+
 def check_statement(
     document: OwnerStatement,
     record: OwnerRecord,
@@ -741,12 +803,13 @@ def check_statement(
     public m and p, the reward rule and reward); that the points read and the
     epsilon charged are those of the owner's ledger (each epsilon as
     :func:`~dpmarket.common.market.money.epsilon_units` of the ledger's float); that the points
-    paid as delivered are, without a payout release, its points released up to p
-    (:func:`paid_delivered`: a line that states more tells it what the summary holds) and,
-    with one, no more than p; that every price component is the owner's price applied
-    to these figures; that the reward follows the header's rule (recomputed exactly for
-    :class:`~dpmarket.common.market.payouts.ValueReward`; within ``[0, reward]`` for the
-    proportional split, which depends on the other owners' values; 0 without a rule); and, if
+    paid as delivered are, without a payout release (or with one withheld), its points
+    released up to p (:func:`paid_delivered`: a line that states more tells it what the
+    summary holds) and, with one, no more than p; that every price component is the owner's
+    price applied to these figures; that the reward follows the header's rule (recomputed
+    exactly for :class:`~dpmarket.common.market.payouts.ValueReward`; within ``[0, reward]``
+    for the proportional split, which depends on the other owners' values; 0 without a rule,
+    and 0 with its value 0 when the header says the payout was withheld); and, if
     ``quoted_charge`` is given (the owner's own quote line), that the line states it and the
     charge stays within it; that the line's total stays within the header's ``max_cost`` (the
     consumer's cap) and, if ``max_cost`` is given (the cap of the terms the owner accepted),
@@ -787,7 +850,7 @@ def check_statement(
     expect("points_read", line.points_read, record.points_released)
     expect("epsilon_session", line.epsilon_session, epsilon_units(record.epsilon_session))
     expect("epsilon_payout", line.epsilon_payout, epsilon_units(record.epsilon_payout))
-    if header.reward_rule == "none":
+    if header.reward_rule == "none" or header.payout_withheld:
         # Without a payout release a line states no delivery (:func:`paid_delivered`): a line
         # that does tells the owner a count it must not learn, and is refused.
         expect(
@@ -814,19 +877,7 @@ def check_statement(
         expect("delivered_charge", line.delivered_charge, own.delivered)
         expect("epsilon_charge", line.epsilon_charge, own.epsilon)
         expect("minimum_topup", line.minimum_topup, own.minimum_topup)
-    if header.reward_rule == "value":
-        reward = None
-        if line.points_delivered <= header.summary_size:
-            rule = ValueReward(header.reward, header.point_mean, header.point_spread)
-            reward = rule.payout(
-                line.value, line.points_delivered, header.summary_size, header.noise_scale
-            )
-        expect("reward", line.reward, reward)
-    elif header.reward_rule == "proportional":
-        if not 0 <= line.reward <= header.reward:
-            problems.append(f"reward: {line.reward} is outside [0, {header.reward}]")
-    else:
-        expect("reward", line.reward, 0)
+    problems += _reward_problems(header, line)
     if line.points_delivered == 0:
         expect("value", line.value, 0)
     if quoted_charge is not None:

@@ -37,6 +37,7 @@ from dpmarket.common.market.pricing import (
     quote,
 )
 from dpmarket.common.market.statement import NO_SUMMARY, REWARD_RULES, SettlementTerms
+from dpmarket.common.privacy.accounting import PrivacyEvent
 
 __all__ = [
     "FREE",
@@ -47,6 +48,7 @@ __all__ = [
     "cape_quote",
     "check_quote",
     "owner_payout_epsilon",
+    "owner_payout_event",
     "priced_epsilon",
     "quote_from_json",
     "quote_to_json",
@@ -389,6 +391,24 @@ def quote_from_json(data: Mapping[str, Any]) -> Quote:
     if "total" in data and int(data["total"]) != quoted.total:
         raise ValueError(f"a quote's total {data['total']} is not its lines' {quoted.total}")
     return quoted
+
+
+def owner_payout_event(settlement: SettlementTerms) -> PrivacyEvent | None:
+    """The privacy event the payout release the terms fix charges each owner with a delivered
+    point (a Laplace event at ``epsilon_owner = D_O / b``, :func:`owner_payout_epsilon`), as a
+    session's ledger records it; None without a payout release or when ``D_O = 0`` (``p = 1``).
+    The same event as :meth:`~dpmarket.common.market.payouts.PayoutRelease.privacy_events`'s
+    ``"owners"``, from the public terms alone: an owner charges it before its first raw point
+    leaves, so a session records it when the first point arrives, whether or not it ends."""
+    rule = settlement.rule()
+    if rule is None:
+        return None
+    m, p = settlement.validation_size, settlement.summary_size
+    sens = payout_sensitivity(m, p, reveals_other_values=rule.reveals_other_values).owner
+    if sens <= 0:
+        return None
+    scale = payout_noise_scale(m, p, settlement.payout_epsilon, rule)
+    return PrivacyEvent("laplace", sens / scale, sensitivity=sens, scale=scale)
 
 
 def owner_payout_epsilon(settlement: SettlementTerms) -> float:

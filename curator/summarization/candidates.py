@@ -46,7 +46,7 @@ from dpmarket.curator.summarization.allocation import (
     CandidateRequest,
 )
 from dpmarket.curator.summarization.release import Releases
-from dpmarket.curator.summarization.state import SessionState, SummaryState
+from dpmarket.curator.summarization.state import SessionState, SummaryState, rows_received
 from dpmarket.curator.summarization.strategy import Strategy
 
 __all__ = ["AllocatedStrategy", "CandidatesStrategy", "HashesStrategy"]
@@ -174,6 +174,7 @@ class CandidatesStrategy(AllocatedStrategy[CandidatesConfig]):
             ),
             stage="candidates",
         )
+        state.points_arrived(rows_received(proposals))
         points: list[NDArray[np.float64]] = []
         labels: list[int | None] = []
         owner_of: list[int] = []
@@ -284,6 +285,7 @@ class HashesStrategy(AllocatedStrategy[HashesConfig]):
                 state.owner_session_id, asked[i], self.config.gamma
             ),
         )
+        state.points_arrived(rows_received(proposals))
         for index in sorted(proposals):
             hashes, labels = proposals[index]
             if hashes.ndim != 2 or hashes.shape[1] != self.config.rff_dimension:

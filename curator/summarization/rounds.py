@@ -316,6 +316,7 @@ class RoundsLoop(Strategy[R]):
     ) -> PoolEntry | None:
         """Step 8: check a released point against its bid; a mismatch is counted and rejected."""
         state = self.state
+        state.points_arrived(1)
         state.points_accessed += 1
         point = released.point
         if point.shape != (state.validation.shape[1],) or not np.isfinite(point).all():

@@ -25,6 +25,7 @@ from numpy.typing import NDArray
 
 from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
 from dpmarket.common.market.pricing import Quote, check_cap
+from dpmarket.common.market.statement import SettlementTerms
 from dpmarket.common.market.terms import session_quote
 from dpmarket.common.privacy.ledger import PrivacyLedger
 from dpmarket.common.schema import disagreement
@@ -133,7 +134,7 @@ class SummarizationSession:
     async def prepare(
         self,
         *,
-        check_terms: Callable[[OwnerTerms], None] | None = None,
+        check_terms: Callable[[OwnerTerms, SettlementTerms | None], None] | None = None,
         quote_only: bool = False,
     ) -> None:
         """Check the request against the owners and open the session at every owner.
@@ -141,9 +142,10 @@ class SummarizationSession:
         Asks every owner for its dataset description; checks that the owners and the consumer
         declare one schema (or, without schemas, the feature counts), the summary size and the
         kernel width; derives the session's terms (what it spends of each owner's privacy,
-        :func:`~dpmarket.common.summarization.terms.owner_terms`) and lets ``check_terms`` (the
-        curator's policy) refuse them; quotes the session's maximum cost from every owner's
-        published prices (:meth:`quote`) and refuses a quote above the consumer's cap
+        :func:`~dpmarket.common.summarization.terms.owner_terms`); quotes the session's maximum
+        cost from every owner's published prices (:meth:`quote`), lets ``check_terms`` (the
+        curator's policy) refuse the terms and the payout release their settlement fixes
+        (called with both), and refuses a quote above the consumer's cap
         (``request.max_cost``); draws h1's parameters and opens the session at every owner
         with the terms and its line of the quote, which each owner checks against its own
         policy and prices. Nothing is released or charged: h1's parameters are public
@@ -181,7 +183,9 @@ class SummarizationSession:
             raise
 
     async def _prepare(
-        self, check_terms: Callable[[OwnerTerms], None] | None, quote_only: bool
+        self,
+        check_terms: Callable[[OwnerTerms, SettlementTerms | None], None] | None,
+        quote_only: bool,
     ) -> None:
         state = self.state
         infos = await state.gather(range(len(state.slots)), lambda i: state.endpoint(i).info())
@@ -218,9 +222,9 @@ class SummarizationSession:
         self.strategy.choose()
         terms = await self._offer.terms(sketch_allocation=self.strategy.sketch_allocation)
         state.terms = terms
-        if check_terms is not None:
-            check_terms(terms)
         state.quote = self._quote(terms)
+        if check_terms is not None:  # the terms and the payout release they fix, quoted
+            check_terms(terms, state.settlement)
         # The consumer's cap, before any owner is opened: a request above it releases and
         # charges nothing anywhere.
         check_cap(state.quote, self.request.max_cost)

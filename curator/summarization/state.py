@@ -29,8 +29,10 @@ from dpmarket.common.errors import (
     UnavailableError,
 )
 from dpmarket.common.ids import short_id
+from dpmarket.common.market.payouts import PAYOUT_CHARGE_LABEL
 from dpmarket.common.market.pricing import Quote
 from dpmarket.common.market.statement import SettlementTerms
+from dpmarket.common.market.terms import owner_payout_event
 from dpmarket.common.privacy.ledger import (
     UNKNOWN_NOT_RETURNED,
     UNKNOWN_UNREACHABLE,
@@ -61,6 +63,7 @@ __all__ = [
     "SessionContext",
     "SessionState",
     "SummaryState",
+    "rows_received",
 ]
 
 logger = logging.getLogger("dpmarket.curator.summarization.session")
@@ -100,6 +103,12 @@ def stage_deadline(call_timeout: float, rows: int, stage: OwnerStep) -> float:
     if stage == "call":
         return call_timeout
     return call_timeout + SECONDS_PER_ROW * max(int(rows), 0)
+
+
+def rows_received(replies: Mapping[int, tuple[NDArray[np.float64], object]]) -> int:
+    """The rows (raw points or hashes) of the owners' ``(rows, labels)`` replies, whatever
+    their shape (a reply that is not a matrix counts its first axis, or 0)."""
+    return sum(int(np.shape(rows)[0]) if np.ndim(rows) else 0 for rows, _ in replies.values())
 
 
 @dataclass
@@ -283,6 +292,8 @@ class SessionState:
         #: when it is prepared, before any owner is opened.
         self.quote: Quote | None = None
         self.settlement: SettlementTerms | None = None
+        #: Whether the owners' payout charge is recorded (:meth:`points_arrived`).
+        self.payout_recorded = False
         self.rff: RFFParams | None = None
         self.start = time.perf_counter()
         self.total_rounds = 1
@@ -309,6 +320,21 @@ class SessionState:
         (``time.perf_counter()``)."""
         self.rounds_done = round_
         self.round_seconds.append(time.perf_counter() - started)
+
+    def points_arrived(self, count: int) -> None:
+        """Record, when the session's first raw points (or hashes) arrive from an owner, the
+        payout release's charge every owner that released a point made to its own ledger
+        before that point left (:func:`~dpmarket.common.market.terms.owner_payout_event`, on
+        the ``"owners"`` ledger, labelled :data:`PAYOUT_CHARGE_LABEL`, once per session).
+        Recorded here rather than when the release is made, so that a session that fails after
+        its owners charged it, or a curator killed then (the charge is durable through the
+        ledger's ``on_charge``), still states it in its ledger and report."""
+        if count <= 0 or self.payout_recorded or self.settlement is None:
+            return
+        event = owner_payout_event(self.settlement)
+        if event is not None:
+            self.ledgers["owners"].charge([Charge("owners", PAYOUT_CHARGE_LABEL, event)])
+        self.payout_recorded = True
 
     def check_points(self, points: NDArray[np.float64], index: int) -> None:
         """Abort when owner ``index`` sent points that are not rows of the validation width.

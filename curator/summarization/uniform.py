@@ -8,7 +8,7 @@ from dpmarket.common.errors import UnavailableError
 from dpmarket.common.summarization.methods import UniformConfig
 from dpmarket.common.summarization.rff import RFFParams
 from dpmarket.curator.summarization.allocation import split_evenly
-from dpmarket.curator.summarization.state import SummaryState
+from dpmarket.curator.summarization.state import SummaryState, rows_received
 from dpmarket.curator.summarization.strategy import Strategy
 
 __all__ = ["UniformStrategy"]
@@ -41,6 +41,7 @@ class UniformStrategy(Strategy[UniformConfig]):
             lambda i: state.endpoint(i).sample_uniform(state.owner_session_id, requests[i]),
             stage="sample",
         )
+        state.points_arrived(rows_received(results))
         if len(results) != len(requests):
             raise UnavailableError(
                 "uniform sampling lost owners mid-session: " + state.drop_notes()

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from dpmarket.common.errors import InvalidArgumentError
+from dpmarket.common.market.statement import SettlementTerms
+from dpmarket.common.market.terms import RewardOffer, owner_payout_epsilon
 from dpmarket.common.summarization.methods import CandidatesConfig, PrivateConfig, method_config
 from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
 from dpmarket.curator.policy import (
@@ -186,3 +188,22 @@ def test_session_terms_are_bounded_too() -> None:
         POLICY.check_terms(OwnerTerms(SessionMethod.PRIVATE, 1.0, 0.1, 10))
     # Non-private terms are the method check's to refuse (greedy must be served).
     POLICY.check_terms(OwnerTerms(SessionMethod.GREEDY, math.inf, 0.0, 10))
+
+
+def test_a_rewards_payout_release_counts_in_the_session_terms() -> None:
+    """The payout release's epsilon is a requester parameter with its range, and what it
+    charges each owner counts in the owners' epsilon (main checked the terms' epsilon alone:
+    terms of 2.5 with a payout charging owners 1 passed a bound of 3)."""
+    terms = OwnerTerms(SessionMethod.CANDIDATES_COUNTS, 2.5, 0.0)
+    reward = RewardOffer("value", 1_000_000, 1.0).settlement(10, 40)
+    payout = owner_payout_epsilon(reward)
+    assert 0.5 < payout <= 1.0
+    POLICY.check_terms(terms)  # the control: the terms alone are within the bound
+    POLICY.check_terms(terms, SettlementTerms(10, 40))  # no reward: nothing added
+    with pytest.raises(InvalidArgumentError, match=r"its payout release's .*\[0, 3\]"):
+        POLICY.check_terms(terms, reward)
+    with pytest.raises(InvalidArgumentError, match=r"payout epsilon = 5 .*\[0\.01, 4\]"):
+        POLICY.check_terms(
+            OwnerTerms(SessionMethod.UNIFORM, 0.0, 0.0),
+            RewardOffer("value", 1_000_000, 5.0).settlement(10, 40),
+        )

@@ -113,12 +113,19 @@ def test_the_rounds_bound_follows_what_the_session_may_still_receive(
     data: PointSet, tmp_path: Path
 ) -> None:
     """A session id reopened after it received points gets only what is left of its share:
-    its rounds are bounded by that."""
-    owner, _ = _owner(data, tmp_path, allow_exact_bids=True)
-    uniform = OwnerTerms(SessionMethod.UNIFORM, 0.0, 0.0)
-    owner.open_session("s", PROBE.rff, 0, terms=uniform)
-    owner.sample_uniform("s", 4)
-    owner.close_session("s")
+    its rounds are bounded by that. (Its 4 points charged straight to the ledger, as by a
+    build that kept no record of the id's first terms: a reopen under other terms than the
+    first open's is refused before the rounds are counted, tests/owner/test_reopen_terms.py.)"""
+    owner, ledger = _owner(data, tmp_path, allow_exact_bids=True)
+    ledger.charge(
+        session="s",
+        consumer="consumer:local",
+        curator="curator:local",
+        mechanism="uniform; raw points (uniform sample)",
+        epsilon=0.0,
+        delta=0.0,
+        points=4,
+    )
     with pytest.raises(BudgetRefusedError, match=r"\(6\): 6 rounds"):
         owner.open_session("s", PROBE.rff, 0, terms=OwnerTerms(SessionMethod.PRIVATE, 0.5, 0, 7))
 

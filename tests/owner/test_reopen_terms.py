@@ -10,6 +10,7 @@ fails on main (its control: the same reopen under the first terms opens).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from dpmarket.common.errors import FailedPreconditionError
 from dpmarket.common.market.pricing import OwnerPrices
 from dpmarket.common.market.statement import SessionRecord, SettlementTerms, settle, sign_statement
-from dpmarket.common.market.terms import MarketTerms, session_quote
+from dpmarket.common.market.terms import MarketTerms, RewardOffer, session_quote
 from dpmarket.common.summarization.rff import RFFParams, draw_rff_params
 from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
 from dpmarket.owner.earnings import Earnings
@@ -41,12 +42,16 @@ def _line(prices: OwnerPrices, points: int, epsilon: float) -> MarketTerms:
 
 
 def _quoted(terms: OwnerTerms, line: MarketTerms | None) -> OwnerTerms:
-    return OwnerTerms(terms.method, terms.epsilon, terms.delta, market=line)
+    return dataclasses.replace(terms, market=line)
 
 
 def _owner(tmp_path: Path, prices: OwnerPrices) -> tuple[Owner, OwnerLedger]:
     policy = OwnerPolicy(
-        prices=prices, allow_steered_selection=True, points_fraction_per_session=1.0
+        prices=prices,
+        allow_steered_selection=True,
+        allow_exact_bids=True,
+        allow_reward_disclosure=True,
+        points_fraction_per_session=1.0,
     )
     ledger = OwnerLedger.create(tmp_path, policy)
     rng = np.random.default_rng(0)
@@ -61,6 +66,8 @@ def rff() -> RFFParams:
 
 PRICED = OwnerPrices(per_point_read=10_000, per_point_delivered=50_000, per_epsilon=2_000_000)
 FREE = OwnerPrices()
+#: Prices per point only: its line quotes the same charge whatever the terms' epsilon.
+PER_POINT = OwnerPrices(per_point_read=10_000, per_point_delivered=50_000)
 
 
 def test_a_reopen_under_another_quote_line_is_refused_nothing_charged(
@@ -129,3 +136,73 @@ def test_an_id_charged_without_a_quote_is_not_reopened_under_one(
         owner.open_session("s", rff, 0, terms=_quoted(UNIFORM, _line(FREE, 4, 0.0)))
     assert ledger.entries() == before and owner.sessions == {}
     assert owner.open_session("s", rff, 0, terms=UNIFORM)[0] == N
+
+
+@pytest.mark.parametrize(
+    ("prices", "quoted"),
+    [(FREE, True), (PER_POINT, True), (FREE, False)],
+    ids=["free-line", "priced-per-point-line", "free-no-line"],
+)
+def test_a_reopen_under_the_same_line_with_another_epsilon_is_refused_nothing_charged(
+    rff: RFFParams, tmp_path: Path, prices: OwnerPrices, quoted: bool
+) -> None:
+    """A stranger's reopen: an id opened under uniform terms (epsilon 0) reads 2 points, then
+    is reopened under the same quote line (a free owner's, or one priced per point only: the
+    line reads the same at any epsilon), or under none as first, with candidates-counts terms
+    at epsilon 1. Main served it (a count at epsilon 1 the id's first open never accepted);
+    refused now before anything is read or charged. The control: the identical reopen opens,
+    with the line's 2 points left."""
+    owner, ledger = _owner(tmp_path, prices)
+    line = _line(prices, 4, 0.0) if quoted else None
+    owner.open_session("s", rff, 0, terms=_quoted(UNIFORM, line))
+    owner.sample_uniform("s", 2)
+    owner.close_session("s")
+    before = ledger.entries()
+    with pytest.raises(FailedPreconditionError, match="first opened under other terms"):
+        owner.open_session("s", rff, 0, terms=_quoted(COUNTS, line))
+    assert ledger.entries() == before and owner.sessions == {}
+    left = 2 if quoted else N - 2
+    assert owner.open_session("s", rff, 0, terms=_quoted(UNIFORM, line)) == (N, left)
+    assert owner.sample_uniform("s", 2)[0].shape[0] == 2
+    assert ledger.entries()[: len(before)] == before
+
+
+PRIVATE = OwnerTerms(SessionMethod.PRIVATE, 1.0, 1e-6, max_rounds=8)
+REWARD = RewardOffer("value", 5_000_000, 1.0).settlement(4, 10)
+
+
+@pytest.mark.parametrize(
+    ("field", "terms", "consumer"),
+    [
+        ("epsilon", OwnerTerms(SessionMethod.PRIVATE, 2.0, 1e-6, max_rounds=8), CONSUMER),
+        ("delta", OwnerTerms(SessionMethod.PRIVATE, 1.0, 1e-5, max_rounds=8), CONSUMER),
+        ("max_rounds", OwnerTerms(SessionMethod.PRIVATE, 1.0, 1e-6, max_rounds=9), CONSUMER),
+        ("method", OwnerTerms(SessionMethod.ROUNDS, 1.0, 1e-6, max_rounds=8), CONSUMER),
+        ("consumer", PRIVATE, "consumer:other"),
+        ("line", None, CONSUMER),
+    ],
+)
+def test_every_field_of_the_terms_is_fixed_at_the_first_open(
+    rff: RFFParams, tmp_path: Path, field: str, terms: OwnerTerms | None, consumer: str
+) -> None:
+    """Each field of the terms changed alone on a reopen (the line's points, its settlement
+    with a reward, its charge: each a different line): refused, nothing charged; main served
+    every one but the line's. The control: the identical reopen opens."""
+    owner, ledger = _owner(tmp_path, FREE)
+    line = _line(FREE, 4, 1.0)
+    owner.open_session("s", rff, 0, terms=_quoted(PRIVATE, line), consumer=CONSUMER)
+    owner.close_session("s")
+    before = ledger.entries()
+    if terms is not None:
+        reopens = [(_quoted(terms, line), field)]
+    else:
+        other_points = _line(FREE, 5, 1.0)
+        with_reward = MarketTerms(line.max_points_read, line.quoted_charge, line.max_cost, REWARD)
+        reopens = [(_quoted(PRIVATE, m), "quote line") for m in (other_points, with_reward, None)]
+    for reopen, named in reopens:
+        with pytest.raises(FailedPreconditionError, match="first opened under") as refused:
+            owner.open_session("s", rff, 0, terms=reopen, consumer=consumer)
+        assert named in str(refused.value) or named == "quote line"
+        assert ledger.entries() == before and owner.sessions == {}
+    terms_first = _quoted(PRIVATE, line)
+    assert owner.open_session("s", rff, 0, terms=terms_first, consumer=CONSUMER) == (N, 4)

@@ -367,6 +367,27 @@ def test_the_hashes_steps_run_in_order_once_and_only_under_hashes_terms(
     assert points.shape == (3, 3)
 
 
+@pytest.mark.parametrize("gamma", [0.0, -1.0, math.nan, math.inf])
+def test_propose_hashes_refuses_a_bad_gamma_before_it_charges_or_marks_a_point_sent(
+    owner: Owner, ledger: OwnerLedger, rff: RFFParams, gamma: float
+) -> None:
+    """A bad kernel parameter for the hash map is refused (INVALID_ARGUMENT) before the step
+    charges or marks a point sent (main charged the points and marked them sent, then raised
+    a ValueError computing the map: the points were paid for and never sent, and the step
+    could not be asked again). The control: the same step with a good gamma then answers."""
+    _open(owner, rff, "h", "hashes")
+    advert = owner.hash_advertise("h")
+    owner.hash_distribute("h", {"o": advert})
+    before = _entries(ledger)
+    with pytest.raises(InvalidArgumentError, match="gamma must be a finite number > 0"):
+        owner.propose_hashes("h", 3, gamma)
+    session = owner.session("h")
+    assert _entries(ledger) == before and session.released == 0
+    assert len(session.sent_indices) == 0
+    hashes, _ = owner.propose_hashes("h", 3, 0.5)
+    assert hashes.shape == (3, D) and sum(e.points for e in _entries(ledger)) == 3
+
+
 # -------------------------------------------- GetOwnerInfo, GetProgress, CloseSession: any state
 def test_info_progress_and_close_are_answered_in_every_state(
     owner: Owner, ledger: OwnerLedger, rff: RFFParams

@@ -139,7 +139,7 @@ def test_any_changed_field_fails_the_signature(kind: str) -> None:
         with pytest.raises(StatementError):
             verify_statement(dataclasses.replace(view, line=line), view_signature, key.public_key())
         changed += 1
-    assert changed == 10 + 11
+    assert changed == 11 + 11  # payout_withheld among the header's fields
     # A dropped line, another key, the view's signature on the statement: refused.
     with pytest.raises(StatementError):
         verify_statement(
@@ -323,3 +323,36 @@ def test_without_a_reward_an_owners_line_says_nothing_of_what_the_summary_holds(
     )
     with pytest.raises(StatementMismatchError, match="points_delivered"):
         check_statement(telling, record, PRICES["clinic-a"], terms, owner="clinic-a")
+
+
+def test_a_withheld_payout_pays_no_value_and_no_reward_and_each_owner_checks_it() -> None:
+    """A payout release refused at settlement: the statement states the terms' settlement and
+    why (``payout_withheld``), no value, no reward, each owner's points read up to p as
+    delivered; each owner accepts exactly that, and refuses a withheld line that still states a
+    value, a reward or its count in the summary. A statement without the field keeps its bytes
+    (the field is left out when empty)."""
+    statement, records, release, q = _session()
+    assert b"payout_withheld" not in statement.encode()
+    withheld = settle("session-7", "consumer:bob", q, PRICES, records, release, withheld="refused")
+    assert decode_statement(withheld.encode()) == withheld
+    assert withheld.header.payout_withheld == "refused"
+    assert withheld.header.reward_rule == "value" and withheld.header.reward == 8_000_000
+    for line in withheld.lines:
+        assert line.value == 0 and line.reward == 0
+        assert line.points_delivered == min(records[line.owner].points_read, 12)
+        check_statement(
+            withheld.for_owner(line.owner),
+            _own_record(records, line.owner),
+            PRICES[line.owner],
+            _terms(),
+            owner=line.owner,
+            quoted_charge=q.line(line.owner).charge.total,
+        )
+    part = withheld.for_owner("clinic-a")
+    own = _own_record(records, "clinic-a")
+    for field, value in (("value", 5), ("reward", 5), ("points_delivered", 7)):
+        telling = dataclasses.replace(part, line=dataclasses.replace(part.line, **{field: value}))
+        with pytest.raises(StatementMismatchError, match=field):
+            check_statement(telling, own, PRICES["clinic-a"], _terms(), owner="clinic-a")
+    with pytest.raises(StatementError, match="withheld only under terms that fix a reward"):
+        dataclasses.replace(withheld.header, reward_rule="none", reward=0)
