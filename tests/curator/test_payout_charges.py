@@ -49,7 +49,7 @@ REWARD = RewardOffer("value", 1_000_000, 1.0)
 class _DownAtSample(LocalOwnerEndpoint):
     """An owner that opens the session, then is unreachable when asked for its sample."""
 
-    async def sample_uniform(self, session_id: str, count: int) -> object:
+    async def sample_uniform(self, session_id: str, count: int) -> tuple[Any, Any]:
         raise UnavailableError("owner unreachable")
 
 
@@ -141,11 +141,11 @@ def test_a_payout_refused_at_settlement_is_settled_without_it_saying_so(
         ledgers.append(ledger)
     store = _RacedStore(tmp_path / "curator")
     key = ec.generate_private_key(ec.SECP256R1())
-    policy = CuratorPolicy(allow_seeded_sessions=True)
+    curator_policy = CuratorPolicy(allow_seeded_sessions=True)
 
     async def run() -> str:
         endpoints = [LocalOwnerEndpoint(o) for o in owners]
-        manager = SessionManager(endpoints, policy=policy, store=store, signing_key=key)
+        manager = SessionManager(endpoints, policy=curator_policy, store=store, signing_key=key)
         request = SessionRequest(CONFIG, digits.validation, digits.seed_set, seed=3, reward=REWARD)
         try:
             sid = await manager.create(request, consumer=CONSUMER)

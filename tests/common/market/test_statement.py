@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 import numpy as np
 import pytest
@@ -351,7 +352,8 @@ def test_a_withheld_payout_pays_no_value_and_no_reward_and_each_owner_checks_it(
     part = withheld.for_owner("clinic-a")
     own = _own_record(records, "clinic-a")
     for field, value in (("value", 5), ("reward", 5), ("points_delivered", 7)):
-        telling = dataclasses.replace(part, line=dataclasses.replace(part.line, **{field: value}))
+        changed: dict[str, Any] = {field: value}
+        telling = dataclasses.replace(part, line=dataclasses.replace(part.line, **changed))
         with pytest.raises(StatementMismatchError, match=field):
             check_statement(telling, own, PRICES["clinic-a"], _terms(), owner="clinic-a")
     with pytest.raises(StatementError, match="withheld only under terms that fix a reward"):
