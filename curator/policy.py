@@ -17,7 +17,7 @@ The policy file is TOML (parsed with :mod:`tomllib`); every key is optional::
     # ... any method's parameter (dpmarket.common.summarization.methods; see DEFAULT_RANGES)
     payout_epsilon = [0.01, 4.0]        # a reward's payout release epsilon
     owners_epsilon = [0.0, 4.0]         # the session's epsilon on the owners' data, all releases
-    owners_delta = [0.0, 1e-5]          # and its delta (the printed PrivAuction's ~0.1 is refused)
+    owners_delta = [0.0, 1e-3]          # and its delta (the printed PrivAuction's ~0.1 is refused)
     validation_points = [1, 100000]     # m
     validation_values = [1, 2097152]    # (m + n0) x n: the values of the validation and seed sets
     methods = ["candidates", "private", "rounds", "uniform"]   # "greedy" is non-private
