@@ -31,12 +31,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Literal
 
-from dpmarket.common.errors import FailedPreconditionError
+from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError
 from dpmarket.common.ids import short_id
-from dpmarket.owner.earnings import Earnings
-from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.earnings import DERIVED_SEPARATOR, Earnings, payout_session
+from dpmarket.owner.ledger import MAX_NAME_LENGTH, OwnerLedger
+from dpmarket.owner.ledger_resolutions import DISMISSED_PREFIX, ROLLBACK_PREFIX, SUPERSEDED_PREFIX
 
-__all__ = ["IdKind", "IdState"]
+__all__ = ["MAX_CURATOR_ID_LENGTH", "IdKind", "IdState", "check_curator_id"]
 
 #: What an id was first opened as.
 IdKind = Literal["session", "cape"]
@@ -44,6 +45,55 @@ IdKind = Literal["session", "cape"]
 _NAMES: dict[str, str] = {"session": "a session", "cape": "a CAPE job"}
 #: How the ledger's mechanism of a CAPE job's charge starts (dpmarket.common.cape.spec).
 _CAPE_MECHANISMS = ("CAPE ", "capeFM ")
+
+
+#: Longest id a curator may choose: the longest whose derived ids (its payout release's,
+#: :func:`~dpmarket.owner.earnings.payout_session`) are still ledger names
+#: (:data:`~dpmarket.owner.ledger.MAX_NAME_LENGTH`), so every step an open accepts can charge.
+MAX_CURATOR_ID_LENGTH = MAX_NAME_LENGTH - len(payout_session(""))
+#: How the ids of the ledger operator's records start (:mod:`dpmarket.owner.ledger_resolutions`).
+_OPERATOR_PREFIXES = (ROLLBACK_PREFIX, SUPERSEDED_PREFIX, DISMISSED_PREFIX)
+
+
+def check_curator_id(id_: object, what: str = "session_id") -> str:
+    """Check an id a curator chose (a session's or a CAPE job's), for its open and every step.
+
+    An owner derives ids of its own from a curator's (a session's payout release charge is
+    under ``ID/payout``, :func:`~dpmarket.owner.earnings.payout_session`) and its operator
+    records under ids of its own (``ledger-rollback-...``, ``ledger-superseded-...``,
+    ``ledger-dismissed-...``): a curator id takes neither form, so what the owner reads under a
+    derived id is only ever what the owner itself charged there.
+
+    Returns
+    -------
+    str
+        ``id_``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If ``id_`` is not a string of 1 to :data:`MAX_CURATOR_ID_LENGTH` characters, holds
+        :data:`~dpmarket.owner.earnings.DERIVED_SEPARATOR` or starts with an operator's prefix;
+        the message names the id (its first 40 characters) and what to send. Nothing is read
+        or charged.
+    """
+    if not isinstance(id_, str) or not 1 <= len(id_) <= MAX_CURATOR_ID_LENGTH:
+        shown = id_[:40] if isinstance(id_, str) else id_
+        raise InvalidArgumentError(
+            f"{what} {shown!r} must be a string of 1 to {MAX_CURATOR_ID_LENGTH} characters "
+            "(the owner derives longer ids from it); send a shorter id"
+        )
+    if DERIVED_SEPARATOR in id_:
+        raise InvalidArgumentError(
+            f"{what} {id_[:40]!r} holds {DERIVED_SEPARATOR!r}, the separator of the ids an owner "
+            "derives from a curator's (a payout release's): send an id without it"
+        )
+    if id_.startswith(_OPERATOR_PREFIXES):
+        raise InvalidArgumentError(
+            f"{what} {id_[:40]!r}: ids starting with {', '.join(_OPERATOR_PREFIXES)} are the "
+            "ledger operator's records; send another id"
+        )
+    return id_
 
 
 def _canonical(terms: Mapping[str, object]) -> str:

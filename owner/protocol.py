@@ -85,10 +85,10 @@ from dpmarket.common.validation import (
     check_positive_int,
     check_vector,
 )
-from dpmarket.owner.earnings import PAYOUT_MECHANISM, Earnings, payout_session
+from dpmarket.owner.earnings import PAYOUT_MECHANISM, Earnings, payout_charged, payout_session
 from dpmarket.owner.engine import WorkCancelled
 from dpmarket.owner.hash_keys import HashKeyParty
-from dpmarket.owner.ids import IdState
+from dpmarket.owner.ids import IdState, check_curator_id
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.limits import QUICK_STEP_BYTES, WorkLimits
 from dpmarket.owner.partitioned import PartitionedData
@@ -1266,8 +1266,10 @@ class Owner:
         Raises
         ------
         InvalidArgumentError
-            If the session id is empty, the h1 parameters do not fit the data, or d exceeds
-            the policy's limit.
+            If the session id is not one a curator may choose
+            (:func:`~dpmarket.owner.ids.check_curator_id`: empty, too long, holding the
+            separator of the owner's derived ids or an operator's prefix), the h1 parameters
+            do not fit the data, or d exceeds the policy's limit.
         FailedPreconditionError
             If the ledger refuses the terms (over the per-session or remaining budget, or
             non-private terms the policy does not allow), or the policy refuses what the terms'
@@ -1288,8 +1290,7 @@ class Owner:
         AlreadyExistsError
             If ``session_id`` is open already.
         """
-        if not session_id:
-            raise InvalidArgumentError("session_id must be a non-empty string")
+        check_curator_id(session_id)
         data = self.data
         if data is None:
             raise FailedPreconditionError(f"owner {self.owner_id} holds no point set to summarize")
@@ -1437,8 +1438,9 @@ class Owner:
         # No charge lands under the id once its statement is recorded (rolled back).
         unsettled = IdState(ledger, self.owner_id).charge_guard(curator, session_id)
         # The payout release is charged once per session id (a reopened session's payout is
-        # the same release, stated once in its statement).
-        paid = payout == 0.0 or ledger.session_totals(payout_session(session_id)).epsilon > 0
+        # the same release, stated once in its statement): read from the owner's own charges
+        # of that release (a curator's id never takes the payout's derived form).
+        paid = payout == 0.0 or payout_charged(ledger, session_id) > 0
 
         def charge(points: int, what: str) -> None:
             nonlocal charged, paid
@@ -1484,6 +1486,7 @@ class Owner:
         return charge
 
     def _slot(self, session_id: str, curator: str) -> _Slot:
+        check_curator_id(session_id)
         with self._lock:
             slot = self._slots.get(session_id)
         if slot is None or slot.curator != curator:
