@@ -355,7 +355,12 @@ class Earnings:
         """
         session = document.header.session_id
         totals = self.ledger.session_totals(session)
-        payout = payout_charged(self.ledger, session)
+        # The payout release is about delivered points: an owner whose points never left pays
+        # no part of it, and its statement states none (the curator states ε_O exactly when the
+        # record holds points). A payout charge with no point after it (a crash between the two
+        # charges of the first point) is that crash's waste, as any charge whose release never
+        # left; the statement then settles without it.
+        payout = payout_charged(self.ledger, session) if totals.points > 0 else 0.0
         record = OwnerRecord(
             session_id=session,
             consumer=consumer,

@@ -130,6 +130,27 @@ class IdState:
         cape = charged[0].mechanism.startswith(_CAPE_MECHANISMS)
         return ("cape" if cape else "session"), None
 
+    def known(self, curator: str, id_: str) -> bool:
+        """Whether the ledger knows ``id_`` for ``curator``: its open recorded (``opened_ids``,
+        or its terms in ``session_market``), or a charge of ``curator``'s under it or under its
+        payout release (:func:`~dpmarket.owner.earnings.payout_session`). What a close of an id
+        the owner no longer holds (it restarted, or closed it idle) answers from."""
+
+        derived = payout_session(id_)
+        lookups = (
+            ("opened_ids WHERE curator = ? AND id = ?", (curator, id_)),
+            ("session_market WHERE curator = ? AND session = ?", (curator, id_)),
+            ("charges WHERE curator = ? AND session IN (?, ?)", (curator, id_, derived)),
+        )
+
+        def read(conn: sqlite3.Connection) -> bool:
+            return any(
+                conn.execute(f"SELECT 1 FROM {where} LIMIT 1", params).fetchone() is not None
+                for where, params in lookups
+            )
+
+        return self.ledger.read(read)
+
     def check_open(
         self, curator: str, id_: str, kind: IdKind, terms: Mapping[str, object] | None = None
     ) -> None:

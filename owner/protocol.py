@@ -1735,22 +1735,26 @@ class Owner:
     def close_session(self, session_id: str, curator: str = LOCAL_CURATOR) -> SessionSpend:
         """Forget a session; return what it spent of this owner's budget.
 
-        A session this owner closed already (idle, or closed before) is answered from the
-        ledger alone when ``curator`` was charged under it: so a curator that restarted
-        mid-session learns what the session cost (``CuratorStore.recover``).
+        A session this owner no longer holds (idle, closed before, or opened before the owner
+        restarted) is answered from the durable ledger alone when the ledger knows the id for
+        ``curator`` (:meth:`~dpmarket.owner.ids.IdState.known`: its open recorded, or a charge
+        of ``curator``'s under it or its payout release), zero when nothing was charged: so a
+        curator that restarted, or an owner that restarted mid-session, still settles it
+        (``CuratorStore.recover``, the curator's settlement retries).
 
         Raises
         ------
+        InvalidArgumentError
+            If ``session_id`` is not an id a curator may choose (:func:`check_curator_id`).
         NotFoundError
-            If no session has that id, or another curator opened it (and, for a closed one,
-            the ledger holds no charge of ``curator``'s under that id).
+            If no session has that id, or another curator opened it (and, for one the owner
+            no longer holds, the ledger never knew the id for ``curator``).
         """
         try:
             slot = self._slot(session_id, curator)
         except NotFoundError:
-            if self.ledger is None or not any(
-                e.curator == curator for e in self.ledger.entries(session=session_id, limit=1)
-            ):
+            ids = self._ids()
+            if ids is None or not ids.known(curator, session_id):
                 raise
             return self._spent(session_id)
         slot.session.cancel.set()  # a running step stops; its lock is then free
