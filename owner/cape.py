@@ -345,6 +345,8 @@ class CapeSite:
         else:
             rng, noise = production_rng(), OpenDPNoise()
         job = _Job(spec, curator, consumer, x, y, rng, noise, self.clock(), rows=rows)
+        if ids is not None:  # checked again and recorded at once: a racing open of a session
+            ids.opened(curator, job_id, "cape", terms)  # under the id is refused, or this one
         with self._lock:
             if job_id in self._jobs:
                 raise AlreadyExistsError(f"CAPE job {short_id(job_id)} is already open")
@@ -353,8 +355,6 @@ class CapeSite:
                     f"this owner runs at most {self.max_jobs} jobs at once; retry later"
                 )
             self._jobs[job_id] = job
-        if ids is not None:
-            ids.opened(curator, job_id, "cape", terms)
         if self.ledger is not None and market is not None:  # what its statement is checked against
             prices = self.ledger.policy.prices
             Earnings(self.ledger, self.name).accept(

@@ -115,19 +115,22 @@ class IdState:
         self.ledger = ledger
         self.earnings = Earnings(ledger, owner)
 
-    def _first(self, curator: str, id_: str) -> tuple[str, Mapping[str, object] | None] | None:
-        row = self.ledger.read(
-            lambda conn: conn.execute(
-                "SELECT kind, terms_json FROM opened_ids WHERE curator = ? AND id = ?",
-                (curator, id_),
-            ).fetchone()
-        )
+    @staticmethod
+    def _first(
+        conn: sqlite3.Connection, curator: str, id_: str
+    ) -> tuple[str, Mapping[str, object] | None] | None:
+        row = conn.execute(
+            "SELECT kind, terms_json FROM opened_ids WHERE curator = ? AND id = ?",
+            (curator, id_),
+        ).fetchone()
         if row is not None:
             return str(row[0]), None if row[1] is None else json.loads(row[1])
-        charged = self.ledger.entries(session=id_, limit=1)
-        if not charged:
+        charged = conn.execute(
+            "SELECT mechanism FROM charges WHERE session = ? ORDER BY id DESC LIMIT 1", (id_,)
+        ).fetchone()
+        if charged is None:
             return None
-        cape = charged[0].mechanism.startswith(_CAPE_MECHANISMS)
+        cape = str(charged[0]).startswith(_CAPE_MECHANISMS)
         return ("cape" if cape else "session"), None
 
     def known(self, curator: str, id_: str) -> bool:
@@ -155,20 +158,32 @@ class IdState:
         self, curator: str, id_: str, kind: IdKind, terms: Mapping[str, object] | None = None
     ) -> None:
         """Refuse to open ``id_`` as ``kind`` if it is settled, was first opened as the other
-        kind, or (``terms`` given and recorded at its first open) under other terms.
+        kind, or (``terms`` given and recorded at its first open) under other terms: the early
+        check, before an open computes anything (:meth:`opened` checks again as it records).
 
         Raises
         ------
         FailedPreconditionError
             Naming the id and what to do (a new id); nothing is read or charged.
         """
+        self.ledger.read(lambda conn: self._check_in(conn, curator, id_, kind, terms))
+
+    def _check_in(
+        self,
+        conn: sqlite3.Connection,
+        curator: str,
+        id_: str,
+        kind: IdKind,
+        terms: Mapping[str, object] | None,
+    ) -> None:
+        """:meth:`check_open` inside a transaction of the owner's database (``conn``)."""
         name = _NAMES[kind]
-        if self.earnings.settled(curator, id_):
+        if Earnings.settled_in(conn, curator, id_):
             raise FailedPreconditionError(
                 f"{name} id {short_id(id_)} is settled (its statement is recorded): it cannot "
                 "be opened again, whatever its terms; open it under a new id"
             )
-        first = self._first(curator, id_)
+        first = self._first(conn, curator, id_)
         if first is None:
             return
         first_kind, first_terms = first
@@ -191,16 +206,29 @@ class IdState:
     def opened(
         self, curator: str, id_: str, kind: IdKind, terms: Mapping[str, object] | None = None
     ) -> None:
-        """Record that ``id_`` opened as ``kind`` under ``terms`` (once: its first open's)."""
+        """Check ``id_`` may open as ``kind`` under ``terms`` and record that it did (once:
+        its first open's kind and terms), in one write transaction, before the open installs
+        anything: of two opens of one id as different kinds racing (or under different
+        terms), the one that records second is refused here, whatever the order of their
+        early :meth:`check_open`.
+
+        Raises
+        ------
+        FailedPreconditionError
+            As :meth:`check_open`; nothing is recorded.
+        """
         text = None if terms is None else _canonical(terms)
         now = time.time()
-        self.ledger.write(
-            lambda conn: conn.execute(
+
+        def claim(conn: sqlite3.Connection) -> None:
+            self._check_in(conn, curator, id_, kind, terms)
+            conn.execute(
                 "INSERT OR IGNORE INTO opened_ids (curator, id, kind, terms_json, opened_at) "
                 "VALUES (?, ?, ?, ?, ?)",
                 (curator, id_, kind, text, now),
             )
-        )
+
+        self.ledger.write(claim)
 
     def check_unsettled(self, curator: str, id_: str) -> None:
         """Refuse a step under a settled id (before the step reads or charges anything).

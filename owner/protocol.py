@@ -1333,13 +1333,13 @@ class Owner:
             d=rff.d,
         )
         session.progress, session.cancel = progress, cancel
+        if ids is not None:  # checked again and recorded at once: a racing open of a CAPE job
+            ids.opened(curator, session_id, "session")  # under the id is refused, or this one
         with self._lock:
             if cancel.is_set() or self._cancelled.pop(session_id, None) is not None:
                 raise WorkCancelled("the session's opening was cancelled")
             self._check_new(session_id, locked=True)
             self._slots[session_id] = _Slot(session, curator, consumer, self.clock())
-        if ids is not None:
-            ids.opened(curator, session_id, "session")
         if self.ledger is not None:
             # The terms the session id is fixed to and its statement will be checked against,
             # durably, at its first open (nothing is charged: the open has passed every check).
