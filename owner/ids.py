@@ -5,6 +5,9 @@ A curator names each session and each CAPE job by an id; at an owner the ids of 
 one namespace, the one its ledger charges under (``charges.session``) and its earnings settle by
 (:mod:`dpmarket.owner.earnings`). The rule both kinds follow, decided here and nowhere else:
 
+* an id is one curator's, as its charges are one owner's: once a curator opened, charged or
+  settled it, an open by any other curator is refused (its kind, terms and statement are
+  recorded for the first curator; another's could not settle what the id charges);
 * an id is of the kind it was first opened as (``"session"`` or ``"cape"``), recorded durably at
   that open (table ``opened_ids``) with the terms its kind fixes (a CAPE job's: its spec, its
   consumer, its quote line); an open as the other kind is refused, and so is a reopen under
@@ -178,6 +181,19 @@ class IdState:
     ) -> None:
         """:meth:`check_open` inside a transaction of the owner's database (``conn``)."""
         name = _NAMES[kind]
+        other = conn.execute(
+            "SELECT curator FROM opened_ids WHERE id = ?1 AND curator != ?2 "
+            "UNION ALL SELECT curator FROM session_market WHERE session = ?1 AND curator != ?2 "
+            "UNION ALL SELECT curator FROM earnings WHERE session = ?1 AND curator != ?2 "
+            "UNION ALL SELECT curator FROM charges WHERE session = ?1 AND curator != ?2 LIMIT 1",
+            (id_, curator),
+        ).fetchone()
+        if other is not None:
+            raise FailedPreconditionError(
+                f"id {short_id(id_)} is another curator's at this owner (its charges, kind, terms "
+                "and statement are recorded for the curator that first opened it): it cannot be "
+                f"opened as {name} by {curator}; open it under a new id"
+            )
         if Earnings.settled_in(conn, curator, id_):
             raise FailedPreconditionError(
                 f"{name} id {short_id(id_)} is settled (its statement is recorded): it cannot "

@@ -21,8 +21,10 @@ from dpmarket.common.summarization.rff import RFFParams
 from dpmarket.common.summarization.terms import OwnerTerms
 from dpmarket.owner.protocol import Owner
 from tests.owner.test_settled_ids import (
+    CONSUMER,
     COUNTS,
     CURATOR,
+    SPEC,
     Parties,
     _cape_line,
     _open_job,
@@ -136,3 +138,24 @@ def test_racing_opens_of_both_kinds_never_both_open(parties: Parties, rff: RFFPa
         winners = [k for k, ok in won.items() if ok]
         assert len(winners) == 1, (id_, won)
         assert _kinds(p, id_) == winners
+
+
+def test_an_id_of_one_curator_is_refused_to_another_whatever_its_kind(
+    parties: Parties, rff: RFFParams
+) -> None:
+    """curator:one opens session X and closes it, nothing charged; curator:two's OpenCapeJob(X)
+    and OpenSession(X) are refused, nothing recorded for it. The id's owner reopens it
+    (control), and curator:two opens a fresh id."""
+    p = parties
+    one, two = "curator:one", "curator:two"
+    terms = _session_terms()
+    p.owner.open_session("X", rff, 0, terms=terms, curator=one, consumer=CONSUMER)
+    p.owner.close_session("X", one)
+    with pytest.raises(FailedPreconditionError, match="another curator's"):
+        p.cape.open("X", SPEC, 1, curator=two, consumer=CONSUMER, market=_cape_line()[1])
+    with pytest.raises(FailedPreconditionError, match="another curator's"):
+        p.owner.open_session("X", rff, 0, terms=terms, curator=two, consumer=CONSUMER)
+    assert p.ledger.entries() == []
+    assert _kinds(p, "X") == ["session"]
+    p.owner.open_session("X", rff, 0, terms=terms, curator=one, consumer=CONSUMER)
+    p.cape.open("Y", SPEC, 1, curator=two, consumer=CONSUMER, market=_cape_line()[1])
