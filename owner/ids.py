@@ -20,8 +20,9 @@ one namespace, the one its ledger charges under (``charges.session``) and its ea
   ledger holds under the id is one its recorded statement was checked against
   (:meth:`~dpmarket.owner.earnings.Earnings.record` checks and records in one transaction).
 
-An id opened before this record existed (a ledger of an earlier schema) has no row: its kind is
-then that of the charges under it (a CAPE job's mechanism names CAPE), unknown without any.
+An id opened before this record existed (a ledger of schema 8) has the row the migration to
+schema 9 filled from the terms its open recorded (``session_market``), if any; without a row its
+kind is that of the charges under it (a CAPE job's mechanism names CAPE), unknown without any.
 Every refusal is :class:`~dpmarket.common.errors.FailedPreconditionError`, decided on the
 request and the owner's own records only (never its data); nothing is read or charged.
 """

@@ -10,8 +10,11 @@ ledger; the forced interleavings fail on main.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Callable
+from contextlib import closing
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +22,8 @@ import pytest
 from dpmarket.common.errors import FailedPreconditionError, NotFoundError
 from dpmarket.common.summarization.rff import RFFParams
 from dpmarket.common.summarization.terms import OwnerTerms
+from dpmarket.owner.cape import CapeSite
+from dpmarket.owner.ledger import LEDGER_FILE, OwnerLedger
 from dpmarket.owner.protocol import Owner
 from tests.owner.test_settled_ids import (
     CONSUMER,
@@ -159,3 +164,38 @@ def test_an_id_of_one_curator_is_refused_to_another_whatever_its_kind(
     assert _kinds(p, "X") == ["session"]
     p.owner.open_session("X", rff, 0, terms=terms, curator=one, consumer=CONSUMER)
     p.cape.open("Y", SPEC, 1, curator=two, consumer=CONSUMER, market=_cape_line()[1])
+
+
+def test_ids_opened_at_schema_8_keep_their_kind_after_the_migration(
+    parties: Parties, rff: RFFParams, tmp_path: Path
+) -> None:
+    """Session X and CAPE job J opened (nothing charged) on a ledger then taken back to schema 8
+    as an earlier dpmarket wrote it (no opened_ids; session_market keeps their terms): after the
+    migration to 9, X is refused as a CAPE job and J as a session. Control: a fresh id opens as
+    either kind."""
+    p = parties
+    terms = _session_terms()
+    _open_session(p, "X", rff, terms)
+    p.owner.close_session("X", CURATOR)
+    _job(p, "J")
+    p.cape.close("J", curator=CURATOR)
+    p.ledger.close()
+    with closing(sqlite3.connect(tmp_path / LEDGER_FILE)) as conn:
+        conn.execute("DROP TABLE opened_ids")
+        conn.execute("PRAGMA user_version = 8")
+        conn.commit()
+    ledger = OwnerLedger(tmp_path, p.ledger.policy)
+    again = Parties(
+        Owner("owner", p.owner.data, ledger=ledger),
+        CapeSite("owner", p.cape.table, ledger=ledger, min_colluders=0),
+        ledger,
+        p.curator_key,
+        p.other_key,
+    )
+    assert _kinds(again, "X") == ["session"] and _kinds(again, "J") == ["cape"]
+    with pytest.raises(FailedPreconditionError, match="first opened as a session"):
+        _job(again, "X")
+    with pytest.raises(FailedPreconditionError, match="first opened as a CAPE job"):
+        _open_session(again, "J", rff, terms)
+    _job(again, "fresh-job")
+    _open_session(again, "fresh-session", rff, terms)
