@@ -40,6 +40,7 @@ from dpmarket.common.ids import short_id
 from dpmarket.owner.earnings import DERIVED_SEPARATOR, Earnings, payout_session
 from dpmarket.owner.ledger import MAX_NAME_LENGTH, OwnerLedger
 from dpmarket.owner.ledger_resolutions import DISMISSED_PREFIX, ROLLBACK_PREFIX, SUPERSEDED_PREFIX
+from dpmarket.owner.sketches import SKETCH_SESSION_PREFIX
 
 __all__ = ["MAX_CURATOR_ID_LENGTH", "IdKind", "IdState", "check_curator_id"]
 
@@ -55,18 +56,21 @@ _CAPE_MECHANISMS = ("CAPE ", "capeFM ")
 #: :func:`~dpmarket.owner.earnings.payout_session`) are still ledger names
 #: (:data:`~dpmarket.owner.ledger.MAX_NAME_LENGTH`), so every step an open accepts can charge.
 MAX_CURATOR_ID_LENGTH = MAX_NAME_LENGTH - len(payout_session(""))
-#: How the ids of the ledger operator's records start (:mod:`dpmarket.owner.ledger_resolutions`).
-_OPERATOR_PREFIXES = (ROLLBACK_PREFIX, SUPERSEDED_PREFIX, DISMISSED_PREFIX)
+#: How the owner's own ledger ids start: its operator's records
+#: (:mod:`dpmarket.owner.ledger_resolutions`) and its sketch publications
+#: (:func:`dpmarket.owner.sketches.ledger_session`).
+_OWNER_PREFIXES = (ROLLBACK_PREFIX, SUPERSEDED_PREFIX, DISMISSED_PREFIX, SKETCH_SESSION_PREFIX)
 
 
 def check_curator_id(id_: object, what: str = "session_id") -> str:
     """Check an id a curator chose (a session's or a CAPE job's), for its open and every step.
 
     An owner derives ids of its own from a curator's (a session's payout release charge is
-    under ``ID/payout``, :func:`~dpmarket.owner.earnings.payout_session`) and its operator
-    records under ids of its own (``ledger-rollback-...``, ``ledger-superseded-...``,
-    ``ledger-dismissed-...``): a curator id takes neither form, so what the owner reads under a
-    derived id is only ever what the owner itself charged there.
+    under ``ID/payout``, :func:`~dpmarket.owner.earnings.payout_session`), and it charges under
+    ids of its own: its operator's records (``ledger-rollback-...``, ``ledger-superseded-...``,
+    ``ledger-dismissed-...``) and its sketch publications (``sketch:...``). A curator id takes
+    none of these forms, so what the owner reads under its own ids is only ever what the owner
+    itself charged there.
 
     Returns
     -------
@@ -77,7 +81,7 @@ def check_curator_id(id_: object, what: str = "session_id") -> str:
     ------
     InvalidArgumentError
         If ``id_`` is not a string of 1 to :data:`MAX_CURATOR_ID_LENGTH` characters, holds
-        :data:`~dpmarket.owner.earnings.DERIVED_SEPARATOR` or starts with an operator's prefix;
+        :data:`~dpmarket.owner.earnings.DERIVED_SEPARATOR` or starts with an owner's prefix;
         the message names the id (its first 40 characters) and what to send. Nothing is read
         or charged.
     """
@@ -92,10 +96,10 @@ def check_curator_id(id_: object, what: str = "session_id") -> str:
             f"{what} {id_[:40]!r} holds {DERIVED_SEPARATOR!r}, the separator of the ids an owner "
             "derives from a curator's (a payout release's): send an id without it"
         )
-    if id_.startswith(_OPERATOR_PREFIXES):
+    if id_.startswith(_OWNER_PREFIXES):
         raise InvalidArgumentError(
-            f"{what} {id_[:40]!r}: ids starting with {', '.join(_OPERATOR_PREFIXES)} are the "
-            "ledger operator's records; send another id"
+            f"{what} {id_[:40]!r}: ids starting with {', '.join(_OWNER_PREFIXES)} are the "
+            "owner's own records (its operator's, its sketch publications); send another id"
         )
     return id_
 

@@ -66,7 +66,7 @@ def _open(owner: Owner, sid: str, rff: RFFParams, terms: OwnerTerms = REWARDED) 
 
 @pytest.mark.parametrize(
     "bad",
-    ["X/payout", "X/", "/X", "ledger-rollback-1", "ledger-dismissed-x", "a" * 250],
+    ["X/payout", "X/", "/X", "ledger-rollback-1", "ledger-dismissed-x", "sketch:h:0123", "a" * 250],
 )
 def test_a_curator_id_of_a_derived_form_is_refused_at_every_open_and_step(
     tmp_path: Path, rff: RFFParams, bad: str
