@@ -87,7 +87,7 @@ from dpmarket.common.privacy.rng import production_rng
 from dpmarket.common.secagg.protocol import RoundParams
 from dpmarket.common.validation import check_not_tiny
 from dpmarket.owner.earnings import Earnings
-from dpmarket.owner.ids import IdState
+from dpmarket.owner.ids import IdState, check_curator_id
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.partitioned import PartitionedTable, mean_statistic
 from dpmarket.owner.policy import DEFAULT_MIN_COLLUDERS
@@ -195,6 +195,7 @@ class CapeSite:
     def _job(self, job_id: str, curator: str, *, closing: bool = False) -> _Job:
         """An open job of ``curator``'s, for a step (refused once its statement is recorded,
         before the step reads or charges anything) or, ``closing``, to close it."""
+        check_curator_id(job_id, "job_id")
         with self._lock:
             job = self._jobs.get(job_id)
         if job is None or job.curator != curator:
@@ -285,17 +286,18 @@ class CapeSite:
             charged already and ``market`` is a quote line (a rerun would charge its epsilon
             again, beyond what the line pays).
         InvalidArgumentError
-            If a column is missing, or a logistic regression's or a training's target is not a
-            column this owner declared 0/1 (values outside the bounds are clamped, never
-            refused: the answer does not depend on them); or ``market`` carries a reward (a job
-            delivers no points to split one by).
+            If the job id is not one a curator may choose
+            (:func:`~dpmarket.owner.ids.check_curator_id`), a column is missing, or a logistic
+            regression's or a training's target is not a column this owner declared 0/1
+            (values outside the bounds are clamped, never refused: the answer does not depend
+            on them); or ``market`` carries a reward (a job delivers no points to split one
+            by).
         ResourceExhaustedError, AlreadyExistsError
             Beyond ``max_jobs`` open jobs; a job id in use.
         """
         if self.table is None:
             raise FailedPreconditionError("this owner holds no table for CAPE jobs")
-        if not job_id:
-            raise InvalidArgumentError("job_id must be a non-empty string")
+        check_curator_id(job_id, "job_id")
         if market is not None and market.settlement.reward_rule != "none":
             # A reward is split by the points a summary holds (and its statement discloses their
             # count, which an owner consents to for sessions only); a job delivers no points.
@@ -343,6 +345,8 @@ class CapeSite:
         else:
             rng, noise = production_rng(), OpenDPNoise()
         job = _Job(spec, curator, consumer, x, y, rng, noise, self.clock(), rows=rows)
+        if ids is not None:  # checked again and recorded at once: a racing open of a session
+            ids.opened(curator, job_id, "cape", terms)  # under the id is refused, or this one
         with self._lock:
             if job_id in self._jobs:
                 raise AlreadyExistsError(f"CAPE job {short_id(job_id)} is already open")
@@ -351,8 +355,6 @@ class CapeSite:
                     f"this owner runs at most {self.max_jobs} jobs at once; retry later"
                 )
             self._jobs[job_id] = job
-        if ids is not None:
-            ids.opened(curator, job_id, "cape", terms)
         if self.ledger is not None and market is not None:  # what its statement is checked against
             prices = self.ledger.policy.prices
             Earnings(self.ledger, self.name).accept(
@@ -549,6 +551,7 @@ class CapeSite:
 
     def _any_curators_job(self, job_id: str) -> _Job:
         """A job by id, whichever curator opened it (secure aggregation checked the curator)."""
+        check_curator_id(job_id, "job_id")
         with self._lock:
             job = self._jobs.get(job_id)
         if job is None:
@@ -846,6 +849,7 @@ class CapeSite:
             If another curator holds the job, or charged under its id, or (without a ledger) no
             job has that id.
         """
+        check_curator_id(job_id, "job_id")
         with self._lock:
             held = self._jobs.get(job_id)
         if held is None and self.ledger is not None:

@@ -51,7 +51,15 @@ from dpmarket.common.market.statement import (
 from dpmarket.common.market.terms import MarketTerms
 from dpmarket.owner.ledger import OwnerLedger
 
-__all__ = ["PAYOUT_MECHANISM", "Earning", "Earnings", "payout_session", "statement_id"]
+__all__ = [
+    "DERIVED_SEPARATOR",
+    "PAYOUT_MECHANISM",
+    "Earning",
+    "Earnings",
+    "payout_charged",
+    "payout_session",
+    "statement_id",
+]
 
 
 def statement_id(data: bytes) -> str:
@@ -347,7 +355,12 @@ class Earnings:
         """
         session = document.header.session_id
         totals = self.ledger.session_totals(session)
-        payout = self.ledger.session_totals(payout_session(session)).epsilon
+        # The payout release is about delivered points: an owner whose points never left pays
+        # no part of it, and its statement states none (the curator states ε_O exactly when the
+        # record holds points). A payout charge with no point after it (a crash between the two
+        # charges of the first point) is that crash's waste, as any charge whose release never
+        # left; the statement then settles without it.
+        payout = payout_charged(self.ledger, session) if totals.points > 0 else 0.0
         record = OwnerRecord(
             session_id=session,
             consumer=consumer,
@@ -414,8 +427,27 @@ def _charges_under(conn: sqlite3.Connection, session: str) -> int:
 PAYOUT_MECHANISM = "payout release (Laplace)"
 
 
+#: What separates a curator's id from the suffix of an id the owner derives from it (the payout
+#: release's, :func:`payout_session`): never in an id a curator chooses
+#: (:func:`dpmarket.owner.ids.check_curator_id`), so no curator id is a derived one.
+DERIVED_SEPARATOR = "/"
+
+
 def payout_session(session: str) -> str:
     """The ledger's session id of a session's payout release charge: apart from the session's
     own charges, so that the session's record (what the curator settles from) is the terms and
-    the points alone, and the payout is read on its own."""
-    return f"{session}/payout"
+    the points alone, and the payout is read on its own. The owner derives it; no curator id
+    takes its form (:data:`DERIVED_SEPARATOR`)."""
+    return f"{session}{DERIVED_SEPARATOR}payout"
+
+
+def payout_charged(ledger: OwnerLedger, session: str) -> float:
+    """Epsilon of the payout release charged for ``session``: the charges the owner made as that
+    release (mechanism :data:`PAYOUT_MECHANISM`, under :func:`payout_session`), whatever else a
+    ledger of an earlier release holds under that id (a curator could once open a session
+    under it: its charges are not the payout's). 0.0 while the payout is not charged."""
+    return math.fsum(
+        e.epsilon
+        for e in ledger.entries(session=payout_session(session))
+        if e.mechanism == PAYOUT_MECHANISM
+    )

@@ -5,6 +5,9 @@ A curator names each session and each CAPE job by an id; at an owner the ids of 
 one namespace, the one its ledger charges under (``charges.session``) and its earnings settle by
 (:mod:`dpmarket.owner.earnings`). The rule both kinds follow, decided here and nowhere else:
 
+* an id is one curator's, as its charges are one owner's: once a curator opened, charged or
+  settled it, an open by any other curator is refused (its kind, terms and statement are
+  recorded for the first curator; another's could not settle what the id charges);
 * an id is of the kind it was first opened as (``"session"`` or ``"cape"``), recorded durably at
   that open (table ``opened_ids``) with the terms its kind fixes (a CAPE job's: its spec, its
   consumer, its quote line); an open as the other kind is refused, and so is a reopen under
@@ -17,8 +20,9 @@ one namespace, the one its ledger charges under (``charges.session``) and its ea
   ledger holds under the id is one its recorded statement was checked against
   (:meth:`~dpmarket.owner.earnings.Earnings.record` checks and records in one transaction).
 
-An id opened before this record existed (a ledger of an earlier schema) has no row: its kind is
-then that of the charges under it (a CAPE job's mechanism names CAPE), unknown without any.
+An id opened before this record existed (a ledger of schema 8) has the row the migration to
+schema 9 filled from the terms its open recorded (``session_market``), if any; without a row its
+kind is that of the charges under it (a CAPE job's mechanism names CAPE), unknown without any.
 Every refusal is :class:`~dpmarket.common.errors.FailedPreconditionError`, decided on the
 request and the owner's own records only (never its data); nothing is read or charged.
 """
@@ -31,12 +35,14 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Literal
 
-from dpmarket.common.errors import FailedPreconditionError
+from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError
 from dpmarket.common.ids import short_id
-from dpmarket.owner.earnings import Earnings
-from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.owner.earnings import DERIVED_SEPARATOR, Earnings, payout_session
+from dpmarket.owner.ledger import MAX_NAME_LENGTH, OwnerLedger
+from dpmarket.owner.ledger_resolutions import DISMISSED_PREFIX, ROLLBACK_PREFIX, SUPERSEDED_PREFIX
+from dpmarket.owner.sketches import SKETCH_SESSION_PREFIX
 
-__all__ = ["IdKind", "IdState"]
+__all__ = ["MAX_CURATOR_ID_LENGTH", "IdKind", "IdState", "check_curator_id"]
 
 #: What an id was first opened as.
 IdKind = Literal["session", "cape"]
@@ -44,6 +50,58 @@ IdKind = Literal["session", "cape"]
 _NAMES: dict[str, str] = {"session": "a session", "cape": "a CAPE job"}
 #: How the ledger's mechanism of a CAPE job's charge starts (dpmarket.common.cape.spec).
 _CAPE_MECHANISMS = ("CAPE ", "capeFM ")
+
+
+#: Longest id a curator may choose: the longest whose derived ids (its payout release's,
+#: :func:`~dpmarket.owner.earnings.payout_session`) are still ledger names
+#: (:data:`~dpmarket.owner.ledger.MAX_NAME_LENGTH`), so every step an open accepts can charge.
+MAX_CURATOR_ID_LENGTH = MAX_NAME_LENGTH - len(payout_session(""))
+#: How the owner's own ledger ids start: its operator's records
+#: (:mod:`dpmarket.owner.ledger_resolutions`) and its sketch publications
+#: (:func:`dpmarket.owner.sketches.ledger_session`).
+_OWNER_PREFIXES = (ROLLBACK_PREFIX, SUPERSEDED_PREFIX, DISMISSED_PREFIX, SKETCH_SESSION_PREFIX)
+
+
+def check_curator_id(id_: object, what: str = "session_id") -> str:
+    """Check an id a curator chose (a session's or a CAPE job's), for its open and every step.
+
+    An owner derives ids of its own from a curator's (a session's payout release charge is
+    under ``ID/payout``, :func:`~dpmarket.owner.earnings.payout_session`), and it charges under
+    ids of its own: its operator's records (``ledger-rollback-...``, ``ledger-superseded-...``,
+    ``ledger-dismissed-...``) and its sketch publications (``sketch:...``). A curator id takes
+    none of these forms, so what the owner reads under its own ids is only ever what the owner
+    itself charged there.
+
+    Returns
+    -------
+    str
+        ``id_``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If ``id_`` is not a string of 1 to :data:`MAX_CURATOR_ID_LENGTH` characters, holds
+        :data:`~dpmarket.owner.earnings.DERIVED_SEPARATOR` or starts with an owner's prefix;
+        the message names the id (its first 40 characters) and what to send. Nothing is read
+        or charged.
+    """
+    if not isinstance(id_, str) or not 1 <= len(id_) <= MAX_CURATOR_ID_LENGTH:
+        shown = id_[:40] if isinstance(id_, str) else id_
+        raise InvalidArgumentError(
+            f"{what} {shown!r} must be a string of 1 to {MAX_CURATOR_ID_LENGTH} characters "
+            "(the owner derives longer ids from it); send a shorter id"
+        )
+    if DERIVED_SEPARATOR in id_:
+        raise InvalidArgumentError(
+            f"{what} {id_[:40]!r} holds {DERIVED_SEPARATOR!r}, the separator of the ids an owner "
+            "derives from a curator's (a payout release's): send an id without it"
+        )
+    if id_.startswith(_OWNER_PREFIXES):
+        raise InvalidArgumentError(
+            f"{what} {id_[:40]!r}: ids starting with {', '.join(_OWNER_PREFIXES)} are the "
+            "owner's own records (its operator's, its sketch publications); send another id"
+        )
+    return id_
 
 
 def _canonical(terms: Mapping[str, object]) -> str:
@@ -65,39 +123,88 @@ class IdState:
         self.ledger = ledger
         self.earnings = Earnings(ledger, owner)
 
-    def _first(self, curator: str, id_: str) -> tuple[str, Mapping[str, object] | None] | None:
-        row = self.ledger.read(
-            lambda conn: conn.execute(
-                "SELECT kind, terms_json FROM opened_ids WHERE curator = ? AND id = ?",
-                (curator, id_),
-            ).fetchone()
-        )
+    @staticmethod
+    def _first(
+        conn: sqlite3.Connection, curator: str, id_: str
+    ) -> tuple[str, Mapping[str, object] | None] | None:
+        row = conn.execute(
+            "SELECT kind, terms_json FROM opened_ids WHERE curator = ? AND id = ?",
+            (curator, id_),
+        ).fetchone()
         if row is not None:
             return str(row[0]), None if row[1] is None else json.loads(row[1])
-        charged = self.ledger.entries(session=id_, limit=1)
-        if not charged:
+        charged = conn.execute(
+            "SELECT mechanism FROM charges WHERE session = ? ORDER BY id DESC LIMIT 1", (id_,)
+        ).fetchone()
+        if charged is None:
             return None
-        cape = charged[0].mechanism.startswith(_CAPE_MECHANISMS)
+        cape = str(charged[0]).startswith(_CAPE_MECHANISMS)
         return ("cape" if cape else "session"), None
+
+    def known(self, curator: str, id_: str) -> bool:
+        """Whether the ledger knows ``id_`` for ``curator``: its open recorded (``opened_ids``,
+        or its terms in ``session_market``), or a charge of ``curator``'s under it or under its
+        payout release (:func:`~dpmarket.owner.earnings.payout_session`). What a close of an id
+        the owner no longer holds (it restarted, or closed it idle) answers from."""
+
+        derived = payout_session(id_)
+        lookups = (
+            ("opened_ids WHERE curator = ? AND id = ?", (curator, id_)),
+            ("session_market WHERE curator = ? AND session = ?", (curator, id_)),
+            ("charges WHERE curator = ? AND session IN (?, ?)", (curator, id_, derived)),
+        )
+
+        def read(conn: sqlite3.Connection) -> bool:
+            return any(
+                conn.execute(f"SELECT 1 FROM {where} LIMIT 1", params).fetchone() is not None
+                for where, params in lookups
+            )
+
+        return self.ledger.read(read)
 
     def check_open(
         self, curator: str, id_: str, kind: IdKind, terms: Mapping[str, object] | None = None
     ) -> None:
         """Refuse to open ``id_`` as ``kind`` if it is settled, was first opened as the other
-        kind, or (``terms`` given and recorded at its first open) under other terms.
+        kind, or (``terms`` given and recorded at its first open) under other terms: the early
+        check, before an open computes anything (:meth:`opened` checks again as it records).
 
         Raises
         ------
         FailedPreconditionError
             Naming the id and what to do (a new id); nothing is read or charged.
         """
+        self.ledger.read(lambda conn: self._check_in(conn, curator, id_, kind, terms))
+
+    def _check_in(
+        self,
+        conn: sqlite3.Connection,
+        curator: str,
+        id_: str,
+        kind: IdKind,
+        terms: Mapping[str, object] | None,
+    ) -> None:
+        """:meth:`check_open` inside a transaction of the owner's database (``conn``)."""
         name = _NAMES[kind]
-        if self.earnings.settled(curator, id_):
+        other = conn.execute(
+            "SELECT curator FROM opened_ids WHERE id = ?1 AND curator != ?2 "
+            "UNION ALL SELECT curator FROM session_market WHERE session = ?1 AND curator != ?2 "
+            "UNION ALL SELECT curator FROM earnings WHERE session = ?1 AND curator != ?2 "
+            "UNION ALL SELECT curator FROM charges WHERE session = ?1 AND curator != ?2 LIMIT 1",
+            (id_, curator),
+        ).fetchone()
+        if other is not None:
+            raise FailedPreconditionError(
+                f"id {short_id(id_)} is another curator's at this owner (its charges, kind, terms "
+                "and statement are recorded for the curator that first opened it): it cannot be "
+                f"opened as {name} by {curator}; open it under a new id"
+            )
+        if Earnings.settled_in(conn, curator, id_):
             raise FailedPreconditionError(
                 f"{name} id {short_id(id_)} is settled (its statement is recorded): it cannot "
                 "be opened again, whatever its terms; open it under a new id"
             )
-        first = self._first(curator, id_)
+        first = self._first(conn, curator, id_)
         if first is None:
             return
         first_kind, first_terms = first
@@ -120,16 +227,29 @@ class IdState:
     def opened(
         self, curator: str, id_: str, kind: IdKind, terms: Mapping[str, object] | None = None
     ) -> None:
-        """Record that ``id_`` opened as ``kind`` under ``terms`` (once: its first open's)."""
+        """Check ``id_`` may open as ``kind`` under ``terms`` and record that it did (once:
+        its first open's kind and terms), in one write transaction, before the open installs
+        anything: of two opens of one id as different kinds racing (or under different
+        terms), the one that records second is refused here, whatever the order of their
+        early :meth:`check_open`.
+
+        Raises
+        ------
+        FailedPreconditionError
+            As :meth:`check_open`; nothing is recorded.
+        """
         text = None if terms is None else _canonical(terms)
         now = time.time()
-        self.ledger.write(
-            lambda conn: conn.execute(
+
+        def claim(conn: sqlite3.Connection) -> None:
+            self._check_in(conn, curator, id_, kind, terms)
+            conn.execute(
                 "INSERT OR IGNORE INTO opened_ids (curator, id, kind, terms_json, opened_at) "
                 "VALUES (?, ?, ?, ?, ?)",
                 (curator, id_, kind, text, now),
             )
-        )
+
+        self.ledger.write(claim)
 
     def check_unsettled(self, curator: str, id_: str) -> None:
         """Refuse a step under a settled id (before the step reads or charges anything).

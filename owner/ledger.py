@@ -314,7 +314,10 @@ MIGRATIONS: tuple[Migration, ...] = (
     """,
     # 8 -> 9: what each id (a session's or a CAPE job's: one namespace) was first opened as, and
     # the terms its kind fixes at its first open (dpmarket.owner.ids): an id opens as one kind
-    # only, and a reopen carries its first open's terms.
+    # only, and a reopen carries its first open's terms. The ids opened before keep their kind
+    # where their open recorded terms (session_market: a session's carry its "opened" terms or a
+    # line with a summary; a CAPE job's, a line of no summary), charged or not; the job's own
+    # terms were not recorded then (NULL: not compared at a reopen).
     """
     CREATE TABLE opened_ids (
         curator TEXT NOT NULL,
@@ -324,6 +327,15 @@ MIGRATIONS: tuple[Migration, ...] = (
         opened_at REAL NOT NULL,
         PRIMARY KEY (curator, id)
     );
+    INSERT OR IGNORE INTO opened_ids (curator, id, kind, terms_json, opened_at)
+    SELECT curator, session,
+        CASE WHEN json_extract(terms_json, '$.opened') IS NOT NULL
+                  OR json_extract(terms_json, '$.settlement.summary_size') > 0
+             THEN 'session' ELSE 'cape' END,
+        NULL, accepted_at
+    FROM session_market
+    WHERE json_extract(terms_json, '$.opened') IS NOT NULL
+       OR json_extract(terms_json, '$.settlement') IS NOT NULL;
     """,
 )
 

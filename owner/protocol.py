@@ -85,10 +85,10 @@ from dpmarket.common.validation import (
     check_positive_int,
     check_vector,
 )
-from dpmarket.owner.earnings import PAYOUT_MECHANISM, Earnings, payout_session
+from dpmarket.owner.earnings import PAYOUT_MECHANISM, Earnings, payout_charged, payout_session
 from dpmarket.owner.engine import WorkCancelled
 from dpmarket.owner.hash_keys import HashKeyParty
-from dpmarket.owner.ids import IdState
+from dpmarket.owner.ids import IdState, check_curator_id
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.limits import QUICK_STEP_BYTES, WorkLimits
 from dpmarket.owner.partitioned import PartitionedData
@@ -1266,8 +1266,10 @@ class Owner:
         Raises
         ------
         InvalidArgumentError
-            If the session id is empty, the h1 parameters do not fit the data, or d exceeds
-            the policy's limit.
+            If the session id is not one a curator may choose
+            (:func:`~dpmarket.owner.ids.check_curator_id`: empty, too long, holding the
+            separator of the owner's derived ids or an operator's prefix), the h1 parameters
+            do not fit the data, or d exceeds the policy's limit.
         FailedPreconditionError
             If the ledger refuses the terms (over the per-session or remaining budget, or
             non-private terms the policy does not allow), or the policy refuses what the terms'
@@ -1288,8 +1290,7 @@ class Owner:
         AlreadyExistsError
             If ``session_id`` is open already.
         """
-        if not session_id:
-            raise InvalidArgumentError("session_id must be a non-empty string")
+        check_curator_id(session_id)
         data = self.data
         if data is None:
             raise FailedPreconditionError(f"owner {self.owner_id} holds no point set to summarize")
@@ -1332,13 +1333,13 @@ class Owner:
             d=rff.d,
         )
         session.progress, session.cancel = progress, cancel
+        if ids is not None:  # checked again and recorded at once: a racing open of a CAPE job
+            ids.opened(curator, session_id, "session")  # under the id is refused, or this one
         with self._lock:
             if cancel.is_set() or self._cancelled.pop(session_id, None) is not None:
                 raise WorkCancelled("the session's opening was cancelled")
             self._check_new(session_id, locked=True)
             self._slots[session_id] = _Slot(session, curator, consumer, self.clock())
-        if ids is not None:
-            ids.opened(curator, session_id, "session")
         if self.ledger is not None:
             # The terms the session id is fixed to and its statement will be checked against,
             # durably, at its first open (nothing is charged: the open has passed every check).
@@ -1437,8 +1438,9 @@ class Owner:
         # No charge lands under the id once its statement is recorded (rolled back).
         unsettled = IdState(ledger, self.owner_id).charge_guard(curator, session_id)
         # The payout release is charged once per session id (a reopened session's payout is
-        # the same release, stated once in its statement).
-        paid = payout == 0.0 or ledger.session_totals(payout_session(session_id)).epsilon > 0
+        # the same release, stated once in its statement): read from the owner's own charges
+        # of that release (a curator's id never takes the payout's derived form).
+        paid = payout == 0.0 or payout_charged(ledger, session_id) > 0
 
         def charge(points: int, what: str) -> None:
             nonlocal charged, paid
@@ -1484,6 +1486,7 @@ class Owner:
         return charge
 
     def _slot(self, session_id: str, curator: str) -> _Slot:
+        check_curator_id(session_id)
         with self._lock:
             slot = self._slots.get(session_id)
         if slot is None or slot.curator != curator:
@@ -1732,22 +1735,26 @@ class Owner:
     def close_session(self, session_id: str, curator: str = LOCAL_CURATOR) -> SessionSpend:
         """Forget a session; return what it spent of this owner's budget.
 
-        A session this owner closed already (idle, or closed before) is answered from the
-        ledger alone when ``curator`` was charged under it: so a curator that restarted
-        mid-session learns what the session cost (``CuratorStore.recover``).
+        A session this owner no longer holds (idle, closed before, or opened before the owner
+        restarted) is answered from the durable ledger alone when the ledger knows the id for
+        ``curator`` (:meth:`~dpmarket.owner.ids.IdState.known`: its open recorded, or a charge
+        of ``curator``'s under it or its payout release), zero when nothing was charged: so a
+        curator that restarted, or an owner that restarted mid-session, still settles it
+        (``CuratorStore.recover``, the curator's settlement retries).
 
         Raises
         ------
+        InvalidArgumentError
+            If ``session_id`` is not an id a curator may choose (:func:`check_curator_id`).
         NotFoundError
-            If no session has that id, or another curator opened it (and, for a closed one,
-            the ledger holds no charge of ``curator``'s under that id).
+            If no session has that id, or another curator opened it (and, for one the owner
+            no longer holds, the ledger never knew the id for ``curator``).
         """
         try:
             slot = self._slot(session_id, curator)
         except NotFoundError:
-            if self.ledger is None or not any(
-                e.curator == curator for e in self.ledger.entries(session=session_id, limit=1)
-            ):
+            ids = self._ids()
+            if ids is None or not ids.known(curator, session_id):
                 raise
             return self._spent(session_id)
         slot.session.cancel.set()  # a running step stops; its lock is then free

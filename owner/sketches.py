@@ -61,6 +61,7 @@ from dpmarket.runtime.sketch_messages import sketch_bytes, sketch_from_bytes
 from dpmarket.runtime.tables import Table
 
 __all__ = [
+    "SKETCH_SESSION_PREFIX",
     "Delivery",
     "Publication",
     "SketchPublisher",
@@ -73,9 +74,14 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
+#: How the ledger session of a publication starts (:func:`ledger_session`): never a curator's id
+#: (:func:`dpmarket.owner.ids.check_curator_id`).
+SKETCH_SESSION_PREFIX = "sketch:"
+
+
 def ledger_session(spec: SketchSpec) -> str:
     """The ledger session of a publication under ``spec``: ``sketch:<name>:<key[:16]>``."""
-    return f"sketch:{spec.name}:{spec.key[:16]}"
+    return f"{SKETCH_SESSION_PREFIX}{spec.name}:{spec.key[:16]}"
 
 
 def data_digest(values: NDArray[np.float64]) -> str:
