@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -23,6 +24,7 @@ import grpc
 
 from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError
 from dpmarket.common.ids import short_id
+from dpmarket.common.privacy.accounting import load_pld_library
 from dpmarket.common.summarization.terms import Step
 from dpmarket.owner import convert
 from dpmarket.owner.cape import CapeSite
@@ -473,6 +475,8 @@ async def start_owner(
     )
     if port_file:
         write_port(port_file, port)
+    if cape is not None:  # a CAPE open computes its cost by PLD under the curator's deadline
+        threading.Thread(target=load_pld_library, name="pld-import", daemon=True).start()
     reaper = None
     if owner.idle_timeout is not None:
         period = max(0.05, min(owner.idle_timeout / 4, 30.0))

@@ -42,6 +42,7 @@ __all__ = [
     "kairouz_epsilon",
     "kairouz_epsilon_delta",
     "kairouz_epsilon_homogeneous",
+    "load_pld_library",
     "pld_epsilon",
     "zcdp_delta",
     "zcdp_epsilon",
@@ -181,6 +182,16 @@ class PrivacyEvent:
         object.__setattr__(self, "sensitivity", sens)
         object.__setattr__(self, "scale", scale)
         object.__setattr__(self, "delta", delta)
+
+
+def load_pld_library() -> None:
+    """Import the parts of ``dp_accounting`` this module reads lazily (about 1 s of CPU, more
+    on a loaded machine), so that a service can pay for them at start rather than in the first
+    request whose cost they compute: an owner's first CAPE open under a curator's deadline."""
+    import dp_accounting.pld.accountant
+    import dp_accounting.pld.common
+    import dp_accounting.pld.privacy_loss_distribution
+    import dp_accounting.pld.privacy_loss_mechanism  # noqa: F401
 
 
 def _check_gaussian_calibration(

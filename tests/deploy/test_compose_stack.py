@@ -527,7 +527,10 @@ def test_an_owner_killed_mid_training_loses_no_charge_and_the_training_completes
         # Killed as soon as it has charged the training (then about 1,000 iterations remain).
         deadline = time.monotonic() + HEALTH_TIMEOUT
         while stack.charge_count(KILLED) == len(before[KILLED]):
-            assert training.poll() is None, "the training ended before the owner charged it"
+            if training.poll() is not None:
+                _, err = training.communicate()
+                tail = err.decode(errors="replace")[-3000:]
+                raise AssertionError(f"the training ended before the owner charged it: {tail}")
             assert time.monotonic() < deadline, f"{KILLED} never charged the training"
         _docker("kill", "--signal", "KILL", stack.container(KILLED))
         out, err = training.communicate(timeout=COMMAND_TIMEOUT)

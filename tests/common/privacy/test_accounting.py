@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -689,3 +691,29 @@ def test_zcdp_errors_name_the_value() -> None:
     with pytest.raises(ValueError, match="sigma"):
         gaussian_zcdp_rho(0.0)
     assert zcdp_delta(0.0, 1.0) == 0.0 and zcdp_epsilon(0.0, 1e-6) == 0.0
+
+
+def test_loading_the_pld_library_leaves_nothing_for_a_cape_cost_to_import() -> None:
+    """An owner imports ``dp_accounting`` at start (:func:`load_pld_library`) so that its first
+    CAPE open, which computes the job's cost by PLD under the curator's deadline, imports
+    nothing: in a fresh interpreter, the cost of a training adds no ``dp_accounting`` module
+    (the control: without the load, it adds some)."""
+    script = """
+import sys
+from dpmarket.common.cape.spec import CapeTrainingSpec
+from dpmarket.common.privacy.accounting import load_pld_library
+if sys.argv[1] == "load":
+    load_pld_library()
+before = {m for m in sys.modules if m.startswith("dp_accounting")}
+CapeTrainingSpec((("x", 0.0, 1.0),), "y", 1.0, 1e-6, 20, 0.5, 2, 1.0).cost
+print(len({m for m in sys.modules if m.startswith("dp_accounting")} - before))
+"""
+    added = {
+        mode: int(
+            subprocess.run(
+                [sys.executable, "-c", script, mode], check=True, capture_output=True, text=True
+            ).stdout
+        )
+        for mode in ("load", "control")
+    }
+    assert added == {"load": 0, "control": added["control"]} and added["control"] > 0
