@@ -70,7 +70,8 @@ def check_curator_id(id_: object, what: str = "session_id") -> str:
     ids of its own: its operator's records (``ledger-rollback-...``, ``ledger-superseded-...``,
     ``ledger-dismissed-...``) and its sketch publications (``sketch:...``). A curator id takes
     none of these forms, so what the owner reads under its own ids is only ever what the owner
-    itself charged there.
+    itself charged there. Nor does it hold a character that is not printable, so that every
+    table of the ledger shows a curator id on one line, as it is.
 
     Returns
     -------
@@ -80,7 +81,9 @@ def check_curator_id(id_: object, what: str = "session_id") -> str:
     Raises
     ------
     InvalidArgumentError
-        If ``id_`` is not a string of 1 to :data:`MAX_CURATOR_ID_LENGTH` characters, holds
+        If ``id_`` is not a string of 1 to :data:`MAX_CURATOR_ID_LENGTH` characters, holds a
+        character that is not printable (:meth:`str.isprintable`: a control character, a line
+        or paragraph separator, a format character), holds
         :data:`~dpmarket.owner.earnings.DERIVED_SEPARATOR` or starts with an owner's prefix;
         the message names the id (its first 40 characters) and what to send. Nothing is read
         or charged.
@@ -90,6 +93,11 @@ def check_curator_id(id_: object, what: str = "session_id") -> str:
         raise InvalidArgumentError(
             f"{what} {shown!r} must be a string of 1 to {MAX_CURATOR_ID_LENGTH} characters "
             "(the owner derives longer ids from it); send a shorter id"
+        )
+    if not id_.isprintable():
+        raise InvalidArgumentError(
+            f"{what} {id_[:40]!r} holds a control or other non-printable character (a ledger "
+            "table would print it across lines, or hide it): send an id of printable characters"
         )
     if DERIVED_SEPARATOR in id_:
         raise InvalidArgumentError(
