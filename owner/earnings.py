@@ -160,15 +160,56 @@ class Earnings:
         line) and what else its first open fixed
         (:func:`~dpmarket.owner.terms.opened_terms`, when given)."""
         now = time.time()
-
-        def write(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT OR IGNORE INTO session_market (curator, session, consumer, terms_json, "
-                "accepted_at) VALUES (?, ?, ?, ?, ?)",
-                (curator, session, consumer, _terms_json(market, prices, opened), now),
+        self.ledger.write(
+            lambda conn: self.accept_in(
+                conn,
+                curator=curator,
+                session=session,
+                consumer=consumer,
+                market=market,
+                prices=prices,
+                opened=opened,
+                now=now,
             )
+        )
 
-        self.ledger.write(write)
+    @staticmethod
+    def accept_in(
+        conn: sqlite3.Connection,
+        *,
+        curator: str,
+        session: str,
+        consumer: str,
+        market: MarketTerms | None,
+        prices: OwnerPrices,
+        opened: Mapping[str, object] | None,
+        now: float,
+    ) -> None:
+        """:meth:`accept` inside a write transaction of the owner's database (``conn``): what
+        :meth:`~dpmarket.owner.ids.IdState.opened` records with a session's kind."""
+        conn.execute(
+            "INSERT OR IGNORE INTO session_market (curator, session, consumer, terms_json, "
+            "accepted_at) VALUES (?, ?, ?, ?, ?)",
+            (curator, session, consumer, _terms_json(market, prices, opened), now),
+        )
+
+    @staticmethod
+    def first_open_in(
+        conn: sqlite3.Connection, curator: str, session: str
+    ) -> tuple[MarketTerms | None, dict[str, object] | None] | None:
+        """What a session's first open recorded, inside a transaction of the owner's database
+        (``conn``): ``(line, opened)``, its quote line (None: it opened without one) and
+        :func:`~dpmarket.owner.terms.opened_terms` (None: recorded before the owner recorded
+        them); None if no open of it is recorded."""
+        row = Earnings._row_in(conn, curator, session)
+        if row is None:
+            return None
+        accepted = Earnings._parse(row)
+        opened = json.loads(row[1]).get("opened")
+        return (
+            None if accepted is None else accepted[1],
+            None if opened is None else dict(opened),
+        )
 
     def accepted_line(self, curator: str, session: str) -> MarketTerms | None:
         """The market terms the session first opened with (None: it never opened with any)."""
@@ -199,19 +240,23 @@ class Earnings:
             is not None
         )
 
-    def _row(self, curator: str, session: str) -> tuple[str, str] | None:
-        row = self.ledger.read(
-            lambda conn: conn.execute(
-                "SELECT consumer, terms_json FROM session_market WHERE curator = ? AND session = ?",
-                (curator, session),
-            ).fetchone()
-        )
+    @staticmethod
+    def _row_in(conn: sqlite3.Connection, curator: str, session: str) -> tuple[str, str] | None:
+        row = conn.execute(
+            "SELECT consumer, terms_json FROM session_market WHERE curator = ? AND session = ?",
+            (curator, session),
+        ).fetchone()
         return None if row is None else (str(row[0]), str(row[1]))
+
+    def _row(self, curator: str, session: str) -> tuple[str, str] | None:
+        return self.ledger.read(lambda conn: self._row_in(conn, curator, session))
 
     def _accepted(self, curator: str, session: str) -> tuple[str, MarketTerms, OwnerPrices] | None:
         row = self._row(curator, session)
-        if row is None:
-            return None
+        return None if row is None else self._parse(row)
+
+    @staticmethod
+    def _parse(row: tuple[str, str]) -> tuple[str, MarketTerms, OwnerPrices] | None:
         data = json.loads(row[1])
         if "max_points_read" not in data:  # opened without a quote line
             return None

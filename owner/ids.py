@@ -10,9 +10,12 @@ one namespace, the one its ledger charges under (``charges.session``) and its ea
   recorded for the first curator; another's could not settle what the id charges);
 * an id is of the kind it was first opened as (``"session"`` or ``"cape"``), recorded durably at
   that open (table ``opened_ids``) with the terms its kind fixes (a CAPE job's: its spec, its
-  consumer, its quote line); an open as the other kind is refused, and so is a reopen under
-  other terms than its first open's where its kind records them (a session's terms are checked
-  by :meth:`dpmarket.owner.protocol.Owner.open_session` against its quote line);
+  consumer, its quote line; a session's: its quote line or none, its method, epsilon, delta,
+  rounds and consumer, in ``session_market``, :class:`SessionOpen`); an open as the other kind
+  is refused, and so is a reopen under other terms than its first open's, checked and recorded
+  in the one write transaction that records the kind (:meth:`IdState.opened`), before the open
+  computes or installs anything, so that of two opens racing under different terms one is
+  refused;
 * once its statement is recorded the id is settled for good: an open is refused whatever its
   terms, every later step under it is refused before it reads or charges anything
   (:meth:`IdState.check_unsettled`), and a charge that would land after the statement is
@@ -33,16 +36,20 @@ import json
 import sqlite3
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Literal
 
 from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError
 from dpmarket.common.ids import short_id
+from dpmarket.common.market.pricing import OwnerPrices
+from dpmarket.common.market.terms import MarketTerms
 from dpmarket.owner.earnings import DERIVED_SEPARATOR, Earnings, payout_session
 from dpmarket.owner.ledger import MAX_NAME_LENGTH, OwnerLedger
 from dpmarket.owner.ledger_resolutions import DISMISSED_PREFIX, ROLLBACK_PREFIX, SUPERSEDED_PREFIX
 from dpmarket.owner.sketches import SKETCH_SESSION_PREFIX
+from dpmarket.owner.terms import check_reopen
 
-__all__ = ["MAX_CURATOR_ID_LENGTH", "IdKind", "IdState", "check_curator_id"]
+__all__ = ["MAX_CURATOR_ID_LENGTH", "IdKind", "IdState", "SessionOpen", "check_curator_id"]
 
 #: What an id was first opened as.
 IdKind = Literal["session", "cape"]
@@ -70,7 +77,8 @@ def check_curator_id(id_: object, what: str = "session_id") -> str:
     ids of its own: its operator's records (``ledger-rollback-...``, ``ledger-superseded-...``,
     ``ledger-dismissed-...``) and its sketch publications (``sketch:...``). A curator id takes
     none of these forms, so what the owner reads under its own ids is only ever what the owner
-    itself charged there.
+    itself charged there. Nor does it hold a character that is not printable, so that every
+    table of the ledger shows a curator id on one line, as it is.
 
     Returns
     -------
@@ -80,7 +88,9 @@ def check_curator_id(id_: object, what: str = "session_id") -> str:
     Raises
     ------
     InvalidArgumentError
-        If ``id_`` is not a string of 1 to :data:`MAX_CURATOR_ID_LENGTH` characters, holds
+        If ``id_`` is not a string of 1 to :data:`MAX_CURATOR_ID_LENGTH` characters, holds a
+        character that is not printable (:meth:`str.isprintable`: a control character, a line
+        or paragraph separator, a format character), holds
         :data:`~dpmarket.owner.earnings.DERIVED_SEPARATOR` or starts with an owner's prefix;
         the message names the id (its first 40 characters) and what to send. Nothing is read
         or charged.
@@ -90,6 +100,11 @@ def check_curator_id(id_: object, what: str = "session_id") -> str:
         raise InvalidArgumentError(
             f"{what} {shown!r} must be a string of 1 to {MAX_CURATOR_ID_LENGTH} characters "
             "(the owner derives longer ids from it); send a shorter id"
+        )
+    if not id_.isprintable():
+        raise InvalidArgumentError(
+            f"{what} {id_[:40]!r} holds a control or other non-printable character (a ledger "
+            "table would print it across lines, or hide it): send an id of printable characters"
         )
     if DERIVED_SEPARATOR in id_:
         raise InvalidArgumentError(
@@ -102,6 +117,54 @@ def check_curator_id(id_: object, what: str = "session_id") -> str:
             "owner's own records (its operator's, its sketch publications); send another id"
         )
     return id_
+
+
+@dataclass(frozen=True)
+class SessionOpen:
+    """What a session's open fixes for its id, recorded at its first open (``session_market``,
+    :meth:`~dpmarket.owner.earnings.Earnings.accept_in`) and checked at every later one.
+
+    Attributes
+    ----------
+    market : MarketTerms or None
+        Its quote line for this owner (None: it opens without one).
+    prices : OwnerPrices
+        The owner's prices, recorded with the line (its statement is checked against them).
+    consumer : str
+        The consumer it serves.
+    opened : mapping
+        Every other field of its terms (:func:`~dpmarket.owner.terms.opened_terms`).
+    """
+
+    market: MarketTerms | None
+    prices: OwnerPrices
+    consumer: str
+    opened: Mapping[str, object]
+
+
+def _check_session_terms(
+    conn: sqlite3.Connection, curator: str, id_: str, now: SessionOpen
+) -> None:
+    """Refuse a session id opened under terms other than its first open's, inside a transaction
+    of the owner's database (``conn``): another quote line, a line where it had none (it
+    recorded none, or was charged without one), none where it had one, or another field
+    (:func:`~dpmarket.owner.terms.check_reopen`). FailedPreconditionError; nothing recorded."""
+    first = Earnings.first_open_in(conn, curator, id_)
+    line, opened = (None, None) if first is None else first
+    charged = conn.execute("SELECT 1 FROM charges WHERE session = ? LIMIT 1", (id_,)).fetchone()
+    lineless = first is not None or charged is not None  # known to have opened without a line
+    if (line is None and lineless and now.market is not None) or (
+        line is not None and now.market != line
+    ):
+        had = "no quote line" if line is None else "another quote line"
+        new = "none" if now.market is None else "a different one"
+        raise FailedPreconditionError(
+            f"session {short_id(id_)} first opened under {had}; reopened under "
+            f"{new}, its statement could not settle what each read: reopen it under the "
+            "terms it first opened with, or open a new session under a new id"
+        )
+    if opened is not None:  # every other field of the terms, as first opened
+        check_reopen(short_id(id_), opened, now.opened)
 
 
 def _canonical(terms: Mapping[str, object]) -> str:
@@ -163,10 +226,17 @@ class IdState:
         return self.ledger.read(read)
 
     def check_open(
-        self, curator: str, id_: str, kind: IdKind, terms: Mapping[str, object] | None = None
+        self,
+        curator: str,
+        id_: str,
+        kind: IdKind,
+        terms: Mapping[str, object] | None = None,
+        *,
+        session: SessionOpen | None = None,
     ) -> None:
         """Refuse to open ``id_`` as ``kind`` if it is settled, was first opened as the other
-        kind, or (``terms`` given and recorded at its first open) under other terms: the early
+        kind, or under other terms than its first open's (``terms``: a CAPE job's, recorded
+        with its kind; ``session``: a session's, recorded in ``session_market``): the early
         check, before an open computes anything (:meth:`opened` checks again as it records).
 
         Raises
@@ -174,7 +244,7 @@ class IdState:
         FailedPreconditionError
             Naming the id and what to do (a new id); nothing is read or charged.
         """
-        self.ledger.read(lambda conn: self._check_in(conn, curator, id_, kind, terms))
+        self.ledger.read(lambda conn: self._check_in(conn, curator, id_, kind, terms, session))
 
     def _check_in(
         self,
@@ -183,6 +253,7 @@ class IdState:
         id_: str,
         kind: IdKind,
         terms: Mapping[str, object] | None,
+        session: SessionOpen | None = None,
     ) -> None:
         """:meth:`check_open` inside a transaction of the owner's database (``conn``)."""
         name = _NAMES[kind]
@@ -205,6 +276,8 @@ class IdState:
                 "be opened again, whatever its terms; open it under a new id"
             )
         first = self._first(conn, curator, id_)
+        if session is not None and (first is None or first[0] == kind):
+            _check_session_terms(conn, curator, id_, session)
         if first is None:
             return
         first_kind, first_terms = first
@@ -225,13 +298,20 @@ class IdState:
                 )
 
     def opened(
-        self, curator: str, id_: str, kind: IdKind, terms: Mapping[str, object] | None = None
+        self,
+        curator: str,
+        id_: str,
+        kind: IdKind,
+        terms: Mapping[str, object] | None = None,
+        *,
+        session: SessionOpen | None = None,
     ) -> None:
-        """Check ``id_`` may open as ``kind`` under ``terms`` and record that it did (once:
-        its first open's kind and terms), in one write transaction, before the open installs
-        anything: of two opens of one id as different kinds racing (or under different
-        terms), the one that records second is refused here, whatever the order of their
-        early :meth:`check_open`.
+        """Check ``id_`` may open as ``kind`` under ``terms`` (or a session's ``session``) and
+        record that it did (once: its first open's kind and terms; a session's terms in
+        ``session_market``), in one write transaction, before the open computes or installs
+        anything: of two opens of one id as different kinds racing, or under different terms,
+        the one that records second is refused here, whatever the order of their early
+        :meth:`check_open`.
 
         Raises
         ------
@@ -242,12 +322,23 @@ class IdState:
         now = time.time()
 
         def claim(conn: sqlite3.Connection) -> None:
-            self._check_in(conn, curator, id_, kind, terms)
+            self._check_in(conn, curator, id_, kind, terms, session)
             conn.execute(
                 "INSERT OR IGNORE INTO opened_ids (curator, id, kind, terms_json, opened_at) "
                 "VALUES (?, ?, ?, ?, ?)",
                 (curator, id_, kind, text, now),
             )
+            if session is not None:
+                Earnings.accept_in(
+                    conn,
+                    curator=curator,
+                    session=id_,
+                    consumer=session.consumer,
+                    market=session.market,
+                    prices=session.prices,
+                    opened=session.opened,
+                    now=now,
+                )
 
         self.ledger.write(claim)
 

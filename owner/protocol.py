@@ -85,17 +85,16 @@ from dpmarket.common.validation import (
     check_positive_int,
     check_vector,
 )
-from dpmarket.owner.earnings import PAYOUT_MECHANISM, Earnings, payout_charged, payout_session
+from dpmarket.owner.earnings import PAYOUT_MECHANISM, payout_charged, payout_session
 from dpmarket.owner.engine import WorkCancelled
 from dpmarket.owner.hash_keys import HashKeyParty
-from dpmarket.owner.ids import IdState, check_curator_id
+from dpmarket.owner.ids import IdState, SessionOpen, check_curator_id
 from dpmarket.owner.ledger import OwnerLedger
 from dpmarket.owner.limits import QUICK_STEP_BYTES, WorkLimits
 from dpmarket.owner.partitioned import PartitionedData
 from dpmarket.owner.steps import SessionSteps
 from dpmarket.owner.terms import (
     check_exact_bids,
-    check_reopen,
     check_reward_disclosure,
     check_rounds,
     check_steered_selection,
@@ -1136,11 +1135,12 @@ class Owner:
         ``n`` without a ledger. Charges nothing."""
         allowance = n
         if self.ledger is not None:
-            # A reopen under terms other than its first open's, then what the method asks
-            # that no charge covers (exact bids to the curator, rows picked along the
-            # curator's direction, a reward's count of the summary's points), then what it
-            # charges, then how many rounds: each refusal before anything is computed.
-            line = self._line_left(session_id, terms, curator, consumer)
+            # What a reopen has left of its line (its terms are its first open's:
+            # IdState.opened), then what the method asks that no charge covers (exact bids to
+            # the curator, rows picked along the curator's direction, a reward's count of the
+            # summary's points), then what it charges, then how many rounds: each refusal
+            # before anything is computed.
+            line = self._line_left(session_id, terms)
             check_exact_bids(self.ledger.policy, terms)
             check_steered_selection(self.ledger.policy, terms)
             check_reward_disclosure(self.ledger.policy, terms)
@@ -1173,47 +1173,17 @@ class Owner:
                 allowance = min(allowance, line)
         return allowance
 
-    def _line_left(
-        self, session_id: str, terms: OwnerTerms, curator: str, consumer: str
-    ) -> int | None:
+    def _line_left(self, session_id: str, terms: OwnerTerms) -> int | None:
         """The raw points a session id may still read under its quote line (None: it has none).
 
-        One session id is one session across its opens, under the terms of its first open: the
-        quote line it first accepted (its settlement terms among it: a reward cannot be added,
-        nor changed, after the id opened), or none when it first opened without one, and every
-        other field of its terms (method, epsilon, delta, rounds, consumer:
-        :func:`~dpmarket.owner.terms.check_reopen`). A reopen under other terms (another line,
-        a line where there was none, none where there was one, or another epsilon...) is
-        refused: its statement, checked against one line, could
-        not settle what the other terms read or charged. Under its line a reopen may read that
-        line's points less every point charged under the id and charges no epsilon beyond the
-        terms' once (its statement could not pay it); a session id whose statement is recorded
-        is paid for good and opens no more, whatever the terms. Refusals raise
-        FailedPreconditionError, before anything is read; nothing is charged.
+        One session id is one session across its opens, under the terms of its first open
+        (checked and recorded by :meth:`~dpmarket.owner.ids.IdState.opened`, so its line is the
+        one it first accepted). Under its line a reopen may read that line's points less every
+        point charged under the id and charges no epsilon beyond the terms' once (its
+        statement could not pay it): refused with FailedPreconditionError, before anything is
+        read; nothing is charged.
         """
         assert self.ledger is not None
-        earnings = Earnings(self.ledger, self.owner_id)
-        if earnings.settled(curator, session_id):
-            raise FailedPreconditionError(
-                f"session {short_id(session_id)} is settled (its statement is recorded): it "
-                "cannot be opened again; open a new session under a new id"
-            )
-        first = earnings.accepted_line(curator, session_id)
-        opened = earnings.opened_terms(curator, session_id)
-        # Known to have opened without a line: charged under the id, or recorded so.
-        lineless = opened is not None or bool(self.ledger.entries(session=session_id, limit=1))
-        if (first is None and lineless and terms.market is not None) or (
-            first is not None and terms.market != first
-        ):
-            had = "no quote line" if first is None else "another quote line"
-            now = "none" if terms.market is None else "a different one"
-            raise FailedPreconditionError(
-                f"session {short_id(session_id)} first opened under {had}; reopened under "
-                f"{now}, its statement could not settle what each read: reopen it under the "
-                "terms it first opened with, or open a new session under a new id"
-            )
-        if opened is not None:  # every other field of the terms, as first opened
-            check_reopen(short_id(session_id), opened, opened_terms(terms, consumer))
         if terms.market is None:
             return None
         spent = self.ledger.session_totals(session_id)
@@ -1288,7 +1258,16 @@ class Owner:
         ResourceExhaustedError
             If ``max_sessions`` sessions are open (after closing idle ones).
         AlreadyExistsError
-            If ``session_id`` is open already.
+            If ``session_id`` is open already, or another open of it is running (one open of an
+            id at a time: what the id has left is read after every earlier open of it ended).
+
+        Notes
+        -----
+        The id's terms are checked and recorded with its kind in one write transaction
+        (:meth:`~dpmarket.owner.ids.IdState.opened`) after every check and before the h1
+        features are computed: of two opens of the id racing under different terms, the one
+        that records second is refused (FailedPreconditionError), and the terms recorded are
+        those of the slot that lives.
         """
         check_curator_id(session_id)
         data = self.data
@@ -1298,31 +1277,85 @@ class Owner:
         # Idle sessions go first, so that they do not hold the slots a new session needs.
         self.expire_idle()
         self._check_new(session_id)
-        ids = self._ids()
-        if ids is not None:  # settled, or first opened as a CAPE job: refused
-            ids.check_open(curator, session_id, "session")
+        ids, first = self._ids(), self._session_open(terms, consumer)
+        if ids is not None:  # settled, first opened as a CAPE job or under other terms: refused
+            ids.check_open(curator, session_id, "session", session=first)
         self._check_shape(info, rff, data)
-        allowance = self._allowance(session_id, info.num_points, terms, consumer, curator)
-        self._check_new(session_id)
+        self._allowance(session_id, info.num_points, terms, consumer, curator)  # every check
+        if ids is not None:  # checked again and recorded at once, before anything is computed:
+            ids.opened(curator, session_id, "session", session=first)  # a racing open under
+        progress, cancel = self._reserve(session_id)  # other terms is refused, or this one
+        try:
+            # Again, now that no other open of the id runs: what the id has left is read after
+            # any earlier open of it closed, never before its points were charged.
+            allowance = self._allowance(session_id, info.num_points, terms, consumer, curator)
+            session = self._new_session(
+                session_id,
+                data,
+                rff,
+                sampling_seed,
+                allowance,
+                terms,
+                curator,
+                consumer,
+                progress,
+                cancel,
+            )
+            with self._lock:
+                if cancel.is_set() or self._cancelled.pop(session_id, None) is not None:
+                    raise WorkCancelled("the session's opening was cancelled")
+                self._check_new(session_id, locked=True)
+                self._slots[session_id] = _Slot(session, curator, consumer, self.clock())
+        finally:
+            with self._lock:
+                self._opening.pop(session_id, None)
+        return info.num_points, allowance
+
+    def _session_open(self, terms: OwnerTerms, consumer: str) -> SessionOpen | None:
+        """What a session's open fixes for its id (None without a ledger)."""
+        if self.ledger is None:
+            return None
+        prices = self.ledger.policy.prices
+        return SessionOpen(terms.market, prices, consumer, opened_terms(terms, consumer))
+
+    def _reserve(self, session_id: str) -> tuple[Progress, threading.Event]:
+        """Mark ``session_id`` as opening (its progress and cancel event) until its open ends:
+        one open of an id runs at a time, so none computes what the id has left while another
+        reads under it. AlreadyExistsError if it is open or opening; ResourceExhaustedError
+        if ``max_sessions`` sessions are open."""
+        progress, cancel = Progress(), threading.Event()
+        with self._lock:
+            self._check_new(session_id, locked=True)
+            if session_id in self._opening:
+                raise AlreadyExistsError(f"session {short_id(session_id)} is being opened")
+            self._cancelled.pop(session_id, None)
+            self._opening[session_id] = (progress, cancel)
+        return progress, cancel
+
+    def _new_session(
+        self,
+        session_id: str,
+        data: PointSet | PartitionedData,
+        rff: RFFParams,
+        sampling_seed: int,
+        allowance: int,
+        terms: OwnerTerms,
+        curator: str,
+        consumer: str,
+        progress: Progress,
+        cancel: threading.Event,
+    ) -> OwnerSession:
+        """The session an open installs: its h1 features (the slow part), noise and charger."""
         if self.allow_seeded_sessions:
             rng = np.random.default_rng(sampling_seed)
             noise: NoiseSource = SeededNoise(rng)
         else:
             rng, noise = production_rng(), OpenDPNoise()
-        progress = Progress()
-        cancel = threading.Event()
-        with self._lock:
-            self._cancelled.pop(session_id, None)
-            self._opening[session_id] = (progress, cancel)
-        try:
-            work: _MemoryWork | _PartitionedWork
-            if isinstance(data, PartitionedData):
-                work = _PartitionedWork(data, rff)
-            else:
-                work = _MemoryWork(data, self._features(data, rff, progress, cancel))
-        finally:
-            with self._lock:
-                self._opening.pop(session_id, None)
+        work: _MemoryWork | _PartitionedWork
+        if isinstance(data, PartitionedData):
+            work = _PartitionedWork(data, rff)
+        else:
+            work = _MemoryWork(data, self._features(data, rff, progress, cancel))
         session = OwnerSession(
             work,
             rng,
@@ -1333,25 +1366,7 @@ class Owner:
             d=rff.d,
         )
         session.progress, session.cancel = progress, cancel
-        if ids is not None:  # checked again and recorded at once: a racing open of a CAPE job
-            ids.opened(curator, session_id, "session")  # under the id is refused, or this one
-        with self._lock:
-            if cancel.is_set() or self._cancelled.pop(session_id, None) is not None:
-                raise WorkCancelled("the session's opening was cancelled")
-            self._check_new(session_id, locked=True)
-            self._slots[session_id] = _Slot(session, curator, consumer, self.clock())
-        if self.ledger is not None:
-            # The terms the session id is fixed to and its statement will be checked against,
-            # durably, at its first open (nothing is charged: the open has passed every check).
-            Earnings(self.ledger, self.owner_id).accept(
-                curator=curator,
-                session=session_id,
-                consumer=consumer,
-                market=terms.market,
-                prices=self.ledger.policy.prices,
-                opened=opened_terms(terms, consumer),
-            )
-        return info.num_points, allowance
+        return session
 
     @staticmethod
     def _features(

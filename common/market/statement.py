@@ -48,6 +48,7 @@ from dpmarket.common.market.payouts import (
     ProportionalSplit,
     ValueReward,
     payout_noise_scale,
+    payout_sensitivity,
 )
 from dpmarket.common.market.pricing import Charge, OwnerPrices, Quote, owner_charge
 
@@ -699,6 +700,18 @@ class SettlementTerms:
             return ProportionalSplit(self.reward)
         return None
 
+    def owner_epsilon(self) -> float:
+        """What the payout release these terms fix charges an owner whose raw points left it:
+        ``epsilon_owner = D_O / b`` (<= the payout epsilon), from the public m, p, payout
+        epsilon and reward rule (:func:`~dpmarket.common.market.payouts.payout_sensitivity`);
+        0 without a payout release."""
+        rule = self.rule()
+        if rule is None:
+            return 0.0
+        m, p = self.validation_size, self.summary_size
+        sens = payout_sensitivity(m, p, reveals_other_values=rule.reveals_other_values)
+        return sens.owner / payout_noise_scale(m, p, self.payout_epsilon, rule)
+
     def header_fields(self) -> dict[str, int | str]:
         """The header fields these terms decide, as the statement states them."""
         rule = self.rule()
@@ -786,6 +799,27 @@ def _reward_problems(header: StatementHeader, line: StatementLine) -> list[str]:
     ]
 
 
+def _payout_problems(record: OwnerRecord, line: StatementLine, terms: SettlementTerms) -> list[str]:
+    """The owner charges the epsilon_O its terms fix before its first raw point leaves
+    (:meth:`SettlementTerms.owner_epsilon`): once points left it, the line states that payout
+    epsilon (withheld or not) and the owner's ledger holds that charge, or the statement would
+    settle a payout release nobody paid for (an open that ran under other terms than the
+    recorded ones). What is wrong, for :func:`check_statement`."""
+    if record.points_released == 0:
+        return []
+    fixed = epsilon_units(terms.owner_epsilon())
+    stated = (
+        ("the statement", line.epsilon_payout),
+        ("the owner's ledger", epsilon_units(record.epsilon_payout)),
+    )
+    return [
+        f"epsilon_payout: {whose} says {value!r}, the epsilon_O its terms fix {fixed!r} "
+        "(charged before the owner's first raw point left)"
+        for whose, value in stated
+        if value != fixed
+    ]
+
+
 def check_statement(
     document: OwnerStatement,
     record: OwnerRecord,
@@ -813,7 +847,11 @@ def check_statement(
     ``quoted_charge`` is given (the owner's own quote line), that the line states it and the
     charge stays within it; that the line's total stays within the header's ``max_cost`` (the
     consumer's cap) and, if ``max_cost`` is given (the cap of the terms the owner accepted),
-    within that too. Verify the signature first (:func:`verify_statement`).
+    within that too. Once the owner released raw points, the payout epsilon the line states
+    and the one its ledger charged are the epsilon_O its terms fix
+    (:meth:`SettlementTerms.owner_epsilon`, 0 without a payout release; so too when the payout
+    was withheld: the owner charged it before its first point left). Verify the signature first
+    (:func:`verify_statement`).
 
     Parameters
     ----------
@@ -850,6 +888,7 @@ def check_statement(
     expect("points_read", line.points_read, record.points_released)
     expect("epsilon_session", line.epsilon_session, epsilon_units(record.epsilon_session))
     expect("epsilon_payout", line.epsilon_payout, epsilon_units(record.epsilon_payout))
+    problems += _payout_problems(record, line, terms)
     if header.reward_rule == "none" or header.payout_withheld:
         # Without a payout release a line states no delivery (:func:`paid_delivered`): a line
         # that does tells the owner a count it must not learn, and is refused.

@@ -413,17 +413,11 @@ def owner_payout_event(settlement: SettlementTerms) -> PrivacyEvent | None:
 
 def owner_payout_epsilon(settlement: SettlementTerms) -> float:
     """What the payout release the terms fix charges an owner with a delivered point:
-    ``epsilon_owner = D_O / b`` (<= the payout epsilon), from the public m, p, payout epsilon and
-    reward rule (:func:`~dpmarket.common.market.payouts.payout_sensitivity`); 0 without a
-    payout release. The owner charges it before its first raw point leaves, so every owner
-    whose points the release is about has paid for it."""
-    rule = settlement.rule()
-    if rule is None:
-        return 0.0
-    m, p = settlement.validation_size, settlement.summary_size
-    sens = payout_sensitivity(m, p, reveals_other_values=rule.reveals_other_values)
-    scale = payout_noise_scale(m, p, settlement.payout_epsilon, rule)
-    return sens.owner / scale
+    ``epsilon_owner = D_O / b`` (<= the payout epsilon), 0 without a payout release
+    (:meth:`~dpmarket.common.market.statement.SettlementTerms.owner_epsilon`). The owner
+    charges it before its first raw point leaves, so every owner whose points the release is
+    about has paid for it."""
+    return settlement.owner_epsilon()
 
 
 def silent_release(owners: Sequence[str], settlement: SettlementTerms) -> PayoutRelease | None:

@@ -66,14 +66,29 @@ def _open(owner: Owner, sid: str, rff: RFFParams, terms: OwnerTerms = REWARDED) 
 
 @pytest.mark.parametrize(
     "bad",
-    ["X/payout", "X/", "/X", "ledger-rollback-1", "ledger-dismissed-x", "sketch:h:0123", "a" * 250],
+    [
+        "X/payout",
+        "X/",
+        "/X",
+        "ledger-rollback-1",
+        "ledger-dismissed-x",
+        "sketch:h:0123",
+        "a" * 250,
+        "x\nd: session 0000 settled FORGED",
+        "x\rd",
+        "x\td",
+        "x\x1b[2Jd",
+        "x\u2028d",
+        "x\u200bd",
+    ],
 )
 def test_a_curator_id_of_a_derived_form_is_refused_at_every_open_and_step(
     tmp_path: Path, rff: RFFParams, bad: str
 ) -> None:
     """OpenSession, OpenCapeJob, a step and a close under an id holding the separator, starting
-    with an operator's prefix or too long for its payout id: INVALID_ARGUMENT naming it,
-    nothing recorded or charged. Control: the id without its derived form opens."""
+    with an operator's prefix, too long for its payout id, or holding a control or other
+    non-printable character (a ledger table would print it across lines): INVALID_ARGUMENT
+    naming it, nothing recorded or charged. Control: the id without its derived form opens."""
     owner = reward_owner(tmp_path, create=True)
     assert owner.ledger is not None
     table = Table(("x", "y"), np.random.default_rng(2).uniform(0, 1, size=(N, 2)), "owner")

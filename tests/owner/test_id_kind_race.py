@@ -88,27 +88,50 @@ def _race(p: Parties, rff: RFFParams, id_: str) -> dict[str, bool]:
 def test_a_cape_open_inside_a_session_open_refuses_the_session(
     parties: Parties, rff: RFFParams, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The CAPE job X opens entirely between the session X's checks (its id's, its terms') and
-    its record (a hook where the session's open computes its features): the session is
-    refused, nothing installed; the id stays a CAPE job.
+    """The CAPE job X opens entirely between the session X's early check (its id's, its
+    terms') and its record (a hook where the session's open checks its h1 parameters): the
+    session is refused, nothing installed; the id stays a CAPE job.
     Control: the same session under another id opens."""
     p = parties
-    real = Owner._features
+    real = Owner._check_shape
     inner: list[str] = []
 
-    def racing(*args: Any) -> Any:
+    def racing(self: Owner, *args: Any) -> Any:
         if not inner:
             inner.append("cape")
             _job(p, "X")
-        return real(*args)
+        return real(self, *args)
 
-    monkeypatch.setattr(Owner, "_features", staticmethod(racing))
+    monkeypatch.setattr(Owner, "_check_shape", racing)
     with pytest.raises(FailedPreconditionError, match="first opened as a CAPE job"):
         _open_session(p, "X", rff, _session_terms())
     assert "X" not in p.owner.sessions
     assert _kinds(p, "X") == ["cape"]
     _open_session(p, "Y", rff, _session_terms())
     assert _kinds(p, "Y") == ["session"]
+
+
+def test_a_cape_open_while_a_session_computes_its_features_is_refused(
+    parties: Parties, rff: RFFParams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session records its id's kind and terms before it computes its features: the CAPE
+    job X opened while the session X computes them is refused, and the session opens."""
+    p = parties
+    real = Owner._features
+    inner: list[object] = []
+
+    def racing(*args: Any) -> Any:
+        if not inner:
+            with pytest.raises(FailedPreconditionError, match="first opened as a session"):
+                _job(p, "X")
+            inner.append("refused")
+        return real(*args)
+
+    monkeypatch.setattr(Owner, "_features", staticmethod(racing))
+    _open_session(p, "X", rff, _session_terms())
+    assert inner == ["refused"]
+    assert "X" in p.owner.sessions
+    assert _kinds(p, "X") == ["session"]
 
 
 def test_a_session_open_inside_a_cape_open_refuses_the_job(

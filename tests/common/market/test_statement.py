@@ -54,7 +54,8 @@ def _session(rule=None):
     records = {
         "clinic-a": SessionRecord(30, 7, SESSION_EPS, release.owner_epsilon("clinic-a")),
         "clinic-b": SessionRecord(25, 5, SESSION_EPS, release.owner_epsilon("clinic-b")),
-        "clinic-c": SessionRecord(6, 0, SESSION_EPS, 0.0),
+        # It read points, so it charged epsilon_O before its first left, delivered or not.
+        "clinic-c": SessionRecord(6, 0, SESSION_EPS, release.epsilon_owner),
     }
     statement = settle("session-7", "consumer:bob", q, PRICES, records, release)
     return statement, records, release, q
@@ -358,3 +359,38 @@ def test_a_withheld_payout_pays_no_value_and_no_reward_and_each_owner_checks_it(
             check_statement(telling, own, PRICES["clinic-a"], _terms(), owner="clinic-a")
     with pytest.raises(StatementError, match="withheld only under terms that fix a reward"):
         dataclasses.replace(withheld.header, reward_rule="none", reward=0)
+
+
+@pytest.mark.parametrize("withheld", ["", "refused"])
+def test_a_statement_without_the_terms_payout_epsilon_is_refused_once_points_left(
+    withheld: str,
+) -> None:
+    """Issue 25, ninth pass (t1c/t1d): an open that ran under other terms than the recorded
+    reward line read points without charging the payout release, and the owner accepted a
+    statement stating epsilon_payout 0 under that line, since it matched its ledger. Once an
+    owner's points left it, the statement's payout epsilon and the owner's charge are the
+    epsilon_O the terms fix, withheld or not: stating 0 (with a ledger of 0) is refused, and so
+    is the honest figure against a ledger that never charged it. Control: the honest statement
+    against the honest ledger passes."""
+    _, records, release, q = _session()
+    terms = _terms()
+    fixed = terms.owner_epsilon()
+    assert fixed > 0 and epsilon_units(fixed) == epsilon_units(release.epsilon_owner)
+    dodged = dict(
+        records, **{"clinic-a": dataclasses.replace(records["clinic-a"], epsilon_payout=0.0)}
+    )
+    for recs, ledger_payout, ok in (
+        (dodged, 0.0, False),  # the statement states 0, the owner's ledger holds 0
+        (records, 0.0, False),  # the honest statement, a ledger that never charged it
+        (records, fixed, True),  # control
+    ):
+        statement = settle("session-7", "consumer:bob", q, PRICES, recs, release, withheld=withheld)
+        part = statement.for_owner("clinic-a")
+        own = dataclasses.replace(_own_record(recs, "clinic-a"), epsilon_payout=ledger_payout)
+        quoted = q.line("clinic-a").charge.total
+        args = (part, own, PRICES["clinic-a"], terms)
+        if ok:
+            check_statement(*args, owner="clinic-a", quoted_charge=quoted)
+        else:
+            with pytest.raises(StatementMismatchError, match="epsilon_O its terms fix"):
+                check_statement(*args, owner="clinic-a", quoted_charge=quoted)
