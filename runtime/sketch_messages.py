@@ -84,6 +84,7 @@ def domain_to_proto(domain: Domain) -> sketch_pb2.SketchDomain:
                 low=float(domain.low[j]),
                 high=float(domain.high[j]),
                 levels=[] if levels is None else levels.tolist(),
+                integer=domain.is_integer(j),
             )
         )
     return sketch_pb2.SketchDomain(columns=columns)
@@ -108,6 +109,7 @@ def domain_from_proto(message: sketch_pb2.SketchDomain) -> Domain:
             np.array([c.high for c in columns]),
             names=names if all(names) else (),
             levels=levels if any(lv is not None for lv in levels) else (),
+            integers=tuple(bool(c.integer) for c in columns),
         )
     except ValueError as exc:
         raise _invalid(exc, "domain") from None

@@ -62,13 +62,20 @@ class Domain:
         Empty (the default: every attribute continuous), or one entry per attribute: ``None`` for
         a continuous attribute, or the sorted distinct values a discrete attribute may take (e.g.
         ``[0.0, 1.0]`` for a binary label), each within ``[low[j], high[j]]``.
+    integers : tuple of bool
+        Empty (the default: no attribute known to be integer), or one entry per attribute:
+        ``True`` for an attribute whose records hold whole numbers only (a schema's ``integer``
+        column). Nothing is sketched differently; a histogram's bins are then known to hold only
+        the whole numbers within them, which decides on which side of a CDF threshold on a bin
+        edge that bin's records lie (:func:`dpmarket.common.sketches.intervals.bin_ranges`).
 
     Raises
     ------
     ValueError
         If ``low`` / ``high`` are not finite 1-D arrays of the same length, some
         ``low[j] >= high[j]``, ``names`` has the wrong length, or a level set is empty, not
-        strictly increasing, not finite or outside its attribute's bounds.
+        strictly increasing, not finite or outside its attribute's bounds, or ``integers`` has
+        the wrong length.
 
     Notes
     -----
@@ -80,6 +87,7 @@ class Domain:
     high: NDArray[np.float64]
     names: tuple[str, ...] = ()
     levels: tuple[NDArray[np.float64] | None, ...] = field(default=())
+    integers: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         low = _bound_vector(self.low, "low")
@@ -126,8 +134,14 @@ class Domain:
                     )
                 values.setflags(write=False)
                 levels.append(values)
+        integers = tuple(bool(v) for v in self.integers)
+        if integers and len(integers) != d:
+            raise ValueError(
+                f"domain integers must be empty or have {d} entries, got {len(integers)}"
+            )
         low.setflags(write=False)
         high.setflags(write=False)
+        object.__setattr__(self, "integers", integers if any(integers) else ())
         object.__setattr__(self, "low", low)
         object.__setattr__(self, "high", high)
         object.__setattr__(self, "names", names)
@@ -156,12 +170,18 @@ class Domain:
             return None
         return self.levels[attribute]
 
+    def is_integer(self, attribute: int) -> bool:
+        """Whether a continuous attribute holds whole numbers only (:attr:`integers`)."""
+        return bool(self.integers) and self.integers[attribute]
+
     def attribute_name(self, attribute: int) -> str:
         """The attribute's name, or ``"column j"`` when the domain names none."""
         return self.names[attribute] if self.names else f"column {attribute}"
 
     def __eq__(self, other: object) -> bool:
-        """Exact equality of bounds, names and level sets."""
+        """Exact equality of bounds, names and level sets. :attr:`integers` is not compared: it
+        changes nothing a sketch holds (a sketch published before the domain carried it is the
+        same release), only how a consumer reads a histogram's bins."""
         if not isinstance(other, Domain):
             return NotImplemented
         if self.names != other.names or len(self.levels) != len(other.levels):

@@ -256,14 +256,18 @@ def bin_ranges(
     domain : Domain
         A discrete column's bins hold its levels only (an empty bin gets 0, 0, 0: its true mass
         is 0, so its coefficient only weighs noise); a continuous column's bin ``k`` holds
-        ``[e_k, e_{k+1})``, the last one ``[e_{B-1}, e_B]``, clipped to the domain's bounds.
+        ``[e_k, e_{k+1})``, the last one ``[e_{B-1}, e_B]``, clipped to the domain's bounds; an
+        integer column's (:attr:`Domain.integers`) the whole numbers in it only, so a CDF
+        threshold on a bin's lower edge counts that edge's records below it, and one inside a
+        bin of one whole number does not split it as if uniform.
     column : int
     target : BinTarget
 
     Returns
     -------
     low, high, mid : ndarray of shape (n_bins[column],)
-        The average is over the bin's levels (discrete) or uniform over its interval.
+        The average is over the bin's levels (discrete) or whole numbers (integer), or uniform
+        over its interval.
     """
     edges = fmap.bin_edges(column)
     bins = int(fmap.n_bins[column])
@@ -283,12 +287,36 @@ def bin_ranges(
                 low[k], high[k], mid[k] = here.min(), here.max(), here.mean()
         return low, high, mid
     lo_d, hi_d = float(domain.low[column]), float(domain.high[column])
+    whole = domain.is_integer(column)
     for k in range(bins):
         a, b = max(float(edges[k]), lo_d), min(float(edges[k + 1]), hi_d)
         if a > b:
             continue
-        low[k], high[k], mid[k] = target.on_interval(a, b, closed=k == bins - 1)
+        closed = k == bins - 1
+        if whole:
+            low[k], high[k], mid[k] = _on_integers(target, a, b, closed)
+        else:
+            low[k], high[k], mid[k] = target.on_interval(a, b, closed=closed)
     return low, high, mid
+
+
+#: Whole numbers of one bin enumerated exactly; a wider bin is taken as the interval between its
+#: first and last whole number (its bounds still hold; its average is the uniform one's).
+_INTEGER_ENUMERATION = 100_000
+
+
+def _on_integers(target: BinTarget, a: float, b: float, closed: bool) -> tuple[float, float, float]:
+    """``(min, max, average)`` of ``target`` over the whole numbers in ``[a, b)`` (``[a, b]``
+    when ``closed``), the average uniform over them; ``(0, 0, 0)`` when there are none (the
+    bin's true mass is 0, so its coefficient only weighs noise)."""
+    first = math.ceil(a)
+    last = math.floor(b) if closed else math.ceil(b) - 1
+    if first > last:
+        return 0.0, 0.0, 0.0
+    if last - first >= _INTEGER_ENUMERATION:
+        return target.on_interval(float(first), float(last), closed=True)
+    vals = target.values(np.arange(first, last + 1, dtype=np.float64))
+    return float(vals.min()), float(vals.max()), float(vals.mean())
 
 
 def m2m_residual_range(

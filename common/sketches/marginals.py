@@ -457,7 +457,9 @@ def cell_weights(
     A discrete column's cell holds one level: weight 1 if the level satisfies the predicate, else
     0 (exact). A continuous column's cell ``[e_k, e_{k+1})`` gets the covered fraction of its
     width, i.e. the records are taken as uniform within a cell (exact when the predicate's ends
-    are cut points).
+    are cut points); an integer column's (:attr:`Domain.integers`), the covered fraction of the
+    whole numbers within it (exact when a cell holds one: ``screen >= 17`` and the cell
+    ``[16.5, 17.625)``).
 
     Returns
     -------
@@ -467,6 +469,8 @@ def cell_weights(
     if levels is not None:
         return ((levels >= low) & (levels <= high)).astype(np.float64)
     e = fmap.edges(column)
+    if domain.is_integer(column):
+        return _integer_shares(e, low, high)[0]
     lo = np.clip(low, e[:-1], e[1:])
     hi = np.clip(high, e[:-1], e[1:])
     return np.clip((hi - lo) / (e[1:] - e[:-1]), 0.0, 1.0)
@@ -484,7 +488,8 @@ def bound_weights(
     ``e_k`` on: a predicate that ends at ``e_k`` (``x <= 3`` and the cell ``[3, 10)``, holding
     the records at exactly 3, as an integer-valued column does) holds part of it, where
     :func:`cell_weights`' uniform share gives 0. A discrete column's cells are exact
-    (:func:`cell_weights`).
+    (:func:`cell_weights`); an integer column's (:attr:`Domain.integers`) cell is held whole,
+    in part or not at all as the whole numbers within it are.
 
     Returns
     -------
@@ -493,11 +498,32 @@ def bound_weights(
     if domain.level_values(column) is not None:
         return cell_weights(fmap, domain, column, low, high)
     e = fmap.edges(column)
+    if domain.is_integer(column):
+        share, empty = _integer_shares(e, low, high)
+        # A cell with no whole number holds no record: any weight bounds it; 0 keeps it out.
+        return np.where(empty, 0.0, np.where(share >= 1.0, 1.0, np.where(share > 0, 0.5, 0.0)))
     left, right = e[:-1], e[1:]
     last = np.arange(left.size) == left.size - 1
     reach = (high >= left) & ((low < right) | (last & (low <= right)))
     whole = (low <= left) & (high >= right)
     return np.where(whole, 1.0, np.where(reach, 0.5, 0.0))
+
+
+def _integer_shares(
+    edges: NDArray[np.float64], low: float, high: float
+) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
+    """Per cell ``[e_k, e_{k+1})`` (the last one closed): the fraction of its whole numbers that
+    ``low <= x <= high`` holds (0 for a cell with none), and whether it holds none."""
+    left, right = edges[:-1], edges[1:]
+    first = np.ceil(left)
+    last = np.ceil(right) - 1.0
+    last[-1] = np.floor(right[-1])
+    size = np.maximum(last - first + 1.0, 0.0)
+    lo = np.maximum(first, math.ceil(low) if math.isfinite(low) else -np.inf)
+    hi = np.minimum(last, math.floor(high) if math.isfinite(high) else np.inf)
+    held = np.maximum(hi - lo + 1.0, 0.0)
+    empty = size == 0
+    return np.where(empty, 0.0, held / np.where(empty, 1.0, size)), empty
 
 
 # ------------------------------------------------------------------------------------ release

@@ -644,8 +644,8 @@ class SketchDeclaration:
 
 def columns_domain(columns: Sequence[Column], where: str = "columns") -> Domain:
     """The sketch domain of schema columns (:mod:`dpmarket.common.schema`): their bounds, with the
-    levels
-    of binary and categorical columns (integer and continuous columns are boxes).
+    levels of binary and categorical columns (integer and continuous columns are boxes; integer
+    ones are marked as such, :attr:`Domain.integers`).
 
     Raises
     ------
@@ -659,6 +659,7 @@ def columns_domain(columns: Sequence[Column], where: str = "columns") -> Domain:
             np.array([c.high for c in columns]),
             names=tuple(c.name for c in columns),
             levels=levels if any(lv is not None for lv in levels) else (),
+            integers=tuple(c.type == "integer" for c in columns),
         )
     except ValueError as exc:
         raise InvalidArgumentError(f"{where}: {exc}") from None

@@ -122,3 +122,17 @@ def test_a_marginals_sketch_crosses_the_wire_exactly() -> None:
     message.marginals.measurements[0].sigma /= 3
     with pytest.raises(InvalidArgumentError, match="spends rho"):
         msg.sketch_from_proto(message)
+
+
+def test_a_domain_s_integer_columns_cross_the_wire() -> None:
+    """Which columns hold whole numbers crosses with the domain (a consumer reads a histogram's
+    bins by it); a domain without any reads back without any. The two compare equal: the mark
+    changes nothing a sketch holds, so a sketch published without it still matches its spec."""
+    from dpmarket.common.sketches.domain import Domain
+
+    ints = Domain(np.zeros(2), np.array([10.0, 1.0]), names=("k", "x"), integers=(True, False))
+    back = msg.domain_from_proto(msg.domain_to_proto(ints))
+    assert back == ints and back.is_integer(0) and not back.is_integer(1)
+    plain = Domain(np.zeros(2), np.array([10.0, 1.0]), names=("k", "x"))
+    again = msg.domain_from_proto(msg.domain_to_proto(plain))
+    assert again == plain and not again.integers and again == ints

@@ -66,9 +66,14 @@ class SketchColumn(_message.Message):
     LOW_FIELD_NUMBER: _builtins.int
     HIGH_FIELD_NUMBER: _builtins.int
     LEVELS_FIELD_NUMBER: _builtins.int
+    INTEGER_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     low: _builtins.float
     high: _builtins.float
+    integer: _builtins.bool
+    """Whether a continuous column holds whole numbers only (a schema's integer column): nothing is
+    sketched differently; a consumer reads a histogram's bins as holding those numbers only.
+    """
     @_builtins.property
     def levels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
         """A discrete column's values, increasing, within [low, high]; empty for a continuous column."""
@@ -80,10 +85,11 @@ class SketchColumn(_message.Message):
         low: _builtins.float = ...,
         high: _builtins.float = ...,
         levels: _abc.Iterable[_builtins.float] | None = ...,
+        integer: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["high", b"high", "levels", b"levels", "low", b"low", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["high", b"high", "integer", b"integer", "levels", b"levels", "low", b"low", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -149,3 +149,15 @@ def test_uniform_prior_covers_the_domain_and_the_levels() -> None:
     assert abs(x[:, 2].mean() - 0.5) < 5 * 0.5 / math.sqrt(x.shape[0])
     with pytest.raises(ValueError, match="n must be an integer >= 1"):
         dom.sample_uniform(0, np.random.default_rng(1))
+
+
+def test_integer_attributes_are_one_flag_each_and_not_compared() -> None:
+    """``integers`` has one entry per attribute (or none); all False reads as none; it is not
+    part of equality (it changes nothing a sketch holds)."""
+    low, high = np.zeros(2), np.ones(2)
+    with pytest.raises(ValueError, match="integers must be empty or have 2 entries"):
+        Domain(low, high, integers=(True,))
+    assert Domain(low, high, integers=(False, False)).integers == ()
+    marked = Domain(low, high, integers=(False, True))
+    assert marked.is_integer(1) and not marked.is_integer(0)
+    assert not Domain(low, high).is_integer(1) and marked == Domain(low, high)

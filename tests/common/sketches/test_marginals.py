@@ -302,3 +302,29 @@ def test_a_release_leaves_no_compiled_model_behind() -> None:
     assert oracle._cache_size() > 0  # the fit compiled its structure
     free_compiled()
     assert oracle._cache_size() == 0
+
+
+def test_an_integer_column_s_cells_hold_its_whole_numbers() -> None:
+    """``screen >= 17`` on an integer column in 8 cells of width 1.125 over [12, 21]: the cell
+    ``[16.5, 17.625)`` holds the whole number 17 only, so the predicate holds it whole: the
+    count read from exact 1-way counts is the truth, and the bounds' lower end counts that cell.
+    Control: the same column declared continuous takes the records as uniform in the cell and
+    counts 5/9 of them (the model's value 0.039 against a truth of 0.090), and its lower bound
+    drops the cell."""
+    from dpmarket.common.sketches.marginals import bound_weights
+    from dpmarket.common.sketches.marginals_bounds import count_bounds
+
+    screen = np.repeat([14.0, 15.0, 17.0], [600, 310, 90])
+    plain = Domain(np.array([12.0]), np.array([21.0]), names=("screen",))
+    ints = Domain(np.array([12.0]), np.array([21.0]), names=("screen",), integers=(True,))
+    fmap = marginals_map(plain, 8)
+    counts = np.histogram(screen, bins=fmap.edges(0))[0].astype(float)
+    truth = float(np.sum(screen >= 17))
+    exact = [Measurement((0,), counts, 1e-6)]
+    shares = cell_weights(fmap, ints, 0, 17.0, math.inf)
+    assert float(shares @ counts) == truth
+    assert abs(float(cell_weights(fmap, plain, 0, 17.0, math.inf) @ counts) - truth * 5 / 9) < 1e-9
+    whole = count_bounds(exact, [8], {0: bound_weights(fmap, ints, 0, 17.0, math.inf)})
+    assert truth - 1e-3 < whole.low <= truth <= whole.high < truth + 1e-3
+    cut = count_bounds(exact, [8], {0: bound_weights(fmap, plain, 0, 17.0, math.inf)})
+    assert cut.low < 1e-3 and cut.high >= truth  # the control: the cell in the upper end only
