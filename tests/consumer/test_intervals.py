@@ -13,6 +13,7 @@ same bound on the same releases.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -423,7 +424,7 @@ def test_a_logistic_regressions_noise_only_interval_misses_so_it_is_flagged(
 
 
 #: An integer column in 10 bins of width 1 (each holds one whole number) and a continuous twin.
-INTEGER = {
+INTEGER: dict[str, Any] = {
     "name": "ints",
     "mechanism": {"epsilon": 1.0, "epsilon_range": [1.0, 100.0]},
     "columns": [
