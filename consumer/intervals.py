@@ -27,7 +27,10 @@ RFF and RACE (M2M with an unpenalized intercept; the ridge parameter per value f
 value times 10^-3 .. 10, the one giving the narrowest expected interval)
     *mean, moment2, cdf, count*: ``[estimate + min r, estimate + max r]``, ``r`` M2M's residual
     over the design (:func:`~dpmarket.common.sketches.intervals.m2m_residual_range`), which
-    holds the fit's approximation error and its shrinkage.
+    holds the fit's approximation error and its shrinkage; for a set of measure 0 under the
+    design that records may fill (a CDF at a column's lower bound, an equality on a continuous
+    column), also over the set's face, where the residual is ``1 - fit`` (a point mass: the
+    design's residual alone is 0 there and gave ``[0, 0]``).
     *covariance*: ``E(x_a - c_a)(x_b - c_b) - (E x_a - c_a)(E x_b - c_b)`` with both terms
     bounded that way (interval arithmetic for the product).
 A poorly known count (explore's ``few-records`` regime): the means, moments, CDFs and counts
@@ -305,7 +308,11 @@ def _hist_covariance(
 # ----------------------------------------------------------------------------------- M2M
 class _M2MLinear:
     """M2M coefficients and residual range of linear targets, the ridge parameter chosen per
-    target among ``rule x LAMBDA_FACTORS`` by the expected half-width."""
+    target among ``rule x LAMBDA_FACTORS`` by the expected half-width.
+
+    ``probes``, optional ``(points, values)`` of shapes (n_p, d) and (n_p, k): more points of
+    the domain, with the targets there, over which the residual's range is taken too (the
+    faces of a query's set that the design cannot reach: :func:`m2m_bounded`)."""
 
     def __init__(
         self,
@@ -315,8 +322,10 @@ class _M2MLinear:
         *,
         lambda_rule: str | float,
         intercept: bool,
+        probes: tuple[Array, Array] | None = None,
     ) -> None:
         k = values.shape[1]
+        probe_matrix = None if probes is None else design.feature_map.design_matrix(probes[0])
         tm = design.target_moments(values)
         n_hat, _ = count_estimate(
             sketch,
@@ -341,6 +350,9 @@ class _M2MLinear:
             except ValueError:  # not positive definite at this lambda
                 continue
             lo, hi = m2m_residual_range(design, values, a, a0)
+            if probes is not None and probe_matrix is not None and probes[0].shape[0]:
+                r = probes[1] - np.asarray(probe_matrix @ a, dtype=np.float64) - a0[None, :]
+                lo, hi = np.minimum(lo, r.min(axis=0)), np.maximum(hi, r.max(axis=0))
             width = (hi - lo) / 2.0 + _Z * np.sqrt(var_sum * (a * a).sum(axis=0)) / n
             better = width < best
             best = np.where(better, width, best)
@@ -372,6 +384,7 @@ def m2m_bounded(
     replicates: int | None = None,
     span: tuple[Array, Array] | None = None,
     column_bounds: tuple[Array, Array] | None = None,
+    probes: tuple[Array, Array] | None = None,
 ) -> tuple[Bounded, Array]:
     """Bounded M2M answers of an RFF or RACE release (module docstring).
 
@@ -395,6 +408,14 @@ def m2m_bounded(
         intervals (:func:`_m2m_covariance`).
     column_bounds : (ndarray, ndarray), optional
         ``covariance``: the public bounds of ``columns``.
+    probes : (ndarray, ndarray), optional
+        ``linear``: more points of the domain, shape (n_p, d), and the targets there, shape
+        (n_p, k), over which the residual's range is taken as well as over the design's. A set
+        of measure 0 under the design (a CDF at a column's lower bound, an equality on a
+        continuous column: a point mass the records may hold) has no design point, so the fit
+        and its residual there are 0 and the bound ``[0, 0]`` would be wrong; its face probed
+        (``explore``'s ``_face_points``) gives the residual ``f - fit`` where
+        the records may sit.
 
     Returns
     -------
@@ -404,7 +425,9 @@ def m2m_bounded(
     reps = DEFAULT_REPLICATES if replicates is None else replicates
     if kind == "linear":
         assert values is not None
-        fit = _M2MLinear(design, sketch, values, lambda_rule=lambda_rule, intercept=intercept)
+        fit = _M2MLinear(
+            design, sketch, values, lambda_rule=lambda_rule, intercept=intercept, probes=probes
+        )
         ratio = fit.ratio() if span is not None else None
         bounded = bounded_interval(fit, sketch, rng, ratio=ratio, span=span, replicates=reps)
         return bounded, fit.lam

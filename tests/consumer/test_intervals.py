@@ -31,7 +31,15 @@ from dpmarket.common.sketches.intervals import (
 )
 from dpmarket.common.sketches.sketch import PrivateSketch
 from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec
-from dpmarket.consumer.explore import FEW_RECORDS, Z95, Explorer, Query, exact_answer
+from dpmarket.consumer.explore import (
+    FEW_RECORDS,
+    Z95,
+    Explorer,
+    Query,
+    _face_points,
+    exact_answer,
+    m2m_target,
+)
 from dpmarket.consumer.intervals import _HistColumns, _M2MLinear
 from tests.conftest import sketch_mechanism
 
@@ -420,3 +428,77 @@ def test_a_logistic_regressions_noise_only_interval_misses_so_it_is_flagged(
             "does not bound" in f.reason and "16 refits" in f.reason for (f,) in answer.flags
         )
     assert covered[0] < LOWER_LR and covered[2] < LOWER_LR, (covered, LOWER_LR)
+
+
+#: An hours-like column with a quarter of its records at its lower bound 0, and an integer
+#: column (declared continuous, as the schema's ``integer`` type is) whose records sit on 0..4.
+POINT_MASSES = SketchDeclaration.from_mapping(
+    {
+        "name": "masses",
+        "mechanism": {"epsilon": 1.0, "epsilon_range": [1.0, 100.0]},
+        "columns": [
+            {"name": "hours", "low": 0, "high": 10},
+            {"name": "kids", "low": 0, "high": 10},
+            {"name": "y", "low": 0, "high": 1, "levels": [0, 1]},
+        ],
+        "maps": {
+            "rff": {"frequencies": 30, "sigma": 0.5},
+            "race": {"hashes": 3, "buckets": 5, "width": 0.25},
+        },
+    }
+)
+
+#: Queries whose set has measure 0 under the uniform design, and a control that does not.
+POINT_QUERIES = (
+    Query("cdf", columns=("hours",), points=(0.0,)),
+    Query("count", where=(("kids", 2.0, 2.0),)),
+    Query("count", where=(("hours", -math.inf, 0.0), ("y", 1.0, 1.0))),
+)
+
+
+def _point_masses(n: int) -> np.ndarray:
+    rng = np.random.default_rng(13)
+    hours = np.where(rng.random(n) < 0.25, 0.0, rng.uniform(1.0, 10.0, n))
+    kids = rng.integers(0, 5, n).astype(float)
+    y = (rng.random(n) < 0.5).astype(float)
+    return np.column_stack([hours, kids, y])
+
+
+@pytest.mark.parametrize("kind", ["rff", "race"])
+def test_a_point_mass_the_design_cannot_reach_is_never_answered_0_with_width_0(
+    kind: str,
+) -> None:
+    """A CDF at a column's lower bound and an equality on an integer column have measure 0
+    under the uniform design: M2M's fit there is 0, and the residual over the design alone is 0,
+    so the answer was ``0 [0, 0]``, unflagged, against a truth of about 0.2-0.25. The residual's
+    range taken over the set's face too holds the jump: the interval covers, is wide, and is
+    flagged ``uninformative`` (the fit cannot resolve the set). Control: the same fit's range
+    over the design only is ``[0, 0]`` and misses."""
+    spec = next(s for s in POINT_MASSES.draw(np.random.default_rng(0)) if s.kind == kind)
+    records = _point_masses(3000)
+    explorer = Explorer(spec, n_synthetic=1000, seed=0)
+    sketch = sketch_mechanism(spec, 1.0).release(records, SeededNoise(np.random.default_rng(0)))
+    for query in POINT_QUERIES:
+        truth = float(exact_answer(query, records, spec.domain).values[0])
+        assert truth > 0.1, (query, truth)
+        answer = explorer.answer(query, sketch, replicates=REPLICATES)
+        low, high = answer.interval()
+        assert low[0] <= truth <= high[0], (query, answer.values, low, high, truth)
+        assert high[0] - low[0] > 0.5 and answer.bias[0] > 0.25, (query, low, high)
+        assert "uninformative" in answer.codes()[0], (query, answer.flags)
+        # Control: the design's residual range alone (no face probed) is [0, 0].
+        values = np.asarray(m2m_target(query, spec.domain)(explorer.design.points))
+        fit = _M2MLinear(
+            explorer.design,
+            sketch,
+            values.reshape(values.shape[0], -1),
+            lambda_rule=explorer.lambda_rule,
+            intercept=True,
+        )
+        assert fit.r_low[0] == fit.r_high[0] == 0.0, (query, fit.r_low, fit.r_high)
+    # Sets the design samples are answered as they were: no face is probed.
+    for query in (
+        Query("count", where=(("kids", 2.0, 6.0), ("y", 1.0, 1.0))),
+        Query("cdf", columns=("hours",), points=(-1.0, 5.0, 10.0)),
+    ):
+        assert _face_points(query, spec.domain, explorer.design.points).shape[0] == 0, query
