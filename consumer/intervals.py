@@ -11,7 +11,12 @@ estimate, :func:`~dpmarket.common.sketches.intervals.count_estimate`)
     *mean, moment2, cdf, one-column count*: ``g`` averaged over the data lies between
     ``sum_k p_k min_{bin k} g`` and ``sum_k p_k max_{bin k} g`` (worst case over where the mass
     sits in each bin; a discrete column's bins hold its levels only, so a binary column's mean is
-    exact up to the noise); the point estimate takes ``g``'s average in each bin.
+    exact up to the noise); the point estimate takes ``g``'s average in each bin. The bias bound
+    reported (the half-width ``(U - L) / 2``) is read from the release with its negative bin
+    counts cut to 0 (every noise-free mass is ``>= 0``): from the noisy release as is, a bin
+    whose noisy mass falls below 0 swaps its least and largest value, and a small owner's
+    bounds crossed (a negative bias bound). The interval keeps the noisy release's ``L_hat``,
+    ``U_hat`` and their noise: it covers either way.
     *count over several columns*: the Fréchet bounds of a conjunction from each column's bounds,
     ``max(0, sum_j L_j - (k - 1)) <= P <= min_j U_j`` (they hold whatever the joint, which one
     histogram per column does not identify); the point estimate is the product (independence).
@@ -138,7 +143,10 @@ def _variance(cols: _HistColumns, column: int, center: float) -> Callable[[Array
         near = np.where(
             (ml <= center) & (center <= mh), 0.0, np.minimum((ml - center) ** 2, (mh - center) ** 2)
         )
-        return bp - (mp - center) ** 2, np.maximum(bl - far, 0.0), np.minimum(bh - near, cap)
+        # Both bounds cut to [0, cap], what a variance can be (a monotone cut keeps them
+        # ordered: the noise can push the upper one below 0 or the lower one above cap).
+        low = np.clip(bl - far, 0.0, cap)
+        return bp - (mp - center) ** 2, low, np.maximum(np.clip(bh - near, 0.0, cap), low)
 
     return f
 
@@ -215,7 +223,9 @@ def hist_bounded(
     if span is not None and (kind != "count" or len(targets) == 1):
         ratio = _stack_ratios([cols.ratio(j, target) for j, target in targets])
     reps = DEFAULT_REPLICATES if replicates is None else replicates
-    return bounded_interval(estimate, sketch, rng, ratio=ratio, span=span, replicates=reps)
+    return bounded_interval(
+        estimate, sketch, rng, ratio=ratio, span=span, replicates=reps, masses=True
+    )
 
 
 def _stack_ratios(parts: list[RatioBounds]) -> RatioBounds:
@@ -248,7 +258,9 @@ def _frechet(parts: list[Callable[[Array, Array], Triple]]) -> Callable[[Array, 
         k = len(out)
         point = np.prod([np.clip(o[0], 0.0, 1.0) for o in out], axis=0)
         low = np.maximum(np.sum([o[1] for o in out], axis=0) - (k - 1), 0.0)
-        high = np.min([o[2] for o in out], axis=0)
+        # Noise-free, low <= truth <= high; noisy, the cut of low at 0 can pass a high pushed
+        # below 0: high is kept at least low (a bound, like its bias half-width, never crosses).
+        high = np.maximum(np.min([o[2] for o in out], axis=0), low)
         if k == 1:
             point, low, high = out[0]
         return point[:, None], low[:, None], high[:, None]
@@ -282,7 +294,7 @@ def _hist_covariance(
         [_variance(cols, int(j), float(c)) for j, c in zip(columns, centers, strict=True)]
     )
     reps = DEFAULT_REPLICATES if replicates is None else replicates
-    var = bounded_interval(variances, sketch, rng, replicates=reps)
+    var = bounded_interval(variances, sketch, rng, replicates=reps, masses=True)
     # A cross term needs both variances' bounds at once: each at 1 - alpha/2.
     both = bounded_interval(
         variances, sketch, rng, coverage=1.0 - (1.0 - COVERAGE) / 2.0, replicates=reps
