@@ -739,6 +739,49 @@ def m2m_target(query: Query, domain: Domain) -> tasks.Target | None:
     return None
 
 
+def _face_points(query: Query, domain: Domain, points: NDArray[np.float64]) -> NDArray[np.float64]:
+    """The design's ``points`` moved onto each set of a CDF or count that has measure 0 under
+    the uniform design but may hold records: shape (n_faces * n_s, d), empty when there is none.
+
+    A set has measure 0 where one of its continuous columns is held to a single value within
+    the domain: an equality (``education = 12``: an integer column is continuous in the
+    domain) or a threshold at a column's lower bound (``hours <= 0`` where ``hours >= 0``).
+    Records may sit there (a point mass), no design point does, so M2M's fit and residual there
+    are never seen; these points are (each predicated continuous column clipped into the set's
+    range within the domain; discrete columns keep the design's levels) domain points on that
+    face, over which :func:`dpmarket.consumer.intervals.m2m_bounded` takes the residual's range
+    too. Other sets keep the design's own points (the design samples them)."""
+    boxes: list[dict[int, tuple[float, float]]] = []
+    if query.kind == "cdf":
+        idx = _columns(query, domain)
+        for j, row in zip(idx, _thresholds(query, domain, idx), strict=True):
+            boxes.extend({int(j): (-math.inf, float(t))} for t in row)
+    elif query.kind == "count":
+        lower, upper = _bounds(query, domain)
+        boxes.append(
+            {
+                int(j): (float(lower[0, j]), float(upper[0, j]))
+                for j in np.flatnonzero(np.isfinite(lower[0]) | np.isfinite(upper[0]))
+            }
+        )
+    out = []
+    for box in boxes:
+        ranges = {
+            j: (max(lo, float(domain.low[j])), min(hi, float(domain.high[j])))
+            for j, (lo, hi) in box.items()
+            if domain.level_values(j) is None
+        }
+        if any(a > b for a, b in ranges.values()):  # empty within the domain: f is 0 there
+            continue
+        if not any(a == b for a, b in ranges.values()):
+            continue
+        face = points.copy()
+        for j, (a, b) in ranges.items():
+            face[:, j] = np.clip(face[:, j], a, b)
+        out.append(face)
+    return np.concatenate(out) if out else np.zeros((0, domain.n_attributes))
+
+
 def m2m_standard_errors(est: M2MEstimator, target: tasks.Target) -> NDArray[np.float64]:
     """Standard errors of M2M estimates from the sketch's public noise scales.
 
@@ -1091,6 +1134,11 @@ class Explorer:
         target = m2m_target(query, self.domain)
         assert target is not None
         values = np.asarray(target(self.design.points), dtype=np.float64)
+        faces = _face_points(query, self.domain, self.design.points)
+        probes = None
+        if faces.shape[0]:
+            at = np.asarray(target(faces), dtype=np.float64)
+            probes = (faces, at.reshape(at.shape[0], -1))
         return m2m_bounded(
             "linear",
             self.design,
@@ -1100,6 +1148,7 @@ class Explorer:
             lambda_rule=self.lambda_rule,
             replicates=reps,
             span=span,
+            probes=probes,
         )
 
     def _stated(

@@ -11,7 +11,12 @@ estimate, :func:`~dpmarket.common.sketches.intervals.count_estimate`)
     *mean, moment2, cdf, one-column count*: ``g`` averaged over the data lies between
     ``sum_k p_k min_{bin k} g`` and ``sum_k p_k max_{bin k} g`` (worst case over where the mass
     sits in each bin; a discrete column's bins hold its levels only, so a binary column's mean is
-    exact up to the noise); the point estimate takes ``g``'s average in each bin.
+    exact up to the noise); the point estimate takes ``g``'s average in each bin. The bias bound
+    reported (the half-width ``(U - L) / 2``) is read from the release with its negative bin
+    counts cut to 0 (every noise-free mass is ``>= 0``): from the noisy release as is, a bin
+    whose noisy mass falls below 0 swaps its least and largest value, and a small owner's
+    bounds crossed (a negative bias bound). The interval keeps the noisy release's ``L_hat``,
+    ``U_hat`` and their noise: it covers either way.
     *count over several columns*: the Fréchet bounds of a conjunction from each column's bounds,
     ``max(0, sum_j L_j - (k - 1)) <= P <= min_j U_j`` (they hold whatever the joint, which one
     histogram per column does not identify); the point estimate is the product (independence).
@@ -27,7 +32,10 @@ RFF and RACE (M2M with an unpenalized intercept; the ridge parameter per value f
 value times 10^-3 .. 10, the one giving the narrowest expected interval)
     *mean, moment2, cdf, count*: ``[estimate + min r, estimate + max r]``, ``r`` M2M's residual
     over the design (:func:`~dpmarket.common.sketches.intervals.m2m_residual_range`), which
-    holds the fit's approximation error and its shrinkage.
+    holds the fit's approximation error and its shrinkage; for a set of measure 0 under the
+    design that records may fill (a CDF at a column's lower bound, an equality on a continuous
+    column), also over the set's face, where the residual is ``1 - fit`` (a point mass: the
+    design's residual alone is 0 there and gave ``[0, 0]``).
     *covariance*: ``E(x_a - c_a)(x_b - c_b) - (E x_a - c_a)(E x_b - c_b)`` with both terms
     bounded that way (interval arithmetic for the product).
 A poorly known count (explore's ``few-records`` regime): the means, moments, CDFs and counts
@@ -135,7 +143,10 @@ def _variance(cols: _HistColumns, column: int, center: float) -> Callable[[Array
         near = np.where(
             (ml <= center) & (center <= mh), 0.0, np.minimum((ml - center) ** 2, (mh - center) ** 2)
         )
-        return bp - (mp - center) ** 2, np.maximum(bl - far, 0.0), np.minimum(bh - near, cap)
+        # Both bounds cut to [0, cap], what a variance can be (a monotone cut keeps them
+        # ordered: the noise can push the upper one below 0 or the lower one above cap).
+        low = np.clip(bl - far, 0.0, cap)
+        return bp - (mp - center) ** 2, low, np.maximum(np.clip(bh - near, 0.0, cap), low)
 
     return f
 
@@ -212,7 +223,9 @@ def hist_bounded(
     if span is not None and (kind != "count" or len(targets) == 1):
         ratio = _stack_ratios([cols.ratio(j, target) for j, target in targets])
     reps = DEFAULT_REPLICATES if replicates is None else replicates
-    return bounded_interval(estimate, sketch, rng, ratio=ratio, span=span, replicates=reps)
+    return bounded_interval(
+        estimate, sketch, rng, ratio=ratio, span=span, replicates=reps, masses=True
+    )
 
 
 def _stack_ratios(parts: list[RatioBounds]) -> RatioBounds:
@@ -245,7 +258,9 @@ def _frechet(parts: list[Callable[[Array, Array], Triple]]) -> Callable[[Array, 
         k = len(out)
         point = np.prod([np.clip(o[0], 0.0, 1.0) for o in out], axis=0)
         low = np.maximum(np.sum([o[1] for o in out], axis=0) - (k - 1), 0.0)
-        high = np.min([o[2] for o in out], axis=0)
+        # Noise-free, low <= truth <= high; noisy, the cut of low at 0 can pass a high pushed
+        # below 0: high is kept at least low (a bound, like its bias half-width, never crosses).
+        high = np.maximum(np.min([o[2] for o in out], axis=0), low)
         if k == 1:
             point, low, high = out[0]
         return point[:, None], low[:, None], high[:, None]
@@ -279,7 +294,7 @@ def _hist_covariance(
         [_variance(cols, int(j), float(c)) for j, c in zip(columns, centers, strict=True)]
     )
     reps = DEFAULT_REPLICATES if replicates is None else replicates
-    var = bounded_interval(variances, sketch, rng, replicates=reps)
+    var = bounded_interval(variances, sketch, rng, replicates=reps, masses=True)
     # A cross term needs both variances' bounds at once: each at 1 - alpha/2.
     both = bounded_interval(
         variances, sketch, rng, coverage=1.0 - (1.0 - COVERAGE) / 2.0, replicates=reps
@@ -305,7 +320,11 @@ def _hist_covariance(
 # ----------------------------------------------------------------------------------- M2M
 class _M2MLinear:
     """M2M coefficients and residual range of linear targets, the ridge parameter chosen per
-    target among ``rule x LAMBDA_FACTORS`` by the expected half-width."""
+    target among ``rule x LAMBDA_FACTORS`` by the expected half-width.
+
+    ``probes``, optional ``(points, values)`` of shapes (n_p, d) and (n_p, k): more points of
+    the domain, with the targets there, over which the residual's range is taken too (the
+    faces of a query's set that the design cannot reach: :func:`m2m_bounded`)."""
 
     def __init__(
         self,
@@ -315,8 +334,10 @@ class _M2MLinear:
         *,
         lambda_rule: str | float,
         intercept: bool,
+        probes: tuple[Array, Array] | None = None,
     ) -> None:
         k = values.shape[1]
+        probe_matrix = None if probes is None else design.feature_map.design_matrix(probes[0])
         tm = design.target_moments(values)
         n_hat, _ = count_estimate(
             sketch,
@@ -341,6 +362,9 @@ class _M2MLinear:
             except ValueError:  # not positive definite at this lambda
                 continue
             lo, hi = m2m_residual_range(design, values, a, a0)
+            if probes is not None and probe_matrix is not None and probes[0].shape[0]:
+                r = probes[1] - np.asarray(probe_matrix @ a, dtype=np.float64) - a0[None, :]
+                lo, hi = np.minimum(lo, r.min(axis=0)), np.maximum(hi, r.max(axis=0))
             width = (hi - lo) / 2.0 + _Z * np.sqrt(var_sum * (a * a).sum(axis=0)) / n
             better = width < best
             best = np.where(better, width, best)
@@ -372,6 +396,7 @@ def m2m_bounded(
     replicates: int | None = None,
     span: tuple[Array, Array] | None = None,
     column_bounds: tuple[Array, Array] | None = None,
+    probes: tuple[Array, Array] | None = None,
 ) -> tuple[Bounded, Array]:
     """Bounded M2M answers of an RFF or RACE release (module docstring).
 
@@ -395,6 +420,14 @@ def m2m_bounded(
         intervals (:func:`_m2m_covariance`).
     column_bounds : (ndarray, ndarray), optional
         ``covariance``: the public bounds of ``columns``.
+    probes : (ndarray, ndarray), optional
+        ``linear``: more points of the domain, shape (n_p, d), and the targets there, shape
+        (n_p, k), over which the residual's range is taken as well as over the design's. A set
+        of measure 0 under the design (a CDF at a column's lower bound, an equality on a
+        continuous column: a point mass the records may hold) has no design point, so the fit
+        and its residual there are 0 and the bound ``[0, 0]`` would be wrong; its face probed
+        (``explore``'s ``_face_points``) gives the residual ``f - fit`` where
+        the records may sit.
 
     Returns
     -------
@@ -404,7 +437,9 @@ def m2m_bounded(
     reps = DEFAULT_REPLICATES if replicates is None else replicates
     if kind == "linear":
         assert values is not None
-        fit = _M2MLinear(design, sketch, values, lambda_rule=lambda_rule, intercept=intercept)
+        fit = _M2MLinear(
+            design, sketch, values, lambda_rule=lambda_rule, intercept=intercept, probes=probes
+        )
         ratio = fit.ratio() if span is not None else None
         bounded = bounded_interval(fit, sketch, rng, ratio=ratio, span=span, replicates=reps)
         return bounded, fit.lam

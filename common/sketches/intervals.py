@@ -365,7 +365,8 @@ class Bounded:
     se : ndarray of shape (k,)
         Standard deviation of the point estimate over the noise replicates.
     bias : ndarray of shape (k,)
-        ``(U_hat - L_hat) / 2``: the half-width of the bias bound alone.
+        ``(U_hat - L_hat) / 2``: the half-width of the bias bound alone (for masses, from the
+        release with its negative masses cut to 0: :func:`bounded_interval`), ``>= 0``.
     noise : ndarray of shape (k,)
         ``q``, the noise's share of the half-width (for a test-inverted interval: how much
         wider than the bias bound it is, per side on average).
@@ -410,6 +411,7 @@ def bounded_interval(
     coverage: float = COVERAGE,
     ratio: RatioBounds | None = None,
     span: tuple[Array, Array] | None = None,
+    masses: bool = False,
 ) -> Bounded:
     """The interval of a bounded estimator (module docstring).
 
@@ -431,6 +433,12 @@ def bounded_interval(
         What each value can be. With ``ratio``, the interval is :func:`ratio_interval`'s (exact
         in the count's noise) instead of the replicates' plug-in; ``value`` and ``se`` are the
         same either way.
+    masses : bool
+        The release's sums are masses, ``>= 0`` without noise (a histogram's bin counts): the
+        bias half-width ``(U - L) / 2`` is then read from the release with its negative sums cut
+        to 0, where it is ``>= 0`` (from the noisy release as is, a bin whose noisy mass is
+        below 0 swaps its least and largest value, and the bounds can cross). The interval is
+        the same either way.
 
     Returns
     -------
@@ -443,6 +451,13 @@ def bounded_interval(
     n_star, _ = count_estimate(sketch, sums, counts)
     p_star, l_star, h_star = (np.asarray(v, dtype=np.float64) for v in estimate(sums, n_star))
     se = p_star.std(axis=0, ddof=1)
+    if masses:  # the half-width of the bounds at masses >= 0 (parameter masses)
+        _, w_low, w_high = (
+            np.asarray(v, dtype=np.float64)[0] for v in estimate(np.maximum(total, 0.0), n0)
+        )
+        bias = (w_high - w_low) / 2.0
+    else:
+        bias = (high - low) / 2.0
     if ratio is not None and span is not None:
         lo, hi = ratio_interval(
             ratio, sketch, rng, span, replicates=replicates, coverage=coverage, inside=(low, high)
@@ -452,7 +467,7 @@ def bounded_interval(
             low=lo,
             high=hi,
             se=se,
-            bias=(high - low) / 2.0,
+            bias=bias,
             noise=np.maximum(((hi - lo) - (high - low)) / 2.0, 0.0),
             count_free=True,
         )
@@ -463,7 +478,7 @@ def bounded_interval(
         low=low - q,
         high=high + q,
         se=se,
-        bias=(high - low) / 2.0,
+        bias=bias,
         noise=q,
     )
 
