@@ -53,6 +53,16 @@ class _DownAtSample(LocalOwnerEndpoint):
         raise UnavailableError("owner unreachable")
 
 
+def _consenting_owners(digits: Scenario, tmp_path: Path) -> tuple[list[Owner], list[OwnerLedger]]:
+    """The scenario's first two owners, each over a new ledger whose policy consents to rewards."""
+    owners, ledgers = [], []
+    for data in digits.owners[:2]:
+        ledger = OwnerLedger.create(tmp_path / data.name, OwnerPolicy(allow_reward_disclosure=True))
+        owners.append(Owner(data.name, data, ledger=ledger))
+        ledgers.append(ledger)
+    return owners, ledgers
+
+
 def _payout_charges(report: SessionReport | None) -> list[float]:
     assert report is not None
     book = report.ledger.party("owners")
@@ -68,12 +78,7 @@ def test_a_failed_reward_session_states_the_payout_its_owners_charged(
     curator reads state the owners' payout charge, once, at the epsilon the first owner's
     ledger holds. The control (the success path) is
     tests/integration/test_market.py::test_a_reward_is_split_by_the_private_payouts_charged_to_their_subjects."""
-    policy = OwnerPolicy(allow_reward_disclosure=True)
-    owners, ledgers = [], []
-    for data in digits.owners[:2]:
-        ledger = OwnerLedger.create(tmp_path / data.name, policy)
-        owners.append(Owner(data.name, data, ledger=ledger))
-        ledgers.append(ledger)
+    owners, ledgers = _consenting_owners(digits, tmp_path)
     store = CuratorStore(tmp_path / "curator")
     endpoints = [LocalOwnerEndpoint(owners[0]), _DownAtSample(owners[1])]
     curator = CuratorPolicy(allow_seeded_sessions=True)
@@ -133,12 +138,7 @@ def test_a_payout_refused_at_settlement_is_settled_without_it_saying_so(
     terms' settlement and why the payout was withheld, pays no value and no reward, and each
     owner's part passes the owner's own check (recorded in its earnings). Main: no statement
     (``settle`` raised; the session stayed unsettled)."""
-    policy = OwnerPolicy(allow_reward_disclosure=True)
-    owners, ledgers = [], []
-    for data in digits.owners[:2]:
-        ledger = OwnerLedger.create(tmp_path / data.name, policy)
-        owners.append(Owner(data.name, data, ledger=ledger))
-        ledgers.append(ledger)
+    owners, ledgers = _consenting_owners(digits, tmp_path)
     store = _RacedStore(tmp_path / "curator")
     key = ec.generate_private_key(ec.SECP256R1())
     curator_policy = CuratorPolicy(allow_seeded_sessions=True)
@@ -185,11 +185,7 @@ def test_a_payout_the_policy_cannot_afford_is_refused_before_any_owner_opens(
     (1 for this reward): the request is refused when it is quoted, before any owner is opened,
     and nothing is charged anywhere (main opened both owners and ran). The control: the same
     request without the reward runs."""
-    owners, ledgers = [], []
-    for data in digits.owners[:2]:
-        ledger = OwnerLedger.create(tmp_path / data.name, OwnerPolicy(allow_reward_disclosure=True))
-        owners.append(Owner(data.name, data, ledger=ledger))
-        ledgers.append(ledger)
+    owners, ledgers = _consenting_owners(digits, tmp_path)
     store = CuratorStore(tmp_path / "curator")
     policy = CuratorPolicy(allow_seeded_sessions=True).with_overrides(
         ranges={"owners_epsilon": (0.0, 0.5)}
