@@ -514,6 +514,8 @@ class OwnerSession:
                 f"this session may receive {self.allowance} raw points from this owner; "
                 f"{self.released} released, {points} more asked"
             )
+        if self.cancel.is_set():  # closed or its caller gone: nothing is charged
+            raise WorkCancelled("the session was closed")
         if self._charge is not None:
             self._charge(points, what)
         self.released += points
@@ -1027,7 +1029,8 @@ class Owner:
         self._lock = threading.Lock()
         # Sessions whose opening was cancelled while it ran (its caller gone): not registered.
         self._cancelled: dict[str, float] = {}
-        self._opening: dict[str, tuple[Progress, threading.Event]] = {}
+        #: Opens under way: the progress, cancel event and curator of each.
+        self._opening: dict[str, tuple[Progress, threading.Event, str]] = {}
 
     def info(self) -> OwnerInfo:
         """Describe the dataset (size, feature count, labels, public schema), the owner's
@@ -1284,7 +1287,7 @@ class Owner:
         self._allowance(session_id, info.num_points, terms, consumer, curator)  # every check
         if ids is not None:  # checked again and recorded at once, before anything is computed:
             ids.opened(curator, session_id, "session", session=first)  # a racing open under
-        progress, cancel = self._reserve(session_id)  # other terms is refused, or this one
+        progress, cancel = self._reserve(session_id, curator)  # other terms is refused, or this one
         try:
             # Again, now that no other open of the id runs: what the id has left is read after
             # any earlier open of it closed, never before its points were charged.
@@ -1318,7 +1321,7 @@ class Owner:
         prices = self.ledger.policy.prices
         return SessionOpen(terms.market, prices, consumer, opened_terms(terms, consumer))
 
-    def _reserve(self, session_id: str) -> tuple[Progress, threading.Event]:
+    def _reserve(self, session_id: str, curator: str) -> tuple[Progress, threading.Event]:
         """Mark ``session_id`` as opening (its progress and cancel event) until its open ends:
         one open of an id runs at a time, so none computes what the id has left while another
         reads under it. AlreadyExistsError if it is open or opening; ResourceExhaustedError
@@ -1329,7 +1332,7 @@ class Owner:
             if session_id in self._opening:
                 raise AlreadyExistsError(f"session {short_id(session_id)} is being opened")
             self._cancelled.pop(session_id, None)
-            self._opening[session_id] = (progress, cancel)
+            self._opening[session_id] = (progress, cancel, curator)
         return progress, cancel
 
     def _new_session(
@@ -1394,13 +1397,19 @@ class Owner:
             progress.finish()
         return out
 
-    def cancel(self, session_id: str) -> None:
-        """Stop the session's running step at once (its caller is gone), or its opening: a
-        session whose opening is cancelled is not registered. Nothing is released."""
+    def cancel(self, session_id: str, curator: str = LOCAL_CURATOR) -> None:
+        """Stop ``curator``'s session's running step at once (its caller is gone), or its
+        opening: a session whose opening is cancelled is not registered. Nothing is released.
+        A session or an opening of another curator's is left alone: knowing an id is never
+        enough to stop it."""
         with self._lock:
             slot = self._slots.get(session_id)
             opening = self._opening.get(session_id)
-            if slot is None:
+            if slot is not None and slot.curator != curator:
+                slot = None
+            if opening is not None and opening[2] != curator:
+                return
+            if slot is None and session_id not in self._slots:
                 self._cancelled[session_id] = self.clock()
                 if len(self._cancelled) > 1024:
                     self._cancelled.pop(next(iter(self._cancelled)))
@@ -1422,7 +1431,7 @@ class Owner:
             opening = self._opening.get(session_id)
         if slot is not None and slot.curator == curator:
             return slot.session.progress.snapshot()
-        if opening is not None:
+        if opening is not None and opening[2] == curator:
             return opening[0].snapshot()
         raise NotFoundError(f"unknown session {short_id(session_id)}")
 

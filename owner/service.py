@@ -128,11 +128,15 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
         :class:`dpmarket.runtime.admission.Admission` when the service is first called."""
         return owner_limits(self.owner)
 
-    async def _run(self, session_id: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def _run(
+        self, session_id: str, caller: Identity, fn: Callable[..., T], *args: Any, **kwargs: Any
+    ) -> T:
+        """Run ``fn`` in a worker thread; if the caller goes away, cancel ``caller``'s session
+        ``session_id`` (only its own: another curator's session of that id runs on)."""
         try:
             return await asyncio.to_thread(fn, *args, **kwargs)
         except asyncio.CancelledError:
-            self.owner.cancel(session_id)
+            self.owner.cancel(session_id, str(caller))
             logger.info("session %s: its caller left; its work is cancelled", short_id(session_id))
             raise
 
@@ -161,6 +165,7 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
             )
         num_points, max_points = await self._run(
             request.session_id,
+            caller,
             self.owner.open_session,
             request.session_id,
             rff,
@@ -237,7 +242,7 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
         if self.owner.quick_bid(request.session_id, str(caller)):
             bid = self.owner.bid(*args)
         else:
-            bid = await self._run(request.session_id, self.owner.bid, *args)
+            bid = await self._run(request.session_id, caller, self.owner.bid, *args)
         return convert.bid_to_proto(bid)
 
     async def _release_point(
@@ -256,6 +261,7 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
     async def SampleUniform(self, request, context, caller):
         points, labels = await self._run(
             request.session_id,
+            caller,
             self.owner.sample_uniform,
             request.session_id,
             int(request.count),
@@ -270,6 +276,7 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
     async def CountRelevant(self, request, context, caller):
         noisy = await self._run(
             request.session_id,
+            caller,
             self.owner.noisy_relevant_count,
             request.session_id,
             float(request.threshold),
@@ -281,6 +288,7 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
     async def ProposeCandidates(self, request, context, caller):
         points, labels = await self._run(
             request.session_id,
+            caller,
             self.owner.propose_candidates,
             request.session_id,
             int(request.count),

@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from dpmarket.common.errors import AlreadyExistsError, FailedPreconditionError
+from dpmarket.common.errors import AlreadyExistsError, FailedPreconditionError, NotFoundError
 from dpmarket.common.summarization.rff import RFFParams
 from dpmarket.owner.earnings import Earnings
+from dpmarket.owner.engine import WorkCancelled
 from dpmarket.owner.protocol import Owner
 from tests.owner.test_settled_ids import (
     CURATOR,
@@ -106,3 +107,38 @@ def test_an_identical_open_inside_the_first_open_is_refused_and_the_line_holds(
     with pytest.raises(FailedPreconditionError):
         p.owner.sample_uniform("X", 1, CURATOR)
     assert p.ledger.session_totals("X").points == 2
+
+
+def test_another_curators_cancel_leaves_a_session_and_its_opening_alone(
+    parties: Parties, rff: RFFParams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stranger's second curator (issue 25, tenth pass) dropped a call under the first
+    curator's session id: the service cancelled that id's session whoever called, so the first
+    curator's open failed, or its live session refused every step after charging it. A cancel
+    now stops only the caller's own session or opening; another curator's progress query of
+    an opening is NOT_FOUND. Control: the owning curator's cancel does stop its session, and
+    the step it stops charges nothing (main charged 2 points, then refused)."""
+    p = parties
+    other = "curator:other"
+    seen: list[object] = []
+
+    def inner() -> None:  # inside X's open: another curator cancels X and asks its progress
+        p.owner.cancel("X", other)
+        try:
+            p.owner.progress("X", other)
+        except NotFoundError as exc:
+            seen.append(exc)
+        seen.append(p.owner.progress("X", CURATOR)[0])
+
+    inside = _inside_features(monkeypatch, inner)
+    _open_session(p, "X", rff, _quoted(UNIFORM, _session_line(4, 0.0)[1]))
+    assert inside == ["opened"] and isinstance(seen[0], NotFoundError), (inside, seen)
+    p.owner.cancel("X", other)  # the live session
+    _, idx = p.owner.sample_uniform("X", 2, CURATOR)
+    assert idx is not None and len(idx) == 2
+    assert p.ledger.session_totals("X").points == 2
+    _open_session(p, "Y", rff, _quoted(UNIFORM, _session_line(4, 0.0)[1]))
+    p.owner.cancel("Y", CURATOR)  # the control: its own curator's cancel stops it
+    with pytest.raises(WorkCancelled):
+        p.owner.sample_uniform("Y", 2, CURATOR)
+    assert p.ledger.session_totals("Y").points == 0
