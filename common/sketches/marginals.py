@@ -36,7 +36,7 @@ import hashlib
 import itertools
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -52,6 +52,7 @@ from dpmarket.common.privacy.accounting import (
 from dpmarket.common.privacy.noise import NoiseSource, SeededNoise
 from dpmarket.common.sketches.domain import Domain
 from dpmarket.common.sketches.feature_maps import OneHotFeatureMap
+from dpmarket.common.sketches.marginals_tree import ChowLiuTree
 from dpmarket.common.validation import check_positive_int
 
 if TYPE_CHECKING:
@@ -64,7 +65,6 @@ __all__ = [
     "DEFAULT_BOOTSTRAP",
     "DEFAULT_MAX_CELLS",
     "DEFAULT_MEASUREMENTS",
-    "DEFAULT_ROUNDS",
     "MarginalsMap",
     "MarginalsMechanism",
     "MarginalsModel",
@@ -80,11 +80,6 @@ __all__ = [
     "model_size_mb",
 ]
 
-#: The most selection rounds a default plan runs. One: the first round scores against the 1-way
-#: measurements' closed-form model, so a one-round release fits no model at all (each later
-#: round costs a fit at the owner: two rounds took 8 times one round's CPU time on Arrests,
-#: four rounds 19 times, against AIM's many rounds; docs/how-it-works.md).
-DEFAULT_ROUNDS = 1
 #: ``measurements = 0`` / ``rounds = 0`` in a map: derive them from the domain, the budget and
 #: the declared rows (:func:`default_measurements`, :func:`default_rounds`).
 AUTO = 0
@@ -165,8 +160,9 @@ class MarginalsMap(OneHotFeatureMap):
     cells : ndarray of shape (d,), int64
         Cells per column, each >= 1.
     rounds : int
-        Selection rounds (:class:`MarginalsMechanism`); 0 (:data:`AUTO`, the default):
-        :func:`default_rounds`.
+        Selection rounds (:class:`MarginalsMechanism`), each later one scored against a fitted
+        graphical model; 0 (:data:`AUTO`, the default): the derived plan, one selection per
+        round (:func:`default_rounds`) scored against a closed-form tree, no fit.
     measurements : int
         2-way marginals selected over all rounds (``ceil(measurements / rounds)`` per round); 0
         (:data:`AUTO`, the default): :func:`default_measurements` of the domain, the release's
@@ -317,6 +313,7 @@ def default_measurements(
     max_cells: int = DEFAULT_MAX_CELLS,
     *,
     dependence: float = DEPENDENCE,
+    per_pair: bool = False,
 ) -> int:
     """How many 2-way marginals a marginals sketch measures by default.
 
@@ -333,6 +330,9 @@ def default_measurements(
         Pairs with more cells are not candidates.
     dependence : float
         ``D``, default :data:`DEPENDENCE`.
+    per_pair : bool
+        Apply the test below to each pair's own cells ``c_ab`` rather than to their mean: ``K``
+        is then the largest number such that at least ``K`` pairs pass it at ``sigma(K)``.
 
     Returns
     -------
@@ -366,16 +366,26 @@ def default_measurements(
     if not pairs:
         return 1
     n = rows or ASSUMED_ROWS
-    mean_cells = float(np.mean(pairs))
     scale = 2.0 * (1.0 - SELECTION_SHARE) * (1.0 - ONEWAY_SHARE) * rho
-    k = math.floor(scale * (dependence * n / (math.sqrt(2.0 / math.pi) * mean_cells)) ** 2)
+    if per_pair:  # the largest K with K pairs whose own cells pass the test at sigma(K)
+        passes = sorted(
+            (
+                math.floor(scale * (dependence * n / (math.sqrt(2.0 / math.pi) * c)) ** 2)
+                for c in pairs
+            ),
+            reverse=True,
+        )
+        k = max(min(i + 1, limit) for i, limit in enumerate(passes))
+    else:
+        mean_cells = float(np.mean(pairs))
+        k = math.floor(scale * (dependence * n / (math.sqrt(2.0 / math.pi) * mean_cells)) ** 2)
     return max(1, min(len(pairs), max(min(len(cells) - 1, len(pairs)), k)))
 
 
 def default_rounds(measurements: int) -> int:
-    """Selection rounds by default: :data:`DEFAULT_ROUNDS`, or one per measurement when there
-    are fewer (never below 1)."""
-    return max(1, min(DEFAULT_ROUNDS, int(measurements)))
+    """Selection rounds by default: one per measurement (never below 1), each scored against
+    the closed-form tree of the measurements before it (:class:`MarginalsMechanism` Notes)."""
+    return max(1, int(measurements))
 
 
 def marginals_map(
@@ -537,7 +547,8 @@ class RoundPlan:
     selections : int
         2-way marginals selected (one exponential mechanism each).
     epsilon : float
-        Each selection's exponential-mechanism epsilon (scores of sensitivity 1).
+        Each selection's exponential-mechanism epsilon (scores of sensitivity 1); 0 when the
+        round selects nothing but measures every candidate, in order.
     sigma : float
         Each selected marginal's noise standard deviation.
     """
@@ -599,21 +610,34 @@ class MarginalsMechanism:
     picks; the Gumbel argmax of a subset does not depend on the others' keys), and a round that
     runs out of candidates spends less than its plan.
 
-    *Budget* (:meth:`plan`). ``rho_1 = 0.2 rho`` measures all ``d`` 1-way marginals at
-    ``sigma_1 = sqrt(d / (2 rho_1))``; each of the ``T`` rounds (:attr:`rounds`) gets ``rho_r =
-    0.8 rho / T``, ``0.1 rho_r`` for its ``k = ceil(K / T)`` selections (``K`` =
-    :attr:`measurements`: the map's, or derived from the domain, ``rho`` and the declared rows)
-    (``epsilon_r = sqrt(0.8 rho_r / k)``) and ``0.9 rho_r`` for their measurements (``sigma_r =
-    sqrt(k / (1.8 rho_r))``). A round with fewer candidates than ``k`` spends its unused selection
-    budget on its measurements. zCDP composes adaptively by adding ``rho``, so the release is
-    ``rho``-zCDP, hence ``(epsilon, delta)``-DP (:func:`dpmarket.common.privacy.accounting.zcdp_rho`
-    returns a ``rho`` whose tight conversion gives at most ``delta`` at ``epsilon``). The ledger
-    records that ``(epsilon, delta)`` (:meth:`privacy_events`).
+    *Budget* (:meth:`plan`). ``rho_1 = o rho`` (``o`` = ``oneway_share``, default
+    :data:`ONEWAY_SHARE`, 0.2) measures all ``d`` 1-way marginals at ``sigma_1 = sqrt(d / (2
+    rho_1))``; each of the ``T`` rounds (:attr:`rounds`) gets ``rho_r = (1 - o) rho / T``, ``0.1
+    rho_r`` for its ``k = ceil(K / T)`` selections (``K`` = :attr:`measurements`: the map's, or
+    derived from the domain, ``rho`` and the declared rows) (``epsilon_r = sqrt(0.8 rho_r / k)``)
+    and ``0.9 rho_r`` for their measurements (``sigma_r = sqrt(k / (1.8 rho_r))``). A round with
+    fewer candidates than ``k`` spends its unused selection budget on its measurements. The
+    derived plan (rounds not stated) runs ``T = K`` rounds of one selection each — the same
+    ``sigma`` and the same total selection budget as one round of ``K`` (``K epsilon_r^2 / 8 =
+    0.1 (1 - o) rho`` either way) — unless ``K`` reaches every candidate pair
+    (:attr:`measures_every_pair`): then which pairs are measured is public, nothing is
+    selected, and one round measures every candidate (in order, passing over those that would
+    outgrow :data:`MAX_MODEL_MB`, a public test) at ``sigma = sqrt(P / (2 (1 - o) rho))`` for
+    ``P`` candidates: ``P`` Gaussian mechanisms, ``(1 - o) rho`` in all. zCDP composes
+    adaptively by adding ``rho``, so the release is ``rho``-zCDP, hence ``(epsilon,
+    delta)``-DP (:func:`dpmarket.common.privacy.accounting.zcdp_rho` returns a ``rho`` whose
+    tight conversion gives at most ``delta`` at ``epsilon``). The ledger records that
+    ``(epsilon, delta)`` (:meth:`privacy_events`).
 
     *Models scored against.* The first round scores against the 1-way measurements' own model
-    (every column independent: closed form, no fit); each later round against a graphical model
-    fitted to everything measured so far. No model is fitted after the last round (the owner
-    needs none), so a single round costs no fit at all.
+    (every column independent: closed form, no fit). In the derived plan each later round scores
+    the pairs not yet measured against the closed-form Chow–Liu tree of everything measured so
+    far (:class:`~dpmarket.common.sketches.marginals_tree.ChowLiuTree`: no fit, microseconds per
+    candidate; a measured pair is not a candidate again); with ``rounds`` stated, against a
+    graphical model fitted to everything measured so far (AIM's; each fit costs a jax
+    compilation). The scoring model is computed from earlier releases only (post-processing), so
+    every score keeps sensitivity 1. No model is fitted after the last round (the owner needs
+    none).
 
     References
     ----------
@@ -624,6 +648,7 @@ class MarginalsMechanism:
     domain: Domain
     epsilon: float
     delta: float
+    oneway_share: float = ONEWAY_SHARE
     mechanism: str = field(default="gaussian", init=False)
 
     def __post_init__(self) -> None:
@@ -643,8 +668,12 @@ class MarginalsMechanism:
             raise ValueError(f"epsilon must be a finite number > 0, got {self.epsilon!r}")
         if not (math.isfinite(dl) and 0.0 < dl < 1.0):
             raise ValueError(f"the marginals sketch needs 0 < delta < 1, got {self.delta!r}")
+        share = float(self.oneway_share)
+        if not 0.0 < share < 1.0:
+            raise ValueError(f"oneway_share must lie in (0, 1), got {self.oneway_share!r}")
         object.__setattr__(self, "epsilon", eps)
         object.__setattr__(self, "delta", dl)
+        object.__setattr__(self, "oneway_share", share)
 
     @property
     def private(self) -> bool:
@@ -671,18 +700,37 @@ class MarginalsMechanism:
     def rounds(self) -> int:
         """Selection rounds: the map's, or :func:`default_rounds` of :attr:`measurements`."""
         fmap = self.feature_map
-        return fmap.rounds if fmap.rounds != AUTO else default_rounds(self.measurements)
+        if fmap.rounds != AUTO:
+            return fmap.rounds
+        return 1 if self.measures_every_pair else default_rounds(self.measurements)
+
+    @property
+    def tree_scored(self) -> bool:
+        """Whether each round scores against the closed-form tree of what is measured so far
+        (:class:`~dpmarket.common.sketches.marginals_tree.ChowLiuTree`, the derived plan:
+        rounds not stated) rather than a fitted graphical model (rounds stated)."""
+        return self.feature_map.rounds == AUTO
 
     @property
     def oneway_sigma(self) -> float:
         """Noise standard deviation of the 1-way marginals."""
         d = self.domain.n_attributes
-        return math.sqrt(d / (2.0 * ONEWAY_SHARE * self.rho))
+        return math.sqrt(d / (2.0 * self.oneway_share * self.rho))
+
+    @property
+    def measures_every_pair(self) -> bool:
+        """Whether the derived plan measures every candidate pair (then nothing is selected:
+        class Notes, "Budget")."""
+        return self.tree_scored and self.measurements >= len(self.candidates())
 
     def plan(self) -> tuple[RoundPlan, ...]:
         """Every round's public budget (class Notes, "Budget"), before any data is read."""
+        if self.measures_every_pair:
+            pairs = len(self.candidates())
+            rho_m = (1.0 - self.oneway_share) * self.rho
+            return (RoundPlan(pairs, 0.0, math.sqrt(pairs / (2.0 * rho_m))),)
         rounds = self.rounds
-        rho_r = (1.0 - ONEWAY_SHARE) * self.rho / rounds
+        rho_r = (1.0 - self.oneway_share) * self.rho / rounds
         k = math.ceil(self.measurements / rounds)
         eps = math.sqrt(8.0 * SELECTION_SHARE * rho_r / k)
         sigma = math.sqrt(k / (2.0 * (1.0 - SELECTION_SHARE) * rho_r))
@@ -752,43 +800,35 @@ class MarginalsMechanism:
         sigma1 = self.oneway_sigma
         measurements = [measure((j,), sigma1) for j in range(self.domain.n_attributes)]
         selections: list[float] = []
-        model: MarginalsModel | _IndependentModel = _IndependentModel(fmap, measurements)
+        independent = _IndependentModel(fmap, measurements)
+        model: MarginalsModel | _IndependentModel | ChowLiuTree = independent
         pairs = self.candidates()
         plans = self.plan()
+        tree = self.tree_scored
         for r, plan in enumerate(plans):
-            rho_r = plan.selections * (
-                exponential_zcdp_rho(plan.epsilon) + gaussian_zcdp_rho(plan.sigma)
-            )
-            allowed = [
-                c for c in pairs if model.covers(c) or model.grown_size_mb(c) <= MAX_MODEL_MB
-            ]
-            if not allowed:
-                continue
-            k = min(plan.selections, len(allowed))
-            sigma = plan.sigma
-            if k < plan.selections:  # the unused selection budget goes to the measurements
-                sigma = math.sqrt(k / (2.0 * (rho_r - k * exponential_zcdp_rho(plan.epsilon))))
-            scores = np.array(
-                [
-                    np.abs(exact(c) - model.marginal(c).reshape(-1)).sum()
-                    - math.sqrt(2.0 / math.pi) * sigma * int(shape[c[0]] * shape[c[1]])
-                    for c in allowed
-                ]
-            )
-            keys = plan.epsilon * scores / 2.0 + rng.gumbel(size=scores.size)
             held = [m.clique for m in measurements]
-            picked = 0
-            for i in np.argsort(-keys, kind="stable"):
-                if picked == k:
-                    break
-                candidate = allowed[int(i)]
-                if model_size_mb(fmap, [*held, candidate]) > MAX_MODEL_MB:
-                    continue  # with this round's earlier picks, it would outgrow the model
-                held.append(candidate)
-                measurements.append(measure(candidate, sigma))
-                selections.append(plan.epsilon)
-                picked += 1
-            if r + 1 < len(plans):  # the next round scores against a model of everything so far
+            if tree:  # a measured pair is not a candidate again
+                allowed = [
+                    c
+                    for c in pairs
+                    if c not in held and model_size_mb(fmap, [*held, c]) <= MAX_MODEL_MB
+                ]
+            else:
+                allowed = [
+                    c
+                    for c in pairs
+                    if model.covers(c) or model.grown_size_mb(c) <= MAX_MODEL_MB  # type: ignore[union-attr]
+                ]
+            for clique, sigma, eps in _select(plan, allowed, held, fmap, model, exact, rng):
+                measurements.append(measure(clique, sigma))
+                if eps > 0:
+                    selections.append(eps)
+            if r + 1 == len(plans):
+                continue  # no model after the last round: the owner needs none
+            if tree:  # the next round scores against the closed-form tree of everything so far
+                two = {m.clique: m.values for m in measurements if len(m.clique) == 2}
+                model = ChowLiuTree(independent.shares, independent.total, two)
+            else:  # ... or against a graphical model fitted to it
                 warm = model if isinstance(model, MarginalsModel) else None
                 model = MarginalsModel.fit(fmap, measurements, iters=SELECTION_ITERS, warm=warm)
         free_compiled()  # the selection's structures are not used again
@@ -961,6 +1001,59 @@ class MarginalsSketch:
     def noisy_count(self) -> float:
         """:attr:`count_estimate` (what catalogue listings show as the noisy count)."""
         return self.count_estimate
+
+
+def _select(
+    plan: RoundPlan,
+    allowed: Sequence[tuple[int, int]],
+    held: list[tuple[int, ...]],
+    fmap: MarginalsMap,
+    model: Any,
+    exact: Callable[[tuple[int, ...]], NDArray[np.float64]],
+    rng: np.random.Generator,
+) -> list[tuple[tuple[int, int], float, float]]:
+    """One round's selections (:class:`MarginalsMechanism` Notes, "Selections"): the top
+    ``plan.selections`` of the Gumbel-perturbed scores of ``allowed`` against ``model``, passing
+    over a pick that would outgrow :data:`MAX_MODEL_MB` with ``held`` (extended in place).
+
+    Returns
+    -------
+    list of (clique, sigma, epsilon)
+        Each pick, the noise it is to be measured with (the plan's, or more budget when fewer
+        than the plan's candidates remain) and its selection's epsilon.
+    """
+    if not allowed:
+        return []
+    out: list[tuple[tuple[int, int], float, float]] = []
+    if plan.epsilon == 0.0:  # nothing to select: every candidate, in order
+        for candidate in allowed:
+            if model_size_mb(fmap, [*held, candidate]) <= MAX_MODEL_MB:
+                held.append(candidate)
+                out.append((candidate, plan.sigma, 0.0))
+        return out
+    shape = [int(c) for c in fmap.cells]
+    k = min(plan.selections, len(allowed))
+    sigma = plan.sigma
+    if k < plan.selections:  # the unused selection budget goes to the measurements
+        rho_r = plan.selections * (exponential_zcdp_rho(plan.epsilon) + gaussian_zcdp_rho(sigma))
+        sigma = math.sqrt(k / (2.0 * (rho_r - k * exponential_zcdp_rho(plan.epsilon))))
+    scores = np.array(
+        [
+            np.abs(exact(c) - model.marginal(c).reshape(-1)).sum()
+            - math.sqrt(2.0 / math.pi) * sigma * shape[c[0]] * shape[c[1]]
+            for c in allowed
+        ]
+    )
+    keys = plan.epsilon * scores / 2.0 + rng.gumbel(size=scores.size)
+    for i in np.argsort(-keys, kind="stable"):
+        if len(out) == k:
+            break
+        candidate = allowed[int(i)]
+        if model_size_mb(fmap, [*held, candidate]) > MAX_MODEL_MB:
+            continue  # with this round's earlier picks, it would outgrow the model
+        held.append(candidate)
+        out.append((candidate, sigma, plan.epsilon))
+    return out
 
 
 # ------------------------------------------------------------------------------------ model

@@ -20,7 +20,6 @@ from dpmarket.common.privacy.accounting import zcdp_rho
 from dpmarket.common.sketches.domain import Domain
 from dpmarket.common.sketches.marginals import (
     ASSUMED_ROWS,
-    DEFAULT_ROUNDS,
     Measurement,
     bound_weights,
     cell_weights,
@@ -313,7 +312,8 @@ def test_the_default_measurement_count_adapts_to_the_domain() -> None:
     # More budget, more measurements; no declared rows: ASSUMED_ROWS.
     assert default_measurements([6] * 11, zcdp_rho(4.0, 1e-6), 12_000) > middle
     assert default_measurements([6] * 11, rho) == default_measurements([6] * 11, rho, ASSUMED_ROWS)
-    assert default_rounds(28) == DEFAULT_ROUNDS == 1 and default_rounds(0) == 1
+    # The derived plan: one selection per round.
+    assert default_rounds(28) == 28 and default_rounds(0) == 1
     with pytest.raises(ValueError, match="rho"):
         default_measurements([2, 2], 0.0)
 
