@@ -1074,7 +1074,7 @@ def _rule(text: str) -> tuple[float, int, str, str]:
         raise click.BadParameter(
             f"{text!r}: give D/T or D/T/S, e.g. 0.06/1 or 0.06/0/workload", param_hint="--rule"
         ) from None
-    if out[2] not in SPLITS:
+    if out[2].removesuffix("+cells") not in SPLITS:
         raise click.BadParameter(f"{text!r}: S is one of {', '.join(SPLITS)}", param_hint="--rule")
     if not (out[0] > 0 and out[1] >= 0):
         raise click.BadParameter(

@@ -34,7 +34,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -801,7 +801,7 @@ def run_table(
                     table, method, EPSILON, DELTA, seed, f"{salt} {CATALOGUE_VERSION} "
                     f"K={mech.measurements} T={mech.rounds}{' tree' * mech.tree_scored}"
                     f"{' every-pair' * mech.measures_every_pair} "
-                    f"o={mech.oneway_share:.6g}",
+                    f"o={mech.oneway_share:.6g}{' cells' * mech.weight_by_cells}",
                 )  # fmt: skip
                 found = cache.get(key) if cache is not None else None
                 if found is None:
@@ -926,7 +926,8 @@ def run_table(
 #: The 1-way shares of rho :func:`run_loto` may try (``D/T/S`` rules): ``fixed``, the
 #: catalogue's :data:`~dpmarket.common.sketches.marginals.ONEWAY_SHARE`; ``workload``,
 #: :func:`workload_oneway_share`; ``equal``, AIM's equal noise on every marginal, ``d / (d +
-#: K)``.
+#: K)``. ``S+cells``: each pair's noise weighted by its cells when every pair is measured
+#: (``MarginalsMechanism.weight_by_cells``).
 SPLITS = ("fixed", "workload", "equal")
 
 
@@ -963,14 +964,18 @@ def _catalogue(table: WorkloadTable, fmap: MarginalsMap) -> MarginalsMechanism:
     """The catalogue's mechanism on ``table`` with its 1-way share (:data:`SPLITS`)."""
     mech = MarginalsMechanism(fmap, table.domain, EPSILON, DELTA)
     k, d = mech.measurements, table.domain.n_attributes
-    if table.split == "fixed":
-        return mech
+    split, _, cells = table.split.partition("+")
+    weight = cells == "cells"
+    if split == "fixed":
+        return replace(mech, weight_by_cells=True) if weight else mech
     share = (
         workload_oneway_share([int(c) for c in fmap.cells], k)
-        if table.split == "workload"
+        if split == "workload"
         else d / (d + k)
     )
-    return MarginalsMechanism(fmap, table.domain, EPSILON, DELTA, oneway_share=share)
+    return MarginalsMechanism(
+        fmap, table.domain, EPSILON, DELTA, oneway_share=share, weight_by_cells=weight
+    )
 
 
 def _uniform(fmap: MarginalsMap, domain: Domain, cols: tuple[int, ...]) -> Array:

@@ -649,6 +649,7 @@ class MarginalsMechanism:
     epsilon: float
     delta: float
     oneway_share: float = ONEWAY_SHARE
+    weight_by_cells: bool = False
     mechanism: str = field(default="gaussian", init=False)
 
     def __post_init__(self) -> None:
@@ -722,6 +723,29 @@ class MarginalsMechanism:
         """Whether the derived plan measures every candidate pair (then nothing is selected:
         class Notes, "Budget")."""
         return self.tree_scored and self.measurements >= len(self.candidates())
+
+    def pair_sigmas(self) -> dict[tuple[int, int], float]:
+        """Each candidate's noise when the derived plan measures every pair
+        (:attr:`measures_every_pair`): the plan's one sigma, or with ``weight_by_cells``
+        ``sigma_ab = lambda c_ab^(-1/3)`` with ``sum 1 / (2 sigma_ab^2) = (1 - o) rho`` (class
+        Notes, "Budget").
+
+        Raises
+        ------
+        ValueError
+            Unless the plan measures every pair.
+        """
+        if not self.measures_every_pair:
+            raise ValueError("only a plan that measures every pair fixes each pair's noise")
+        pairs = self.candidates()
+        cells = self.feature_map.cells
+        if not self.weight_by_cells:
+            sigma = self.plan()[0].sigma
+            return dict.fromkeys(pairs, sigma)
+        size = {c: float(cells[c[0]] * cells[c[1]]) for c in pairs}
+        rho_m = (1.0 - self.oneway_share) * self.rho
+        scale = math.sqrt(sum(v ** (2.0 / 3.0) for v in size.values()) / (2.0 * rho_m))
+        return {c: scale * size[c] ** (-1.0 / 3.0) for c in pairs}
 
     def plan(self) -> tuple[RoundPlan, ...]:
         """Every round's public budget (class Notes, "Budget"), before any data is read."""
@@ -820,6 +844,8 @@ class MarginalsMechanism:
                     if model.covers(c) or model.grown_size_mb(c) <= MAX_MODEL_MB  # type: ignore[union-attr]
                 ]
             for clique, sigma, eps in _select(plan, allowed, held, fmap, model, exact, rng):
+                if eps == 0.0 and self.weight_by_cells:
+                    sigma = self.pair_sigmas()[clique]
                 measurements.append(measure(clique, sigma))
                 if eps > 0:
                     selections.append(eps)
