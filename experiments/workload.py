@@ -34,7 +34,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +50,13 @@ from dpmarket.common.sketches.feature_maps import FeatureMap, RFFMap, draw_rff, 
 from dpmarket.common.sketches.m2m import M2MEstimator, SyntheticDesign
 from dpmarket.common.sketches.marginals import (
     AUTO,
-    SELECTION_SHARE,
+    ONEWAY_SHARE,
     MarginalsMap,
     MarginalsMechanism,
     MarginalsModel,
     Measurement,
     default_measurements,
+    default_oneway_share,
     free_compiled,
     marginals_map,
     model_size_mb,
@@ -801,7 +802,7 @@ def run_table(
                     table, method, EPSILON, DELTA, seed, f"{salt} {CATALOGUE_VERSION} "
                     f"K={mech.measurements} T={mech.rounds}{' tree' * mech.tree_scored}"
                     f"{' every-pair' * mech.measures_every_pair} "
-                    f"o={mech.oneway_share:.6g}{' cells' * mech.weight_by_cells}",
+                    f"o={mech.oneway_share:.6g}{' cells' * bool(mech.weight_by_cells)}",
                 )  # fmt: skip
                 found = cache.get(key) if cache is not None else None
                 if found is None:
@@ -925,56 +926,24 @@ def run_table(
 
 #: The 1-way shares of rho :func:`run_loto` may try (``D/T/S`` rules): ``fixed``, the
 #: catalogue's :data:`~dpmarket.common.sketches.marginals.ONEWAY_SHARE`; ``workload``,
-#: :func:`workload_oneway_share`; ``equal``, AIM's equal noise on every marginal, ``d / (d +
-#: K)``. ``S+cells``: each pair's noise weighted by its cells when every pair is measured
-#: (``MarginalsMechanism.weight_by_cells``).
+#: :func:`~dpmarket.common.sketches.marginals.default_oneway_share`; ``equal``, AIM's equal
+#: noise on every marginal, ``d / (d + K)``. ``S+cells``: each pair's noise weighted by its
+#: cells when every pair is measured (``MarginalsMechanism.weight_by_cells``).
 SPLITS = ("fixed", "workload", "equal")
-
-
-def workload_oneway_share(cells: Sequence[int], measurements: int) -> float:
-    """The 1-way share of rho that minimises a model of the workload's summed L1 error.
-
-    Notes
-    -----
-    In units of ``sqrt(2 / pi) / sqrt(2 rho')`` (``rho'`` the measurements' budget), with ``o``
-    the 1-way share, ``s`` = :data:`~dpmarket.common.sketches.marginals.SELECTION_SHARE`, ``K``
-    pairs of mean ``c2`` cells measured and columns of mean ``c1`` cells: a measured pair's L1
-    error is its noise, ``c2 sqrt(K / ((1 - s)(1 - o)))``; an unmeasured pair's, besides the
-    dependence it misses (independent of ``o``), is its two columns' 1-way errors carried
-    through the product, ``||e_a||_1 + ||e_b||_1``, and each column's 1-way error (of its 1-way
-    measurement, ``d / o`` per cell, pooled with the ``2 K / d`` measured pairs that hold it,
-    ``c1 K / ((1 - s)(1 - o))`` per cell each) is ``c1 sqrt(d / (o + 2 (1 - s)(1 - o) / c1))``;
-    a column counts in ``d - 2 K / d`` (at least 1) unmeasured pairs and its own 1-way cells.
-    The share minimising ``K c2 sigma_2 + d (d - 2 K / d) c1 e_1`` over a grid of ``[0.1,
-    0.9]`` (at least 0.1: the first selection scores against the 1-way measurements).
-    """
-    d = len(cells)
-    c1 = float(np.mean(cells))
-    c2 = float(np.mean([a * b for a, b in itertools.combinations(cells, 2)]))
-    s = SELECTION_SHARE
-    grid = np.linspace(0.1, 0.9, 81)
-    pair_sigma = np.sqrt(measurements / ((1.0 - s) * (1.0 - grid)))
-    oneway = c1 * np.sqrt(d / (grid + 2.0 * (1.0 - s) * (1.0 - grid) / c1))
-    unmeasured = max(d - 2.0 * measurements / d, 1.0)
-    cost = measurements * c2 * pair_sigma + d * unmeasured * oneway
-    return float(grid[int(np.argmin(cost))])
 
 
 def _catalogue(table: WorkloadTable, fmap: MarginalsMap) -> MarginalsMechanism:
     """The catalogue's mechanism on ``table`` with its 1-way share (:data:`SPLITS`)."""
-    mech = MarginalsMechanism(fmap, table.domain, EPSILON, DELTA)
-    k, d = mech.measurements, table.domain.n_attributes
+    k = MarginalsMechanism(fmap, table.domain, EPSILON, DELTA).measurements
+    d = table.domain.n_attributes
     split, _, cells = table.split.partition("+")
-    weight = cells == "cells"
-    if split == "fixed":
-        return replace(mech, weight_by_cells=True) if weight else mech
-    share = (
-        workload_oneway_share([int(c) for c in fmap.cells], k)
-        if split == "workload"
-        else d / (d + k)
-    )
+    share = {
+        "fixed": ONEWAY_SHARE,
+        "workload": default_oneway_share([int(c) for c in fmap.cells], k),
+        "equal": d / (d + k),
+    }[split]
     return MarginalsMechanism(
-        fmap, table.domain, EPSILON, DELTA, oneway_share=share, weight_by_cells=weight
+        fmap, table.domain, EPSILON, DELTA, oneway_share=share, weight_by_cells=cells == "cells"
     )
 
 

@@ -74,6 +74,7 @@ __all__ = [
     "bound_weights",
     "cell_weights",
     "default_measurements",
+    "default_oneway_share",
     "default_rounds",
     "free_compiled",
     "marginals_map",
@@ -86,8 +87,9 @@ AUTO = 0
 #: The typical dependence between two columns that :func:`default_measurements` plans for: the
 #: L1 distance between a pair's joint distribution and the product of its margins, as a
 #: fraction of the rows, that a measurement should be able to see above its noise. Chosen
-#: leave-one-table-out over 0.03 and 0.06 on five tables (docs/results.md, "Counting queries").
-DEPENDENCE = 0.06
+#: leave-one-table-out over 0.06, 0.12 and 0.18 with the derived plan's other choices, on five
+#: tables (docs/results.md, "Counting queries").
+DEPENDENCE = 0.18
 #: Rows assumed per owner when a declaration states none (``rows``): a small table, hence few
 #: measurements (the noise weighs more on a small table's cells).
 ASSUMED_ROWS = 5_000
@@ -97,8 +99,15 @@ DEFAULT_MEASUREMENTS = AUTO
 DEFAULT_MAX_CELLS = 10_000
 #: Parametric bootstrap replicates behind every standard error.
 DEFAULT_BOOTSTRAP = 32
-#: Share of ``rho`` spent on the 1-way marginals (measured first, all of them).
+#: Share of ``rho`` spent on the 1-way marginals (measured first, all of them) when the map
+#: states its rounds.
 ONEWAY_SHARE = 0.2
+#: Whether the derived plan (rounds not stated) takes its 1-way share from
+#: :func:`default_oneway_share` rather than :data:`ONEWAY_SHARE`, and weights each pair's noise
+#: by its cells when it measures every pair (:meth:`MarginalsMechanism.pair_sigmas`). Chosen
+#: leave-one-table-out on five tables (docs/results.md, "Counting queries").
+DERIVED_ONEWAY_SHARE = True
+DERIVED_CELL_WEIGHTS = True
 #: Share of each round's ``rho`` spent on its selections (AIM's 0.1); the rest measures.
 SELECTION_SHARE = 0.1
 #: Mirror-descent iterations of a fit during selection, of the final fit, of a bootstrap refit
@@ -382,6 +391,48 @@ def default_measurements(
     return max(1, min(len(pairs), max(min(len(cells) - 1, len(pairs)), k)))
 
 
+def default_oneway_share(cells: Sequence[int], measurements: int) -> float:
+    """The derived plan's 1-way share of rho: the one that minimises a model of the summed L1
+    error of every 1- and 2-way marginal.
+
+    Parameters
+    ----------
+    cells : sequence of int
+        Cells per column (``d`` columns).
+    measurements : int
+        ``K``, the 2-way marginals measured.
+
+    Returns
+    -------
+    float
+        In ``[0.1, 0.9]``.
+
+    Notes
+    -----
+    In units of ``sqrt(2 / pi) / sqrt(2 rho')`` (``rho'`` the measurements' budget), with ``o``
+    the 1-way share, ``s`` = :data:`SELECTION_SHARE`, ``K``
+    pairs of mean ``c2`` cells measured and columns of mean ``c1`` cells: a measured pair's L1
+    error is its noise, ``c2 sqrt(K / ((1 - s)(1 - o)))``; an unmeasured pair's, besides the
+    dependence it misses (independent of ``o``), is its two columns' 1-way errors carried
+    through the product, ``||e_a||_1 + ||e_b||_1``, and each column's 1-way error (of its 1-way
+    measurement, ``d / o`` per cell, pooled with the ``2 K / d`` measured pairs that hold it,
+    ``c1 K / ((1 - s)(1 - o))`` per cell each) is ``c1 sqrt(d / (o + 2 (1 - s)(1 - o) / c1))``;
+    a column counts in ``d - 2 K / d`` (at least 1) unmeasured pairs and its own 1-way cells.
+    The share minimising ``K c2 sigma_2 + d (d - 2 K / d) c1 e_1`` over a grid of ``[0.1,
+    0.9]`` (at least 0.1: the first selection scores against the 1-way measurements).
+    """
+    d = len(cells)
+    c1 = float(np.mean(cells))
+    c2 = float(np.mean([a * b for a, b in itertools.combinations(cells, 2)]))
+    s = SELECTION_SHARE
+    grid = np.linspace(0.1, 0.9, 81)
+    pair_sigma = np.sqrt(measurements / ((1.0 - s) * (1.0 - grid)))
+    oneway = c1 * np.sqrt(d / (grid + 2.0 * (1.0 - s) * (1.0 - grid) / c1))
+    unmeasured = max(d - 2.0 * measurements / d, 1.0)
+    cost = measurements * c2 * pair_sigma + d * unmeasured * oneway
+    return float(grid[int(np.argmin(cost))])
+
+
 def default_rounds(measurements: int) -> int:
     """Selection rounds by default: one per measurement (never below 1), each scored against
     the closed-form tree of the measurements before it (:class:`MarginalsMechanism` Notes)."""
@@ -572,6 +623,15 @@ class MarginalsMechanism:
         ``> 0``: the release is ``(epsilon, delta)``-DP.
     delta : float
         ``0 < delta < 1``.
+    oneway_share : float, optional
+        The share of ``rho`` the 1-way marginals get, in ``(0, 1)``; 0 (:data:`AUTO`, the
+        default): the derived plan's
+        (:func:`default_oneway_share`) when the map states no rounds, :data:`ONEWAY_SHARE`
+        otherwise. Public (every receiver derives the same default); an explicit value is for
+        experiments.
+    weight_by_cells : bool, optional
+        Whether a plan that measures every pair (:attr:`measures_every_pair`) weights each
+        pair's noise by its cells (:meth:`pair_sigmas`); default: the derived plan does.
 
     Attributes
     ----------
@@ -648,8 +708,8 @@ class MarginalsMechanism:
     domain: Domain
     epsilon: float
     delta: float
-    oneway_share: float = ONEWAY_SHARE
-    weight_by_cells: bool = False
+    oneway_share: float = AUTO
+    weight_by_cells: bool | None = None
     mechanism: str = field(default="gaussian", init=False)
 
     def __post_init__(self) -> None:
@@ -669,12 +729,19 @@ class MarginalsMechanism:
             raise ValueError(f"epsilon must be a finite number > 0, got {self.epsilon!r}")
         if not (math.isfinite(dl) and 0.0 < dl < 1.0):
             raise ValueError(f"the marginals sketch needs 0 < delta < 1, got {self.delta!r}")
-        share = float(self.oneway_share)
-        if not 0.0 < share < 1.0:
-            raise ValueError(f"oneway_share must lie in (0, 1), got {self.oneway_share!r}")
         object.__setattr__(self, "epsilon", eps)
         object.__setattr__(self, "delta", dl)
+        if self.oneway_share == AUTO:
+            cells = [int(c) for c in self.feature_map.cells]
+            derived = self.tree_scored and DERIVED_ONEWAY_SHARE
+            share = default_oneway_share(cells, self.measurements) if derived else ONEWAY_SHARE
+        else:
+            share = float(self.oneway_share)
+        if not 0.0 < share < 1.0:
+            raise ValueError(f"oneway_share must lie in (0, 1), got {self.oneway_share!r}")
         object.__setattr__(self, "oneway_share", share)
+        if self.weight_by_cells is None:
+            object.__setattr__(self, "weight_by_cells", self.tree_scored and DERIVED_CELL_WEIGHTS)
 
     @property
     def private(self) -> bool:
@@ -844,7 +911,7 @@ class MarginalsMechanism:
                     if model.covers(c) or model.grown_size_mb(c) <= MAX_MODEL_MB  # type: ignore[union-attr]
                 ]
             for clique, sigma, eps in _select(plan, allowed, held, fmap, model, exact, rng):
-                if eps == 0.0 and self.weight_by_cells:
+                if eps == 0.0 and bool(self.weight_by_cells):
                     sigma = self.pair_sigmas()[clique]
                 measurements.append(measure(clique, sigma))
                 if eps > 0:

@@ -13,10 +13,12 @@ from dpmarket.common.privacy.accounting import exponential_zcdp_rho, gaussian_zc
 from dpmarket.common.sketches.domain import Domain
 from dpmarket.common.sketches.marginals import (
     AUTO,
+    ONEWAY_SHARE,
     MarginalsMechanism,
     MarginalsModel,
     MarginalsSketch,
     Measurement,
+    default_oneway_share,
     marginals_map,
 )
 from dpmarket.common.sketches.marginals_tree import ChowLiuTree
@@ -103,7 +105,11 @@ def test_the_derived_plan_spends_exactly_rho_and_fits_nothing(
     assert spent == pytest.approx(zcdp_rho(1.0, 1e-6), rel=1e-12)
     # The same per-measurement noise as one round of six: adaptivity is not paid in noise.
     one_round = MarginalsMechanism(
-        marginals_map(domain, 2, rounds=1, measurements=6), domain, 1.0, 1e-6
+        marginals_map(domain, 2, rounds=1, measurements=6),
+        domain,
+        1.0,
+        1e-6,
+        oneway_share=mech.oneway_share,
     )
     assert plan[0].sigma == pytest.approx(one_round.plan()[0].sigma, rel=1e-12)
 
@@ -130,12 +136,18 @@ def test_a_derived_plan_that_reaches_every_pair_selects_nothing() -> None:
     the whole (1 - o) rho: sigma^2 is 0.9 times that of one stated round of the same K (the
     control, which still pays the exponential mechanisms)."""
     domain = _binary(5)
-    mech = MarginalsMechanism(marginals_map(domain, 2, measurements=10), domain, 1.0, 1e-6)
+    mech = MarginalsMechanism(
+        marginals_map(domain, 2, measurements=10), domain, 1.0, 1e-6, weight_by_cells=False
+    )
     assert mech.measures_every_pair and mech.rounds == 1
     (plan,) = mech.plan()
     assert plan.selections == 10 and plan.epsilon == 0.0
     stated = MarginalsMechanism(
-        marginals_map(domain, 2, rounds=1, measurements=10), domain, 1.0, 1e-6
+        marginals_map(domain, 2, rounds=1, measurements=10),
+        domain,
+        1.0,
+        1e-6,
+        oneway_share=mech.oneway_share,
     )
     assert not stated.measures_every_pair and stated.plan()[0].epsilon > 0
     assert plan.sigma**2 == pytest.approx(0.9 * stated.plan()[0].sigma ** 2, rel=1e-12)
@@ -156,8 +168,9 @@ def test_noise_weighted_by_cells_spends_the_same_rho_for_less_summed_error() -> 
         levels=(None, np.array([0.0, 1.0]), np.array([0.0, 1.0]), None),
     )
     fmap = marginals_map(domain, [8, 2, 2, 6], measurements=6)
-    weighted = MarginalsMechanism(fmap, domain, 1.0, 1e-6, weight_by_cells=True)
-    equal = MarginalsMechanism(fmap, domain, 1.0, 1e-6)
+    weighted = MarginalsMechanism(fmap, domain, 1.0, 1e-6)
+    equal = MarginalsMechanism(fmap, domain, 1.0, 1e-6, weight_by_cells=False)
+    assert weighted.weight_by_cells and weighted.oneway_share == equal.oneway_share
     sigmas, flat = weighted.pair_sigmas(), equal.pair_sigmas()
     rho_m = (1.0 - weighted.oneway_share) * weighted.rho
     assert sum(gaussian_zcdp_rho(s) for s in sigmas.values()) == pytest.approx(rho_m, rel=1e-12)
@@ -176,3 +189,20 @@ def test_noise_weighted_by_cells_spends_the_same_rho_for_less_summed_error() -> 
         MarginalsMechanism(
             marginals_map(domain, 4, measurements=3), domain, 1.0, 1e-6
         ).pair_sigmas()
+
+
+def test_the_derived_one_way_share_grows_as_fewer_pairs_are_measured() -> None:
+    """Few pairs measured: most pairs are answered through the product of their 1-way
+    marginals, so the 1-way measurements get more of rho; every pair measured: the floor 0.1
+    (the pairs carry the 1-way marginals). A plan that states its rounds keeps ONEWAY_SHARE."""
+    cells = [10, 2, 12, 6, 6, 15, 13, 2, 2, 2, 2, 2]
+    few, all_pairs = default_oneway_share(cells, 11), default_oneway_share(cells, 66)
+    assert few > 0.3 and all_pairs == pytest.approx(0.1)
+    assert default_oneway_share(cells, 30) < few
+    domain = _binary(5)
+    derived = MarginalsMechanism(marginals_map(domain, 2, measurements=4), domain, 1.0, 1e-6)
+    assert derived.oneway_share == pytest.approx(default_oneway_share([2] * 5, 4))
+    stated = MarginalsMechanism(
+        marginals_map(domain, 2, rounds=2, measurements=4), domain, 1.0, 1e-6
+    )
+    assert stated.oneway_share == ONEWAY_SHARE and not stated.weight_by_cells
