@@ -1213,9 +1213,10 @@ def run_workload_experiment(
     "--rule",
     "rules",
     multiple=True,
-    metavar="D/T",
-    help="workload --loto: only these rules (dependence D, rounds T; repeat; default "
-    "workload.RULES: D = 0.03, 0.06, 0.12 in one round).",
+    metavar="D/T[/S[/pair]]",
+    help="workload --loto: only these rules (dependence D, rounds T, 0: the derived plan; "
+    "optional 1-way share S: fixed, workload or equal, +cells; optional /pair; repeat; default "
+    "workload.RULES)",
 )
 @click.option(
     "--loto",

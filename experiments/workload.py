@@ -1040,7 +1040,12 @@ def run_workload(
 #: derived plan, one selection per round scored against the closed-form tree), 1-way share S
 #: of :data:`SPLITS`).
 Rule = tuple[float, int, str] | tuple[float, int, str, str]
-RULES: tuple[Rule, ...] = ((0.03, 1, "fixed"), (0.06, 1, "fixed"), (0.12, 1, "fixed"))
+RULES: tuple[Rule, ...] = (
+    (0.06, 1, "fixed"),
+    (0.06, 0, "workload"),
+    (0.12, 0, "workload", "pair"),
+    (0.18, 0, "workload+cells"),
+)
 BASELINES = ("AIM", "MST", "laplace-2way")
 #: The largest publication time, as a share of AIM's, a chosen rule may take on the tables it
 #: is chosen on (the issue's goal: a tenth).
