@@ -50,6 +50,7 @@ from dpmarket.common.sketches.feature_maps import FeatureMap, RFFMap, draw_rff, 
 from dpmarket.common.sketches.m2m import M2MEstimator, SyntheticDesign
 from dpmarket.common.sketches.marginals import (
     AUTO,
+    EVERY_PAIR_MAX_MODEL_MB,
     ONEWAY_SHARE,
     MarginalsMap,
     MarginalsMechanism,
@@ -802,7 +803,8 @@ def run_table(
                     table, method, EPSILON, DELTA, seed, f"{salt} {CATALOGUE_VERSION} "
                     f"K={mech.measurements} T={mech.rounds}{' tree' * mech.tree_scored}"
                     f"{' every-pair' * mech.measures_every_pair} "
-                    f"o={mech.oneway_share:.6g}{' cells' * bool(mech.weight_by_cells)}",
+                    f"o={mech.oneway_share:.6g}{' cells' * bool(mech.weight_by_cells)}"
+                    f"{_capped(mech)}",
                 )  # fmt: skip
                 found = cache.get(key) if cache is not None else None
                 if found is None:
@@ -945,6 +947,14 @@ def _catalogue(table: WorkloadTable, fmap: MarginalsMap) -> MarginalsMechanism:
     return MarginalsMechanism(
         fmap, table.domain, EPSILON, DELTA, oneway_share=share, weight_by_cells=cells == "cells"
     )
+
+
+def _capped(mech: MarginalsMechanism) -> str:
+    """A catalogue key's note of the every-pair plan's model cap where it drops pairs (where it
+    drops none the mechanism, hence its cached result, is unchanged)."""
+    if not mech.measures_every_pair or len(mech.every_pair_plan()) == len(mech.candidates()):
+        return ""
+    return f" cap={EVERY_PAIR_MAX_MODEL_MB:g}MB P={len(mech.every_pair_plan())}"
 
 
 def _uniform(fmap: MarginalsMap, domain: Domain, cols: tuple[int, ...]) -> Array:

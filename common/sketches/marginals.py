@@ -118,6 +118,15 @@ BOOTSTRAP_ITERS = 500
 #: The largest junction-tree model (MB of float64 tables, ``mbi``'s measure) a selection may
 #: grow; bounds the owner's and the consumers' work.
 MAX_MODEL_MB = 32.0
+#: The largest junction-tree model (MB, :func:`model_size_mb`) the derived plan's every-pair
+#: measurements may form (:meth:`MarginalsMechanism.every_pair_plan`): the owner's published
+#: fit holds the model and its :data:`DEFAULT_BOOTSTRAP` refits, ``33 x 0.45 MB = 14.9 MB``,
+#: within the 16 MB a sketch may carry
+#: (:data:`~dpmarket.common.sketches.marginals_fit.MAX_FIT_BYTES`, with room for its framing), so
+#: the owner publishes it and a consumer fits nothing. A larger model (every pair of eight
+#: columns of up to 21 cells is one clique of 28 MB) is fitted by every consumer, minutes of CPU
+#: before its first answer. Decided from the declared cells only (public).
+EVERY_PAIR_MAX_MODEL_MB = 0.45
 # Relative slack when a received plan's rho is re-added (sums of floats).
 _RHO_RTOL = 1e-9
 
@@ -681,9 +690,10 @@ class MarginalsMechanism:
     ``sigma`` and the same total selection budget as one round of ``K`` (``K epsilon_r^2 / 8 =
     0.1 (1 - o) rho`` either way) — unless ``K`` reaches every candidate pair
     (:attr:`measures_every_pair`): then which pairs are measured is public, nothing is
-    selected, and one round measures every candidate (in order, passing over those that would
-    outgrow :data:`MAX_MODEL_MB`, a public test) at ``sigma = sqrt(P / (2 (1 - o) rho))`` for
-    ``P`` candidates: ``P`` Gaussian mechanisms, ``(1 - o) rho`` in all. zCDP composes
+    selected, and one round measures the candidates that keep the model within
+    :data:`EVERY_PAIR_MAX_MODEL_MB` (:meth:`every_pair_plan`, decided from the declared cells
+    alone) at ``sigma = sqrt(P / (2 (1 - o) rho))`` for those ``P`` pairs: ``P`` Gaussian
+    mechanisms, ``(1 - o) rho`` in all. zCDP composes
     adaptively by adding ``rho``, so the release is ``rho``-zCDP, hence ``(epsilon,
     delta)``-DP (:func:`dpmarket.common.privacy.accounting.zcdp_rho` returns a ``rho`` whose
     tight conversion gives at most ``delta`` at ``epsilon``). The ledger records that
@@ -787,15 +797,16 @@ class MarginalsMechanism:
 
     @property
     def measures_every_pair(self) -> bool:
-        """Whether the derived plan measures every candidate pair (then nothing is selected:
-        class Notes, "Budget")."""
+        """Whether the derived plan's ``K`` reaches every candidate pair (then nothing is
+        selected, and the pairs measured are :meth:`every_pair_plan`'s: class Notes,
+        "Budget")."""
         return self.tree_scored and self.measurements >= len(self.candidates())
 
     def pair_sigmas(self) -> dict[tuple[int, int], float]:
-        """Each candidate's noise when the derived plan measures every pair
-        (:attr:`measures_every_pair`): the plan's one sigma, or with ``weight_by_cells``
-        ``sigma_ab = lambda c_ab^(-1/3)`` with ``sum 1 / (2 sigma_ab^2) = (1 - o) rho`` (class
-        Notes, "Budget").
+        """Each measured pair's noise when the derived plan measures every pair
+        (:attr:`measures_every_pair`; the pairs of :meth:`every_pair_plan`): the plan's one
+        sigma, or with ``weight_by_cells`` ``sigma_ab = lambda c_ab^(-1/3)`` with ``sum 1 / (2
+        sigma_ab^2) = (1 - o) rho`` over those pairs (class Notes, "Budget").
 
         Raises
         ------
@@ -804,7 +815,7 @@ class MarginalsMechanism:
         """
         if not self.measures_every_pair:
             raise ValueError("only a plan that measures every pair fixes each pair's noise")
-        pairs = self.candidates()
+        pairs = self.every_pair_plan()
         cells = self.feature_map.cells
         if not self.weight_by_cells:
             sigma = self.plan()[0].sigma
@@ -817,7 +828,7 @@ class MarginalsMechanism:
     def plan(self) -> tuple[RoundPlan, ...]:
         """Every round's public budget (class Notes, "Budget"), before any data is read."""
         if self.measures_every_pair:
-            pairs = len(self.candidates())
+            pairs = len(self.every_pair_plan())
             rho_m = (1.0 - self.oneway_share) * self.rho
             return (RoundPlan(pairs, 0.0, math.sqrt(pairs / (2.0 * rho_m))),)
         rounds = self.rounds
@@ -826,6 +837,33 @@ class MarginalsMechanism:
         eps = math.sqrt(8.0 * SELECTION_SHARE * rho_r / k)
         sigma = math.sqrt(k / (2.0 * (1.0 - SELECTION_SHARE) * rho_r))
         return tuple(RoundPlan(k, eps, sigma) for _ in range(rounds))
+
+    def every_pair_plan(self) -> list[tuple[int, int]]:
+        """The pairs a plan that measures every pair (:attr:`measures_every_pair`) measures, in
+        column order: the candidates taken fewest cells first (ties in column order), each kept
+        if the junction tree of the 1-way marginals, the pairs kept so far and it stays within
+        :data:`EVERY_PAIR_MAX_MODEL_MB` (:func:`model_size_mb`). Public: the declared cells
+        decide it, no data; every receiver derives the same list.
+
+        Raises
+        ------
+        ValueError
+            Unless the plan measures every pair.
+        """
+        if not self.measures_every_pair:
+            raise ValueError("only a plan that measures every pair measures a public set of pairs")
+        return list(self._every_pair_plan)
+
+    @functools.cached_property
+    def _every_pair_plan(self) -> tuple[tuple[int, int], ...]:
+        fmap, cells = self.feature_map, self.feature_map.cells
+        pairs = self.candidates()
+        held: list[tuple[int, ...]] = [(j,) for j in range(self.domain.n_attributes)]
+        for c in sorted(pairs, key=lambda c: int(cells[c[0]]) * int(cells[c[1]])):
+            if model_size_mb(fmap, [*held, c]) <= EVERY_PAIR_MAX_MODEL_MB:
+                held.append(c)
+        kept = set(held)
+        return tuple(c for c in pairs if c in kept)
 
     def candidates(self) -> list[tuple[int, int]]:
         """The 2-way marginals a round may select: every pair of columns with at most
@@ -898,7 +936,9 @@ class MarginalsMechanism:
         tree = self.tree_scored
         for r, plan in enumerate(plans):
             held = [m.clique for m in measurements]
-            if tree:  # a measured pair is not a candidate again
+            if self.measures_every_pair:  # public: within EVERY_PAIR_MAX_MODEL_MB
+                allowed = self.every_pair_plan()
+            elif tree:  # a measured pair is not a candidate again
                 allowed = [
                     c
                     for c in pairs

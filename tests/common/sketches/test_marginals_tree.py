@@ -13,6 +13,8 @@ from dpmarket.common.privacy.accounting import exponential_zcdp_rho, gaussian_zc
 from dpmarket.common.sketches.domain import Domain
 from dpmarket.common.sketches.marginals import (
     AUTO,
+    DEFAULT_BOOTSTRAP,
+    EVERY_PAIR_MAX_MODEL_MB,
     ONEWAY_SHARE,
     MarginalsMechanism,
     MarginalsModel,
@@ -20,7 +22,9 @@ from dpmarket.common.sketches.marginals import (
     Measurement,
     default_oneway_share,
     marginals_map,
+    model_size_mb,
 )
+from dpmarket.common.sketches.marginals_fit import MAX_FIT_BYTES
 from dpmarket.common.sketches.marginals_tree import ChowLiuTree
 
 
@@ -206,3 +210,36 @@ def test_the_derived_one_way_share_grows_as_fewer_pairs_are_measured() -> None:
         marginals_map(domain, 2, rounds=2, measurements=4), domain, 1.0, 1e-6
     )
     assert stated.oneway_share == ONEWAY_SHARE and not stated.weight_by_cells
+
+
+def test_the_every_pair_plan_keeps_the_consumer_s_model_within_its_cap() -> None:
+    """Eight columns of GSSvocab's cells: every pair measured would be one junction-tree
+    clique of ~28 MB (the control: more than the cap, and a fit no sketch may carry); the
+    every-pair plan keeps the pairs that stay within EVERY_PAIR_MAX_MODEL_MB, fewest cells
+    first, and no dropped pair fits beside them. The release measures exactly those pairs and
+    spends its rho exactly (the accounting is over the pairs measured), and the cap leaves room
+    for a published fit of the model and its bootstrap refits."""
+    cells = [20, 2, 2, 5, 5, 11, 8, 21]
+    domain = Domain(np.zeros(8), np.ones(8))
+    fmap = marginals_map(domain, cells, measurements=28)
+    mech = MarginalsMechanism(fmap, domain, 1.0, 1e-6)
+    assert mech.measures_every_pair and len(mech.candidates()) == 28
+    ones: list[tuple[int, ...]] = [(j,) for j in range(8)]
+    assert model_size_mb(fmap, [*ones, *mech.candidates()]) > 20 * EVERY_PAIR_MAX_MODEL_MB
+    pairs = mech.every_pair_plan()
+    assert pairs == sorted(pairs) and 20 <= len(pairs) < 28
+    assert model_size_mb(fmap, [*ones, *pairs]) <= EVERY_PAIR_MAX_MODEL_MB
+    for dropped in set(mech.candidates()) - set(pairs):
+        assert model_size_mb(fmap, [*ones, *pairs, dropped]) > EVERY_PAIR_MAX_MODEL_MB
+    assert EVERY_PAIR_MAX_MODEL_MB * 2**20 * (1 + DEFAULT_BOOTSTRAP) < MAX_FIT_BYTES
+    (plan,) = mech.plan()
+    assert plan.selections == len(pairs) and plan.epsilon == 0.0
+    sigmas = mech.pair_sigmas()
+    rho_m = (1.0 - mech.oneway_share) * mech.rho
+    assert set(sigmas) == set(pairs)
+    assert sum(gaussian_zcdp_rho(s) for s in sigmas.values()) == pytest.approx(rho_m, rel=1e-12)
+    rng = np.random.default_rng(8)
+    sketch = mech.release(rng.random((400, 8)), rng=np.random.default_rng(9))
+    assert [m.clique for m in sketch.measurements[8:]] == pairs and sketch.selections == ()
+    assert {m.clique: m.sigma for m in sketch.measurements[8:]} == pytest.approx(sigmas)
+    assert sketch.rho_spent == pytest.approx(mech.rho, rel=1e-9)
