@@ -120,10 +120,11 @@ BOOTSTRAP_ITERS = 500
 MAX_MODEL_MB = 32.0
 #: The largest junction-tree model (MB, :func:`model_size_mb`) the derived plan's every-pair
 #: measurements may form (:meth:`MarginalsMechanism.every_pair_plan`): about the models the
-#: one-round selection plan formed (0.2-0.8 MB for GSSvocab's 23 pairs, docs/results.md), which
-#: a consumer fits in tens of seconds of CPU. Every pair of eight columns of up to 21 cells is one
-#: 28 MB clique: minutes of CPU before a consumer's first answer. Below 0.48 MB the owner can
-#: also publish the fit (the model and its :data:`DEFAULT_BOOTSTRAP` refits within
+#: one-round selection plan formed (0.2-0.8 MB for GSSvocab's 23 pairs, docs/results.md), whose
+#: fit takes a consumer tens of seconds of CPU (its bootstrap refits several times that). Every
+#: pair of eight columns of up to 21 cells is one 28 MB clique: minutes of CPU before a
+#: consumer's first answer. Below 0.48 MB the owner can also publish the fit (the model and its
+#: :data:`DEFAULT_BOOTSTRAP` refits within
 #: :data:`~dpmarket.common.sketches.marginals_fit.MAX_FIT_BYTES`), and a consumer fits nothing;
 #: a cap that low drops the pairs that carry most of some tables' dependence (docs/results.md).
 #: Decided from the declared cells only (public).
