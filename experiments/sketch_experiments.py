@@ -90,6 +90,7 @@ from dpmarket.common.sketches.tasks import (
 )
 from dpmarket.experiments.cape_experiments import _summary, _write
 from dpmarket.experiments.workload import METHODS as WORKLOAD_METHODS
+from dpmarket.experiments.workload import SPLITS
 from dpmarket.experiments.workload import TABLES as WORKLOAD_TABLE_BUILDERS
 
 __all__ = [
@@ -1057,15 +1058,28 @@ def _settings(quick: bool, trials: int | None, n_synthetic: int | None) -> Setti
     return base
 
 
-def _rule(text: str) -> tuple[float, int]:
-    """``"0.06/1"`` -> ``(0.06, 1)``."""
-    dependence, _, rounds = text.partition("/")
+def _rule(text: str) -> tuple[float, int, str, str]:
+    """``"0.06/1"`` -> ``(0.06, 1, "fixed", "mean")``; ``"0.06/0/workload/pair"`` ->
+    ``(0.06, 0, "workload", "pair")``."""
+    dependence, _, rest = text.partition("/")
+    rounds, _, split = rest.partition("/")
+    split, _, count = split.partition("/")
+    if count not in ("", "pair"):
+        raise click.BadParameter(
+            f"{text!r}: the fourth part is 'pair' or absent", param_hint="--rule"
+        )
     try:
-        out = (float(dependence), int(rounds))
+        out = (float(dependence), int(rounds), split or "fixed", count or "mean")
     except ValueError:
-        raise click.BadParameter(f"{text!r}: give D/T, e.g. 0.06/1", param_hint="--rule") from None
-    if not (out[0] > 0 and out[1] >= 1):
-        raise click.BadParameter(f"{text!r}: D > 0 and T >= 1", param_hint="--rule")
+        raise click.BadParameter(
+            f"{text!r}: give D/T or D/T/S, e.g. 0.06/1 or 0.06/0/workload", param_hint="--rule"
+        ) from None
+    if out[2].removesuffix("+cells") not in SPLITS:
+        raise click.BadParameter(f"{text!r}: S is one of {', '.join(SPLITS)}", param_hint="--rule")
+    if not (out[0] > 0 and out[1] >= 0):
+        raise click.BadParameter(
+            f"{text!r}: D > 0 and T >= 0 (0: the derived plan)", param_hint="--rule"
+        )
     return out
 
 
@@ -1078,7 +1092,7 @@ def run_workload_experiment(
     methods: Sequence[str] | None = None,
     cache: str | Path | None = None,
     loto: bool = False,
-    rules: Sequence[tuple[float, int]] | None = None,
+    rules: Sequence[tuple[float, int, str, str]] | None = None,
     console: Console | None = None,
 ) -> dict[str, Any]:
     """The counting-query workload (:mod:`dpmarket.experiments.workload`) into
@@ -1199,9 +1213,10 @@ def run_workload_experiment(
     "--rule",
     "rules",
     multiple=True,
-    metavar="D/T",
-    help="workload --loto: only these rules (dependence D, rounds T; repeat; default "
-    "workload.RULES: D = 0.03, 0.06, 0.12 in one round).",
+    metavar="D/T[/S[/pair]]",
+    help="workload --loto: only these rules (dependence D, rounds T, 0: the derived plan; "
+    "optional 1-way share S: fixed, workload or equal, +cells; optional /pair; repeat; default "
+    "workload.RULES)",
 )
 @click.option(
     "--loto",

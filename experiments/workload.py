@@ -50,11 +50,14 @@ from dpmarket.common.sketches.feature_maps import FeatureMap, RFFMap, draw_rff, 
 from dpmarket.common.sketches.m2m import M2MEstimator, SyntheticDesign
 from dpmarket.common.sketches.marginals import (
     AUTO,
+    EVERY_PAIR_MAX_MODEL_MB,
+    ONEWAY_SHARE,
     MarginalsMap,
     MarginalsMechanism,
     MarginalsModel,
     Measurement,
     default_measurements,
+    default_oneway_share,
     free_compiled,
     marginals_map,
     model_size_mb,
@@ -119,6 +122,7 @@ class WorkloadTable:
     bins: list[int]
     measurements: int | None = None
     rounds: int | None = None
+    split: str = "fixed"
 
     def marginals_map(
         self, *, rounds: int | None = None, measurements: int | None = None
@@ -794,10 +798,13 @@ def run_table(
                 estimate = np.array(found["estimate"], dtype=np.float64)
                 extra = str(found["extra"]) + ", cached"
             elif method == "catalogue":
-                mech = MarginalsMechanism(fmap, domain, EPSILON, DELTA)
+                mech = _catalogue(table, fmap)
                 key = BaselineCache.key(
                     table, method, EPSILON, DELTA, seed, f"{salt} {CATALOGUE_VERSION} "
-                    f"K={mech.measurements} T={mech.rounds}",
+                    f"K={mech.measurements} T={mech.rounds}{' tree' * mech.tree_scored}"
+                    f"{' every-pair' * mech.measures_every_pair} "
+                    f"o={mech.oneway_share:.6g}{' cells' * bool(mech.weight_by_cells)}"
+                    f"{_capped(mech)}",
                 )  # fmt: skip
                 found = cache.get(key) if cache is not None else None
                 if found is None:
@@ -919,6 +926,37 @@ def run_table(
     }
 
 
+#: The 1-way shares of rho :func:`run_loto` may try (``D/T/S`` rules): ``fixed``, the
+#: catalogue's :data:`~dpmarket.common.sketches.marginals.ONEWAY_SHARE`; ``workload``,
+#: :func:`~dpmarket.common.sketches.marginals.default_oneway_share`; ``equal``, AIM's equal
+#: noise on every marginal, ``d / (d + K)``. ``S+cells``: each pair's noise weighted by its
+#: cells when every pair is measured (``MarginalsMechanism.weight_by_cells``).
+SPLITS = ("fixed", "workload", "equal")
+
+
+def _catalogue(table: WorkloadTable, fmap: MarginalsMap) -> MarginalsMechanism:
+    """The catalogue's mechanism on ``table`` with its 1-way share (:data:`SPLITS`)."""
+    k = MarginalsMechanism(fmap, table.domain, EPSILON, DELTA).measurements
+    d = table.domain.n_attributes
+    split, _, cells = table.split.partition("+")
+    share = {
+        "fixed": ONEWAY_SHARE,
+        "workload": default_oneway_share([int(c) for c in fmap.cells], k),
+        "equal": d / (d + k),
+    }[split]
+    return MarginalsMechanism(
+        fmap, table.domain, EPSILON, DELTA, oneway_share=share, weight_by_cells=cells == "cells"
+    )
+
+
+def _capped(mech: MarginalsMechanism) -> str:
+    """A catalogue key's note of the every-pair plan's model cap where it drops pairs (where it
+    drops none the mechanism, hence its cached result, is unchanged)."""
+    if not mech.measures_every_pair or len(mech.every_pair_plan()) == len(mech.candidates()):
+        return ""
+    return f" cap={EVERY_PAIR_MAX_MODEL_MB:g}MB P={len(mech.every_pair_plan())}"
+
+
 def _uniform(fmap: MarginalsMap, domain: Domain, cols: tuple[int, ...]) -> Array:
     shares = []
     for j in cols:
@@ -1008,16 +1046,33 @@ def run_workload(
 
 
 #: The rules :func:`run_loto` chooses among: (dependence D of
-#: :func:`dpmarket.common.sketches.marginals.default_measurements`, selection rounds T).
-RULES = ((0.03, 1), (0.06, 1), (0.12, 1))
+#: :func:`dpmarket.common.sketches.marginals.default_measurements`, selection rounds T (0: the
+#: derived plan, one selection per round scored against the closed-form tree), 1-way share S
+#: of :data:`SPLITS`).
+Rule = tuple[float, int, str] | tuple[float, int, str, str]
+RULES: tuple[Rule, ...] = (
+    (0.06, 1, "fixed"),
+    (0.06, 0, "workload"),
+    (0.12, 0, "workload", "pair"),
+    (0.18, 0, "workload+cells"),
+)
 BASELINES = ("AIM", "MST", "laplace-2way")
 #: The largest publication time, as a share of AIM's, a chosen rule may take on the tables it
 #: is chosen on (the issue's goal: a tenth).
 TIME_SHARE = 0.1
 
 
-def _rule_settings(table: WorkloadTable, rule: tuple[float, int]) -> tuple[int, int]:
-    """``(measurements, rounds)`` of ``rule`` on ``table``."""
+def rule_label(rule: Rule) -> str:
+    """``D/T``, ``D/T/S`` (S when not ``fixed``) or ``D/T/S/pair`` (K counted pair by pair:
+    :func:`~dpmarket.common.sketches.marginals.default_measurements`' ``per_pair``)."""
+    label = f"{rule[0]:g}/{rule[1]:g}"
+    if len(rule) > 3 and rule[3] == "pair":
+        return f"{label}/{rule[2]}/pair"
+    return label + (f"/{rule[2]}" if rule[2] != "fixed" else "")
+
+
+def _rule_settings(table: WorkloadTable, rule: Rule) -> tuple[int, int, str]:
+    """``(measurements, rounds, split)`` of ``rule`` on ``table``."""
     fmap = table.marginals_map()
     k = default_measurements(
         [int(c) for c in fmap.cells],
@@ -1025,15 +1080,16 @@ def _rule_settings(table: WorkloadTable, rule: tuple[float, int]) -> tuple[int, 
         table.declared_rows,
         fmap.max_cells,
         dependence=rule[0],
+        per_pair=len(rule) > 3 and rule[3] == "pair",
     )
-    return k, min(int(rule[1]), k)
+    return k, min(int(rule[1]), k), rule[2]
 
 
 def run_loto(
     *,
     tables: Sequence[str] = tuple(TABLES),
     seeds: Sequence[int] = (0, 1),
-    rules: Sequence[tuple[float, int]] = RULES,
+    rules: Sequence[Rule] = RULES,
     cache: BaselineCache | None = None,
     console: Console | None = None,
 ) -> dict[str, Any]:
@@ -1055,17 +1111,17 @@ def run_loto(
         "vs_best", "publish_seconds", "aim_seconds", "intervals"}]}``.
     """
     con = console or Console(stderr=True)
-    docs: dict[str, dict[tuple[int, int], dict[str, Any]]] = {}
+    docs: dict[str, dict[tuple[int, int, str], dict[str, Any]]] = {}
     base: dict[str, dict[str, Any]] = {}
-    counts: dict[str, dict[tuple[float, int], tuple[int, int]]] = {}
+    counts: dict[str, dict[Rule, tuple[int, int, str]]] = {}
     for name in tables:
         table = TABLES[name]()
         counts[name] = {r: _rule_settings(table, r) for r in rules}
         base[name] = run_table(table, seeds, methods=BASELINES, console=con, cache=cache)
         docs[name] = {}
-        for k, t in sorted(set(counts[name].values())):
-            docs[name][k, t] = run_table(
-                WorkloadTable(table.name, table.domain, table.records, table.bins, k, t),
+        for k, t, split in sorted(set(counts[name].values())):
+            docs[name][k, t, split] = run_table(
+                WorkloadTable(table.name, table.domain, table.records, table.bins, k, t, split),
                 seeds,
                 methods=("catalogue",),
                 console=con,
@@ -1099,7 +1155,7 @@ def run_loto(
         held_out.append(
             {
                 "table": name,
-                "rule": list(rule),
+                "rule": rule_label(rule),
                 "measurements": counts[name][rule][0],
                 "rounds": counts[name][rule][1],
                 "vs_aim": ratios[name][rule],
@@ -1115,13 +1171,13 @@ def run_loto(
         "epsilon": EPSILON,
         "delta": DELTA,
         "seeds": list(seeds),
-        "rules": [list(r) for r in rules],
-        "settings": {
-            t: {f"{r[0]:g}/{r[1]:g}": list(k) for r, k in c.items()} for t, c in counts.items()
-        },
+        "rules": [rule_label(r) for r in rules],
+        "settings": {t: {rule_label(r): list(k) for r, k in c.items()} for t, c in counts.items()},
         "baselines": base,
-        "catalogue": {t: {f"K={k} T={r}": d for (k, r), d in v.items()} for t, v in docs.items()},
-        "ratios": {t: {f"{r[0]:g}/{r[1]:g}": v for r, v in rs.items()} for t, rs in ratios.items()},
+        "catalogue": {
+            t: {f"K={k} T={r} S={s}": d for (k, r, s), d in v.items()} for t, v in docs.items()
+        },
+        "ratios": {t: {rule_label(r): v for r, v in rs.items()} for t, rs in ratios.items()},
         "held_out": held_out,
     }
 
@@ -1141,7 +1197,7 @@ def print_loto(doc: Mapping[str, Any], console: Console) -> None:
         iv = h["intervals"]
         table.add_row(
             h["table"],
-            f"{h['rule'][0]:g}/{h['rule'][1]:g}",
+            h["rule"],
             f"{h['measurements']}/{h['rounds']}",
             f"{h['error']:.2e}",
             f"{h['vs_aim']:.3f}",

@@ -36,7 +36,7 @@ import hashlib
 import itertools
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -52,6 +52,7 @@ from dpmarket.common.privacy.accounting import (
 from dpmarket.common.privacy.noise import NoiseSource, SeededNoise
 from dpmarket.common.sketches.domain import Domain
 from dpmarket.common.sketches.feature_maps import OneHotFeatureMap
+from dpmarket.common.sketches.marginals_tree import ChowLiuTree
 from dpmarket.common.validation import check_positive_int
 
 if TYPE_CHECKING:
@@ -64,7 +65,6 @@ __all__ = [
     "DEFAULT_BOOTSTRAP",
     "DEFAULT_MAX_CELLS",
     "DEFAULT_MEASUREMENTS",
-    "DEFAULT_ROUNDS",
     "MarginalsMap",
     "MarginalsMechanism",
     "MarginalsModel",
@@ -74,25 +74,22 @@ __all__ = [
     "bound_weights",
     "cell_weights",
     "default_measurements",
+    "default_oneway_share",
     "default_rounds",
     "free_compiled",
     "marginals_map",
     "model_size_mb",
 ]
 
-#: The most selection rounds a default plan runs. One: the first round scores against the 1-way
-#: measurements' closed-form model, so a one-round release fits no model at all (each later
-#: round costs a fit at the owner: two rounds took 8 times one round's CPU time on Arrests,
-#: four rounds 19 times, against AIM's many rounds; docs/how-it-works.md).
-DEFAULT_ROUNDS = 1
 #: ``measurements = 0`` / ``rounds = 0`` in a map: derive them from the domain, the budget and
 #: the declared rows (:func:`default_measurements`, :func:`default_rounds`).
 AUTO = 0
 #: The typical dependence between two columns that :func:`default_measurements` plans for: the
 #: L1 distance between a pair's joint distribution and the product of its margins, as a
 #: fraction of the rows, that a measurement should be able to see above its noise. Chosen
-#: leave-one-table-out over 0.03 and 0.06 on five tables (docs/results.md, "Counting queries").
-DEPENDENCE = 0.06
+#: leave-one-table-out over 0.06, 0.12 and 0.18 with the derived plan's other choices, on five
+#: tables (docs/results.md, "Counting queries").
+DEPENDENCE = 0.18
 #: Rows assumed per owner when a declaration states none (``rows``): a small table, hence few
 #: measurements (the noise weighs more on a small table's cells).
 ASSUMED_ROWS = 5_000
@@ -102,8 +99,15 @@ DEFAULT_MEASUREMENTS = AUTO
 DEFAULT_MAX_CELLS = 10_000
 #: Parametric bootstrap replicates behind every standard error.
 DEFAULT_BOOTSTRAP = 32
-#: Share of ``rho`` spent on the 1-way marginals (measured first, all of them).
+#: Share of ``rho`` spent on the 1-way marginals (measured first, all of them) when the map
+#: states its rounds.
 ONEWAY_SHARE = 0.2
+#: Whether the derived plan (rounds not stated) takes its 1-way share from
+#: :func:`default_oneway_share` rather than :data:`ONEWAY_SHARE`, and weights each pair's noise
+#: by its cells when it measures every pair (:meth:`MarginalsMechanism.pair_sigmas`). Chosen
+#: leave-one-table-out on five tables (docs/results.md, "Counting queries").
+DERIVED_ONEWAY_SHARE = True
+DERIVED_CELL_WEIGHTS = True
 #: Share of each round's ``rho`` spent on its selections (AIM's 0.1); the rest measures.
 SELECTION_SHARE = 0.1
 #: Mirror-descent iterations of a fit during selection, of the final fit, of a bootstrap refit
@@ -114,6 +118,17 @@ BOOTSTRAP_ITERS = 500
 #: The largest junction-tree model (MB of float64 tables, ``mbi``'s measure) a selection may
 #: grow; bounds the owner's and the consumers' work.
 MAX_MODEL_MB = 32.0
+#: The largest junction-tree model (MB, :func:`model_size_mb`) the derived plan's every-pair
+#: measurements may form (:meth:`MarginalsMechanism.every_pair_plan`): about the models the
+#: one-round selection plan formed (0.2-0.8 MB for GSSvocab's 23 pairs, docs/results.md), whose
+#: fit takes a consumer tens of seconds of CPU (its bootstrap refits several times that). Every
+#: pair of eight columns of up to 21 cells is one 28 MB clique: minutes of CPU before a
+#: consumer's first answer. Below 0.48 MB the owner can also publish the fit (the model and its
+#: :data:`DEFAULT_BOOTSTRAP` refits within
+#: :data:`~dpmarket.common.sketches.marginals_fit.MAX_FIT_BYTES`), and a consumer fits nothing;
+#: a cap that low drops the pairs that carry most of some tables' dependence (docs/results.md).
+#: Decided from the declared cells only (public).
+EVERY_PAIR_MAX_MODEL_MB = 1.0
 # Relative slack when a received plan's rho is re-added (sums of floats).
 _RHO_RTOL = 1e-9
 
@@ -165,8 +180,9 @@ class MarginalsMap(OneHotFeatureMap):
     cells : ndarray of shape (d,), int64
         Cells per column, each >= 1.
     rounds : int
-        Selection rounds (:class:`MarginalsMechanism`); 0 (:data:`AUTO`, the default):
-        :func:`default_rounds`.
+        Selection rounds (:class:`MarginalsMechanism`), each later one scored against a fitted
+        graphical model; 0 (:data:`AUTO`, the default): the derived plan, one selection per
+        round (:func:`default_rounds`) scored against a closed-form tree, no fit.
     measurements : int
         2-way marginals selected over all rounds (``ceil(measurements / rounds)`` per round); 0
         (:data:`AUTO`, the default): :func:`default_measurements` of the domain, the release's
@@ -317,6 +333,7 @@ def default_measurements(
     max_cells: int = DEFAULT_MAX_CELLS,
     *,
     dependence: float = DEPENDENCE,
+    per_pair: bool = False,
 ) -> int:
     """How many 2-way marginals a marginals sketch measures by default.
 
@@ -333,6 +350,9 @@ def default_measurements(
         Pairs with more cells are not candidates.
     dependence : float
         ``D``, default :data:`DEPENDENCE`.
+    per_pair : bool
+        Apply the test below to each pair's own cells ``c_ab`` rather than to their mean: ``K``
+        is then the largest number such that at least ``K`` pairs pass it at ``sigma(K)``.
 
     Returns
     -------
@@ -366,16 +386,68 @@ def default_measurements(
     if not pairs:
         return 1
     n = rows or ASSUMED_ROWS
-    mean_cells = float(np.mean(pairs))
     scale = 2.0 * (1.0 - SELECTION_SHARE) * (1.0 - ONEWAY_SHARE) * rho
-    k = math.floor(scale * (dependence * n / (math.sqrt(2.0 / math.pi) * mean_cells)) ** 2)
+    if per_pair:  # the largest K with K pairs whose own cells pass the test at sigma(K)
+        passes = sorted(
+            (
+                math.floor(scale * (dependence * n / (math.sqrt(2.0 / math.pi) * c)) ** 2)
+                for c in pairs
+            ),
+            reverse=True,
+        )
+        k = max(min(i + 1, limit) for i, limit in enumerate(passes))
+    else:
+        mean_cells = float(np.mean(pairs))
+        k = math.floor(scale * (dependence * n / (math.sqrt(2.0 / math.pi) * mean_cells)) ** 2)
     return max(1, min(len(pairs), max(min(len(cells) - 1, len(pairs)), k)))
 
 
+def default_oneway_share(cells: Sequence[int], measurements: int) -> float:
+    """The derived plan's 1-way share of rho: the one that minimises a model of the summed L1
+    error of every 1- and 2-way marginal.
+
+    Parameters
+    ----------
+    cells : sequence of int
+        Cells per column (``d`` columns).
+    measurements : int
+        ``K``, the 2-way marginals measured.
+
+    Returns
+    -------
+    float
+        In ``[0.1, 0.9]``.
+
+    Notes
+    -----
+    In units of ``sqrt(2 / pi) / sqrt(2 rho')`` (``rho'`` the measurements' budget), with ``o``
+    the 1-way share, ``s`` = :data:`SELECTION_SHARE`, ``K``
+    pairs of mean ``c2`` cells measured and columns of mean ``c1`` cells: a measured pair's L1
+    error is its noise, ``c2 sqrt(K / ((1 - s)(1 - o)))``; an unmeasured pair's, besides the
+    dependence it misses (independent of ``o``), is its two columns' 1-way errors carried
+    through the product, ``||e_a||_1 + ||e_b||_1``, and each column's 1-way error (of its 1-way
+    measurement, ``d / o`` per cell, pooled with the ``2 K / d`` measured pairs that hold it,
+    ``c1 K / ((1 - s)(1 - o))`` per cell each) is ``c1 sqrt(d / (o + 2 (1 - s)(1 - o) / c1))``;
+    a column counts in ``d - 2 K / d`` (at least 1) unmeasured pairs and its own 1-way cells.
+    The share minimising ``K c2 sigma_2 + d (d - 2 K / d) c1 e_1`` over a grid of ``[0.1,
+    0.9]`` (at least 0.1: the first selection scores against the 1-way measurements).
+    """
+    d = len(cells)
+    c1 = float(np.mean(cells))
+    c2 = float(np.mean([a * b for a, b in itertools.combinations(cells, 2)]))
+    s = SELECTION_SHARE
+    grid = np.linspace(0.1, 0.9, 81)
+    pair_sigma = np.sqrt(measurements / ((1.0 - s) * (1.0 - grid)))
+    oneway = c1 * np.sqrt(d / (grid + 2.0 * (1.0 - s) * (1.0 - grid) / c1))
+    unmeasured = max(d - 2.0 * measurements / d, 1.0)
+    cost = measurements * c2 * pair_sigma + d * unmeasured * oneway
+    return float(grid[int(np.argmin(cost))])
+
+
 def default_rounds(measurements: int) -> int:
-    """Selection rounds by default: :data:`DEFAULT_ROUNDS`, or one per measurement when there
-    are fewer (never below 1)."""
-    return max(1, min(DEFAULT_ROUNDS, int(measurements)))
+    """Selection rounds by default: one per measurement (never below 1), each scored against
+    the closed-form tree of the measurements before it (:class:`MarginalsMechanism` Notes)."""
+    return max(1, int(measurements))
 
 
 def marginals_map(
@@ -563,7 +635,8 @@ class RoundPlan:
     selections : int
         2-way marginals selected (one exponential mechanism each).
     epsilon : float
-        Each selection's exponential-mechanism epsilon (scores of sensitivity 1).
+        Each selection's exponential-mechanism epsilon (scores of sensitivity 1); 0 when the
+        round selects nothing but measures every candidate, in order.
     sigma : float
         Each selected marginal's noise standard deviation.
     """
@@ -587,6 +660,15 @@ class MarginalsMechanism:
         ``> 0``: the release is ``(epsilon, delta)``-DP.
     delta : float
         ``0 < delta < 1``.
+    oneway_share : float, optional
+        The share of ``rho`` the 1-way marginals get, in ``(0, 1)``; 0 (:data:`AUTO`, the
+        default): the derived plan's
+        (:func:`default_oneway_share`) when the map states no rounds, :data:`ONEWAY_SHARE`
+        otherwise. Public (every receiver derives the same default); an explicit value is for
+        experiments.
+    weight_by_cells : bool, optional
+        Whether a plan that measures every pair (:attr:`measures_every_pair`) weights each
+        pair's noise by its cells (:meth:`pair_sigmas`); default: the derived plan does.
 
     Attributes
     ----------
@@ -625,21 +707,35 @@ class MarginalsMechanism:
     picks; the Gumbel argmax of a subset does not depend on the others' keys), and a round that
     runs out of candidates spends less than its plan.
 
-    *Budget* (:meth:`plan`). ``rho_1 = 0.2 rho`` measures all ``d`` 1-way marginals at
-    ``sigma_1 = sqrt(d / (2 rho_1))``; each of the ``T`` rounds (:attr:`rounds`) gets ``rho_r =
-    0.8 rho / T``, ``0.1 rho_r`` for its ``k = ceil(K / T)`` selections (``K`` =
-    :attr:`measurements`: the map's, or derived from the domain, ``rho`` and the declared rows)
-    (``epsilon_r = sqrt(0.8 rho_r / k)``) and ``0.9 rho_r`` for their measurements (``sigma_r =
-    sqrt(k / (1.8 rho_r))``). A round with fewer candidates than ``k`` spends its unused selection
-    budget on its measurements. zCDP composes adaptively by adding ``rho``, so the release is
-    ``rho``-zCDP, hence ``(epsilon, delta)``-DP (:func:`dpmarket.common.privacy.accounting.zcdp_rho`
-    returns a ``rho`` whose tight conversion gives at most ``delta`` at ``epsilon``). The ledger
-    records that ``(epsilon, delta)`` (:meth:`privacy_events`).
+    *Budget* (:meth:`plan`). ``rho_1 = o rho`` (``o`` = ``oneway_share``, default
+    :data:`ONEWAY_SHARE`, 0.2) measures all ``d`` 1-way marginals at ``sigma_1 = sqrt(d / (2
+    rho_1))``; each of the ``T`` rounds (:attr:`rounds`) gets ``rho_r = (1 - o) rho / T``, ``0.1
+    rho_r`` for its ``k = ceil(K / T)`` selections (``K`` = :attr:`measurements`: the map's, or
+    derived from the domain, ``rho`` and the declared rows) (``epsilon_r = sqrt(0.8 rho_r / k)``)
+    and ``0.9 rho_r`` for their measurements (``sigma_r = sqrt(k / (1.8 rho_r))``). A round with
+    fewer candidates than ``k`` spends its unused selection budget on its measurements. The
+    derived plan (rounds not stated) runs ``T = K`` rounds of one selection each — the same
+    ``sigma`` and the same total selection budget as one round of ``K`` (``K epsilon_r^2 / 8 =
+    0.1 (1 - o) rho`` either way) — unless ``K`` reaches every candidate pair
+    (:attr:`measures_every_pair`): then which pairs are measured is public, nothing is
+    selected, and one round measures the candidates that keep the model within
+    :data:`EVERY_PAIR_MAX_MODEL_MB` (:meth:`every_pair_plan`, decided from the declared cells
+    alone) at ``sigma = sqrt(P / (2 (1 - o) rho))`` for those ``P`` pairs: ``P`` Gaussian
+    mechanisms, ``(1 - o) rho`` in all. zCDP composes
+    adaptively by adding ``rho``, so the release is ``rho``-zCDP, hence ``(epsilon,
+    delta)``-DP (:func:`dpmarket.common.privacy.accounting.zcdp_rho` returns a ``rho`` whose
+    tight conversion gives at most ``delta`` at ``epsilon``). The ledger records that
+    ``(epsilon, delta)`` (:meth:`privacy_events`).
 
     *Models scored against.* The first round scores against the 1-way measurements' own model
-    (every column independent: closed form, no fit); each later round against a graphical model
-    fitted to everything measured so far. No model is fitted after the last round (the owner
-    needs none), so a single round costs no fit at all.
+    (every column independent: closed form, no fit). In the derived plan each later round scores
+    the pairs not yet measured against the closed-form Chow–Liu tree of everything measured so
+    far (:class:`~dpmarket.common.sketches.marginals_tree.ChowLiuTree`: no fit, microseconds per
+    candidate; a measured pair is not a candidate again); with ``rounds`` stated, against a
+    graphical model fitted to everything measured so far (AIM's; each fit costs a jax
+    compilation). The scoring model is computed from earlier releases only (post-processing), so
+    every score keeps sensitivity 1. No model is fitted after the last round (the owner needs
+    none).
 
     References
     ----------
@@ -650,6 +746,8 @@ class MarginalsMechanism:
     domain: Domain
     epsilon: float
     delta: float
+    oneway_share: float = AUTO
+    weight_by_cells: bool | None = None
     mechanism: str = field(default="gaussian", init=False)
 
     def __post_init__(self) -> None:
@@ -671,6 +769,17 @@ class MarginalsMechanism:
             raise ValueError(f"the marginals sketch needs 0 < delta < 1, got {self.delta!r}")
         object.__setattr__(self, "epsilon", eps)
         object.__setattr__(self, "delta", dl)
+        if self.oneway_share == AUTO:
+            cells = [int(c) for c in self.feature_map.cells]
+            derived = self.tree_scored and DERIVED_ONEWAY_SHARE
+            share = default_oneway_share(cells, self.measurements) if derived else ONEWAY_SHARE
+        else:
+            share = float(self.oneway_share)
+        if not 0.0 < share < 1.0:
+            raise ValueError(f"oneway_share must lie in (0, 1), got {self.oneway_share!r}")
+        object.__setattr__(self, "oneway_share", share)
+        if self.weight_by_cells is None:
+            object.__setattr__(self, "weight_by_cells", self.tree_scored and DERIVED_CELL_WEIGHTS)
 
     @property
     def private(self) -> bool:
@@ -697,22 +806,92 @@ class MarginalsMechanism:
     def rounds(self) -> int:
         """Selection rounds: the map's, or :func:`default_rounds` of :attr:`measurements`."""
         fmap = self.feature_map
-        return fmap.rounds if fmap.rounds != AUTO else default_rounds(self.measurements)
+        if fmap.rounds != AUTO:
+            return fmap.rounds
+        return 1 if self.measures_every_pair else default_rounds(self.measurements)
+
+    @property
+    def tree_scored(self) -> bool:
+        """Whether each round scores against the closed-form tree of what is measured so far
+        (:class:`~dpmarket.common.sketches.marginals_tree.ChowLiuTree`, the derived plan:
+        rounds not stated) rather than a fitted graphical model (rounds stated)."""
+        return self.feature_map.rounds == AUTO
 
     @property
     def oneway_sigma(self) -> float:
         """Noise standard deviation of the 1-way marginals."""
         d = self.domain.n_attributes
-        return math.sqrt(d / (2.0 * ONEWAY_SHARE * self.rho))
+        return math.sqrt(d / (2.0 * self.oneway_share * self.rho))
+
+    @property
+    def measures_every_pair(self) -> bool:
+        """Whether the derived plan's ``K`` reaches every candidate pair (then nothing is
+        selected, and the pairs measured are :meth:`every_pair_plan`'s: class Notes,
+        "Budget")."""
+        return self.tree_scored and self.measurements >= len(self.candidates())
+
+    def pair_sigmas(self) -> dict[tuple[int, int], float]:
+        """Each measured pair's noise when the derived plan measures every pair
+        (:attr:`measures_every_pair`; the pairs of :meth:`every_pair_plan`): the plan's one
+        sigma, or with ``weight_by_cells`` ``sigma_ab = lambda c_ab^(-1/3)`` with ``sum 1 / (2
+        sigma_ab^2) = (1 - o) rho`` over those pairs (class Notes, "Budget").
+
+        Raises
+        ------
+        ValueError
+            Unless the plan measures every pair.
+        """
+        if not self.measures_every_pair:
+            raise ValueError("only a plan that measures every pair fixes each pair's noise")
+        pairs = self.every_pair_plan()
+        cells = self.feature_map.cells
+        if not self.weight_by_cells:
+            sigma = self.plan()[0].sigma
+            return dict.fromkeys(pairs, sigma)
+        size = {c: float(cells[c[0]] * cells[c[1]]) for c in pairs}
+        rho_m = (1.0 - self.oneway_share) * self.rho
+        scale = math.sqrt(sum(v ** (2.0 / 3.0) for v in size.values()) / (2.0 * rho_m))
+        return {c: scale * size[c] ** (-1.0 / 3.0) for c in pairs}
 
     def plan(self) -> tuple[RoundPlan, ...]:
         """Every round's public budget (class Notes, "Budget"), before any data is read."""
+        if self.measures_every_pair:
+            pairs = len(self.every_pair_plan())
+            rho_m = (1.0 - self.oneway_share) * self.rho
+            return (RoundPlan(pairs, 0.0, math.sqrt(pairs / (2.0 * rho_m))),)
         rounds = self.rounds
-        rho_r = (1.0 - ONEWAY_SHARE) * self.rho / rounds
+        rho_r = (1.0 - self.oneway_share) * self.rho / rounds
         k = math.ceil(self.measurements / rounds)
         eps = math.sqrt(8.0 * SELECTION_SHARE * rho_r / k)
         sigma = math.sqrt(k / (2.0 * (1.0 - SELECTION_SHARE) * rho_r))
         return tuple(RoundPlan(k, eps, sigma) for _ in range(rounds))
+
+    def every_pair_plan(self) -> list[tuple[int, int]]:
+        """The pairs a plan that measures every pair (:attr:`measures_every_pair`) measures, in
+        column order: the candidates taken fewest cells first (ties in column order), each kept
+        if the junction tree of the 1-way marginals, the pairs kept so far and it stays within
+        :data:`EVERY_PAIR_MAX_MODEL_MB` (:func:`model_size_mb`). Public: the declared cells
+        decide it, no data; every receiver derives the same list.
+
+        Raises
+        ------
+        ValueError
+            Unless the plan measures every pair.
+        """
+        if not self.measures_every_pair:
+            raise ValueError("only a plan that measures every pair measures a public set of pairs")
+        return list(self._every_pair_plan)
+
+    @functools.cached_property
+    def _every_pair_plan(self) -> tuple[tuple[int, int], ...]:
+        fmap, cells = self.feature_map, self.feature_map.cells
+        pairs = self.candidates()
+        held: list[tuple[int, ...]] = [(j,) for j in range(self.domain.n_attributes)]
+        for c in sorted(pairs, key=lambda c: int(cells[c[0]]) * int(cells[c[1]])):
+            if model_size_mb(fmap, [*held, c]) <= EVERY_PAIR_MAX_MODEL_MB:
+                held.append(c)
+        kept = set(held)
+        return tuple(c for c in pairs if c in kept)
 
     def candidates(self) -> list[tuple[int, int]]:
         """The 2-way marginals a round may select: every pair of columns with at most
@@ -778,43 +957,39 @@ class MarginalsMechanism:
         sigma1 = self.oneway_sigma
         measurements = [measure((j,), sigma1) for j in range(self.domain.n_attributes)]
         selections: list[float] = []
-        model: MarginalsModel | _IndependentModel = _IndependentModel(fmap, measurements)
+        independent = _IndependentModel(fmap, measurements)
+        model: MarginalsModel | _IndependentModel | ChowLiuTree = independent
         pairs = self.candidates()
         plans = self.plan()
+        tree = self.tree_scored
         for r, plan in enumerate(plans):
-            rho_r = plan.selections * (
-                exponential_zcdp_rho(plan.epsilon) + gaussian_zcdp_rho(plan.sigma)
-            )
-            allowed = [
-                c for c in pairs if model.covers(c) or model.grown_size_mb(c) <= MAX_MODEL_MB
-            ]
-            if not allowed:
-                continue
-            k = min(plan.selections, len(allowed))
-            sigma = plan.sigma
-            if k < plan.selections:  # the unused selection budget goes to the measurements
-                sigma = math.sqrt(k / (2.0 * (rho_r - k * exponential_zcdp_rho(plan.epsilon))))
-            scores = np.array(
-                [
-                    np.abs(exact(c) - model.marginal(c).reshape(-1)).sum()
-                    - math.sqrt(2.0 / math.pi) * sigma * int(shape[c[0]] * shape[c[1]])
-                    for c in allowed
-                ]
-            )
-            keys = plan.epsilon * scores / 2.0 + rng.gumbel(size=scores.size)
             held = [m.clique for m in measurements]
-            picked = 0
-            for i in np.argsort(-keys, kind="stable"):
-                if picked == k:
-                    break
-                candidate = allowed[int(i)]
-                if model_size_mb(fmap, [*held, candidate]) > MAX_MODEL_MB:
-                    continue  # with this round's earlier picks, it would outgrow the model
-                held.append(candidate)
-                measurements.append(measure(candidate, sigma))
-                selections.append(plan.epsilon)
-                picked += 1
-            if r + 1 < len(plans):  # the next round scores against a model of everything so far
+            if self.measures_every_pair:  # public: within EVERY_PAIR_MAX_MODEL_MB
+                allowed = self.every_pair_plan()
+            elif tree:  # a measured pair is not a candidate again
+                allowed = [
+                    c
+                    for c in pairs
+                    if c not in held and model_size_mb(fmap, [*held, c]) <= MAX_MODEL_MB
+                ]
+            else:
+                allowed = [
+                    c
+                    for c in pairs
+                    if model.covers(c) or model.grown_size_mb(c) <= MAX_MODEL_MB  # type: ignore[union-attr]
+                ]
+            for clique, sigma, eps in _select(plan, allowed, held, fmap, model, exact, rng):
+                if eps == 0.0 and bool(self.weight_by_cells):
+                    sigma = self.pair_sigmas()[clique]
+                measurements.append(measure(clique, sigma))
+                if eps > 0:
+                    selections.append(eps)
+            if r + 1 == len(plans):
+                continue  # no model after the last round: the owner needs none
+            if tree:  # the next round scores against the closed-form tree of everything so far
+                two = {m.clique: m.values for m in measurements if len(m.clique) == 2}
+                model = ChowLiuTree(independent.shares, independent.total, two)
+            else:  # ... or against a graphical model fitted to it
                 warm = model if isinstance(model, MarginalsModel) else None
                 model = MarginalsModel.fit(fmap, measurements, iters=SELECTION_ITERS, warm=warm)
         free_compiled()  # the selection's structures are not used again
@@ -987,6 +1162,59 @@ class MarginalsSketch:
     def noisy_count(self) -> float:
         """:attr:`count_estimate` (what catalogue listings show as the noisy count)."""
         return self.count_estimate
+
+
+def _select(
+    plan: RoundPlan,
+    allowed: Sequence[tuple[int, int]],
+    held: list[tuple[int, ...]],
+    fmap: MarginalsMap,
+    model: Any,
+    exact: Callable[[tuple[int, ...]], NDArray[np.float64]],
+    rng: np.random.Generator,
+) -> list[tuple[tuple[int, int], float, float]]:
+    """One round's selections (:class:`MarginalsMechanism` Notes, "Selections"): the top
+    ``plan.selections`` of the Gumbel-perturbed scores of ``allowed`` against ``model``, passing
+    over a pick that would outgrow :data:`MAX_MODEL_MB` with ``held`` (extended in place).
+
+    Returns
+    -------
+    list of (clique, sigma, epsilon)
+        Each pick, the noise it is to be measured with (the plan's, or more budget when fewer
+        than the plan's candidates remain) and its selection's epsilon.
+    """
+    if not allowed:
+        return []
+    out: list[tuple[tuple[int, int], float, float]] = []
+    if plan.epsilon == 0.0:  # nothing to select: every candidate, in order
+        for candidate in allowed:
+            if model_size_mb(fmap, [*held, candidate]) <= MAX_MODEL_MB:
+                held.append(candidate)
+                out.append((candidate, plan.sigma, 0.0))
+        return out
+    shape = [int(c) for c in fmap.cells]
+    k = min(plan.selections, len(allowed))
+    sigma = plan.sigma
+    if k < plan.selections:  # the unused selection budget goes to the measurements
+        rho_r = plan.selections * (exponential_zcdp_rho(plan.epsilon) + gaussian_zcdp_rho(sigma))
+        sigma = math.sqrt(k / (2.0 * (rho_r - k * exponential_zcdp_rho(plan.epsilon))))
+    scores = np.array(
+        [
+            np.abs(exact(c) - model.marginal(c).reshape(-1)).sum()
+            - math.sqrt(2.0 / math.pi) * sigma * shape[c[0]] * shape[c[1]]
+            for c in allowed
+        ]
+    )
+    keys = plan.epsilon * scores / 2.0 + rng.gumbel(size=scores.size)
+    for i in np.argsort(-keys, kind="stable"):
+        if len(out) == k:
+            break
+        candidate = allowed[int(i)]
+        if model_size_mb(fmap, [*held, candidate]) > MAX_MODEL_MB:
+            continue  # with this round's earlier picks, it would outgrow the model
+        held.append(candidate)
+        out.append((candidate, sigma, plan.epsilon))
+    return out
 
 
 # ------------------------------------------------------------------------------------ model

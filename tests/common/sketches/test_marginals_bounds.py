@@ -20,7 +20,7 @@ from dpmarket.common.privacy.accounting import zcdp_rho
 from dpmarket.common.sketches.domain import Domain
 from dpmarket.common.sketches.marginals import (
     ASSUMED_ROWS,
-    DEFAULT_ROUNDS,
+    DEPENDENCE,
     Measurement,
     bound_weights,
     cell_weights,
@@ -293,27 +293,29 @@ def test_bounds_refuse_what_they_cannot_bound() -> None:
 
 # ------------------------------------------------------------------------------ defaults
 def test_the_default_measurement_count_adapts_to_the_domain() -> None:
-    """Known answers of ``K = floor(1.44 rho (D n / (sqrt(2/pi) c))^2)`` (``D`` = 0.06, rho =
+    """Known answers of ``K = floor(1.44 rho (D n / (sqrt(2/pi) c))^2)`` (``D`` = 0.18, rho =
     zcdp_rho(1, 1e-6) = 0.024355), clipped to [d - 1, P].
 
-    * 8 binary columns of 30,000 rows: ``c = 4``, ``1.44 rho (0.06 * 30000 / (0.7979 * 4))^2
-      = 11,142``: every one of the P = 28 pairs;
-    * 6 columns of 20 cells, 5,000 rows: ``c = 400``, ``1.44 rho (0.06 * 5000 / 319.2)^2 =
-      0.031``: the spanning-tree floor, d - 1 = 5;
-    * 11 columns of 6 cells, 20,000 rows: ``c = 36``, ``1.44 rho (1200 / 28.72)^2 = 61.2``,
-      clipped to P = 55; at 5,000 rows ``3.83``: the floor, 10; at 12,000 rows ``22.04``: 22.
+    * 8 binary columns of 30,000 rows: ``c = 4``, ``1.44 rho (0.18 * 30000 / (0.7979 * 4))^2
+      = 100,278``: every one of the P = 28 pairs;
+    * 6 columns of 20 cells, 5,000 rows: ``c = 400``, ``1.44 rho (0.18 * 5000 / 319.2)^2 =
+      0.28``: the spanning-tree floor, d - 1 = 5;
+    * 11 columns of 6 cells, 20,000 rows: ``c = 36``, ``1.44 rho (3600 / 28.72)^2 = 551``,
+      clipped to P = 55; at 2,000 rows ``5.5``: the floor, 10; at 4,000 rows ``22.06``: 22.
     """
+    assert DEPENDENCE == 0.18
     rho = zcdp_rho(1.0, 1e-6)
     assert default_measurements([2] * 8, rho, 30_000) == 28
     assert default_measurements([20] * 6, rho, 5_000) == 5
     assert default_measurements([6] * 11, rho, 20_000) == 55
-    assert default_measurements([6] * 11, rho, 5_000) == 10
-    middle = default_measurements([6] * 11, rho, 12_000)
+    assert default_measurements([6] * 11, rho, 2_000) == 10
+    middle = default_measurements([6] * 11, rho, 4_000)
     assert middle == 22
     # More budget, more measurements; no declared rows: ASSUMED_ROWS.
-    assert default_measurements([6] * 11, zcdp_rho(4.0, 1e-6), 12_000) > middle
+    assert default_measurements([6] * 11, zcdp_rho(4.0, 1e-6), 4_000) > middle
     assert default_measurements([6] * 11, rho) == default_measurements([6] * 11, rho, ASSUMED_ROWS)
-    assert default_rounds(28) == DEFAULT_ROUNDS == 1 and default_rounds(0) == 1
+    # The derived plan: one selection per round.
+    assert default_rounds(28) == 28 and default_rounds(0) == 1
     with pytest.raises(ValueError, match="rho"):
         default_measurements([2, 2], 0.0)
 
