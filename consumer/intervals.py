@@ -259,9 +259,11 @@ def _frechet(parts: list[Callable[[Array, Array], Triple]]) -> Callable[[Array, 
         out = [part(sums, n_hat) for part in parts]
         k = len(out)
         point = np.prod([np.clip(o[0], 0.0, 1.0) for o in out], axis=0)
-        low = np.maximum(np.sum([o[1] for o in out], axis=0) - (k - 1), 0.0)
-        # Noise-free, low <= truth <= high; noisy, the cut of low at 0 can pass a high pushed
-        # below 0: high is kept at least low (a bound, like its bias half-width, never crosses).
+        # Not cut at 0 here (explore cuts the interval to [0, 1] after the noise replicates,
+        # which never removes the truth): a cut flattens the replicates' spread, and a noisy
+        # upper bound below 0 gave the interval [0, 0]. Noise-free, sum L_j - (k - 1) <= L_i
+        # <= U_i for every i; noisy, high is kept at least low (a bound never crosses).
+        low = np.sum([o[1] for o in out], axis=0) - (k - 1)
         high = np.maximum(np.min([o[2] for o in out], axis=0), low)
         if k == 1:
             point, low, high = out[0]
