@@ -20,6 +20,8 @@ estimate, :func:`~dpmarket.common.sketches.intervals.count_estimate`)
     *count over several columns*: the Fréchet bounds of a conjunction from each column's bounds,
     ``max(0, sum_j L_j - (k - 1)) <= P <= min_j U_j`` (they hold whatever the joint, which one
     histogram per column does not identify); the point estimate is the product (independence).
+    The cut at 0 (like a variance's at ``[0, w^2/4]``) is made on the interval after the noise
+    replicates, not on the bounds before them: a cut there flattens the replicates' spread.
     *variance*: ``var = E(x - c)^2 - (E x - c)^2`` for the point estimate ``c`` of the mean: the
     first term bounded bin by bin, the second over the mean's bounds.
     *covariance of two columns*: not identified; ``|cov| <= sd_a sd_b`` (Cauchy-Schwarz) with
