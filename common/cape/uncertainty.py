@@ -53,7 +53,7 @@ Flags (:class:`dpmarket.common.uncertainty.Flag`), per value, on the value or on
 * ``undetermined`` (on the value, capeFM): an eigenvalue of the released Gram matrix lies
   within one noise standard deviation of 0, so the data do not determine the fit along it; the
   interval (the hull of two bootstraps) is wide along it, and its coverage depends on the
-  noise-free eigenvalue, which the release does not determine: measured at 93-99 % per
+  noise-free eigenvalue, which the release does not determine: measured at 92-100 % per
   coefficient on real tables, lower on some synthetic ones (:func:`capefm_estimates`, Notes).
 * ``no_interval`` (on the interval, network): as above.
 
@@ -568,14 +568,15 @@ def capefm_estimates(
     Which draws, where the fit is undetermined. A floor of 0.2 sigma suits eigenvalues whose
     noise-free value is near 0 (diabetes), but where it is about one sigma (Ecdat Computers'
     logistic regression: 1.2 and 1.5 sigma), every draw whose eigenvalue the noise made negative
-    is floored far below the truth, and the interval of ``hd`` missed it on one side, 6.7 % below
-    and 0.1 % above over 1,000 repetitions (93.2 % covered). Kept to its positive semidefinite
-    draws (:func:`capefm_bootstrap`), the bootstrap covers there but misses where the noise-free
-    eigenvalue is near 0 (88 % on a synthetic weak direction). The release does not say which
-    holds, so the interval is the hull of both: each coefficient's ``[min low, max high]``, its
-    standard error the larger. Resolved fits (no eigenvalue within one sigma of 0) keep the one
-    bootstrap. Coverage along an undetermined direction is measured, not guaranteed
-    (docs/results.md, "CAPE intervals per coefficient").
+    is floored far below the truth, and the interval of ``hd`` missed it on one side: it lay
+    above the truth in 6.7 % of 1,000 repetitions and below it in 0.1 % (93.2 % covered). Kept
+    to its positive semidefinite draws (:func:`capefm_bootstrap`), the bootstrap covers there
+    but misses where the noise-free eigenvalue is near 0 (88 % on a synthetic weak direction).
+    The release does not say which holds, so the interval is the hull of both, each
+    coefficient's ``[min low, max high]`` with the larger standard error (98.6 % on ``hd``; it
+    over-covers, 97.5-98.6 % per coefficient). Resolved fits (no eigenvalue within one sigma of
+    0) keep the one bootstrap. Coverage along an undetermined direction is measured, not
+    guaranteed (docs/results.md, "CAPE intervals per coefficient").
     """
     m = np.asarray(raw_map[0], dtype=np.float64)
     c = np.asarray(raw_map[1], dtype=np.float64)
