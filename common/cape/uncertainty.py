@@ -427,7 +427,8 @@ def capefm_bootstrap(
     off the truth on one side where the noise-free eigenvalue is about one noise std (Ecdat
     Computers' logistic regression: :func:`capefm_estimates`, Notes). With ``psd`` the draws are
     made in batches of ``B`` until ``B`` of them are positive semidefinite, at most
-    :data:`PSD_MAX_DRAWS` ``B`` in all (the law conditioned on the constraint, by rejection).
+    :data:`PSD_MAX_DRAWS` ``B`` in all and no more than ten times :data:`BOOTSTRAP_WORK` (the
+    law conditioned on the constraint, by rejection; at ``D`` above about 180, one batch).
     When fewer than ``min(B,`` :data:`MIN_REPLICATES` ``)`` pass
     (the release is far from any Gram matrix: diabetes at 88 rows per owner, nine of eleven
     eigenvalues at or below 0.4 noise std), no conditioned law can be estimated and every draw of
@@ -439,12 +440,13 @@ def capefm_bootstrap(
     if not psd:
         return weights, False
     need = min(b, MIN_REPLICATES)
+    most = max(b, min(PSD_MAX_DRAWS * b, int(10 * BOOTSTRAP_WORK // plan.dim**3)))
     kept = [weights[smallest >= 0.0]]
     accepted, drawn = kept[0].shape[0], b
-    # Stop at once when even PSD_MAX_DRAWS batches at this rate would not reach the minimum.
-    if accepted * PSD_MAX_DRAWS < need:
+    # Stop at once when even the most draws at this rate would not reach the minimum.
+    if accepted * most < need * b:
         return weights, False
-    while accepted < b and drawn < PSD_MAX_DRAWS * b:
+    while accepted < b and drawn < most:
         more, low = _solve_draws(plan, fit, rng, b, scales)
         kept.append(more[low >= 0.0])
         accepted += kept[-1].shape[0]
