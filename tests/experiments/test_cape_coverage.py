@@ -28,6 +28,7 @@ def test_coverage_runs_the_curators_jobs_and_tallies_every_answer(tmp_path: Path
         "basic interval",
         "released floor",
         "one-sigma floor",
+        "floored draws",
     }
     # 442 rows at epsilon 1: the regression is noise-dominated, and every answer says so (on
     # the value: its interval is wide along what the data do not determine, and still covers).
