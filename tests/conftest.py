@@ -40,8 +40,45 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+#: CI (``.ci/run``) keeps jax's compiled executables in this folder across its runs, as it keeps
+#: mypy's cache: a marginals model's fit compiles about a hundred small XLA programs per model
+#: structure, again after every :func:`~dpmarket.common.sketches.marginals.free_compiled`
+#: (about 80 % of a small fit's CPU), and the suite fits the same few structures on every run.
+#: Unset (the default, and the product's setting), nothing is kept on disk.
+JAX_CACHE = "DPMARKET_JAX_CACHE"
+
+
+def keep_compiled_executables(config: pytest.Config, directory: str) -> None:
+    """Turn on jax's persistent compilation cache in ``directory`` for this process, every
+    compilation kept whatever its time or size (the product turns the cache off: a long-lived
+    owner would fill its disk). The executables are XLA's own, keyed by the program, the
+    compile options, jax's version and the machine: a cached one is the one XLA would compile,
+    so no test's outcome depends on whether it was read or compiled. ``jax_enable_x64`` and the
+    other settings are the product's (:func:`~dpmarket.common.sketches.marginals._mbi` runs
+    first, importing jax and mbi as the product does).
+
+    jax writes an entry in place: the other xdist worker may read it half written, and then
+    compiles the program itself after a warning, which is not the test's (the suite turns
+    warnings into errors), so that warning and its twin on writing are ignored."""
+    from dpmarket.common.sketches.marginals import _mbi
+
+    _mbi()
+    import jax
+
+    for verb in ("reading", "writing"):
+        config.addinivalue_line(
+            "filterwarnings", f"ignore:Error {verb} persistent compilation cache entry"
+        )
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    jax.config.update("jax_enable_compilation_cache", True)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     scheduling.register_recorder(config, config.getoption("--record-module-seconds"))
+    if os.environ.get(JAX_CACHE):
+        keep_compiled_executables(config, os.environ[JAX_CACHE])
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,7 +1,11 @@
-"""Each party's console in a real headless Chromium, on the tutorial's deployment.
+"""The tutorial, run as written, and each party's console in a real headless Chromium on its
+deployment.
 
-One deployment (docs/tutorial.md's commands up to the clinics' sketches: three clinics, a curator
-and a consumer over mTLS, one summary asked with ``dpmarket request``), one console per role
+One deployment (docs/tutorial.md's every command but its last, ``dpmarket down``, in a fresh
+directory: three clinics, a curator and a consumer over mTLS, one summary asked with ``dpmarket
+request``, the clinics' sketches, the CAPE jobs; its last command runs, and must succeed, once
+the consoles are done), checked as the tutorial says (its output, the young clinic's ledger as the
+commands left it), one console per role
 (``dpmarket console --config PARTY.toml``, the consumer's, the young clinic's and the curator's,
 each a process on its own certificate) and one browser (Debian's Chromium, driven by Playwright;
 never a browser Playwright downloads), signed in once to each console (one context per role, in
@@ -24,6 +28,7 @@ import http.server
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -37,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from dpmarket.common.market.money import credits_text
@@ -44,8 +50,15 @@ from dpmarket.consumer.history import SessionHistory
 from dpmarket.curator.store import CuratorRecords
 from dpmarket.owner.cli import short_session
 from dpmarket.owner.earnings import Earnings
-from dpmarket.owner.ledger import OwnerLedger
-from tests.console.clinics import SIGN_IN, deploy, environment, stop
+from dpmarket.owner.ledger import LedgerEntry, OwnerLedger
+from tests.console.clinics import (
+    BEFORE_DOWN,
+    SIGN_IN,
+    environment,
+    run_last_blocks,
+    run_tutorial,
+    stop,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -159,19 +172,51 @@ def _address(process: subprocess.Popen[str], role: str) -> Console:
     raise AssertionError(f"the {role} console printed no address:\n{''.join(lines)}")
 
 
+@dataclass(frozen=True)
+class TutorialRun:
+    """The tutorial's commands but its last, as they left the deployment: the script's output,
+    the consumer's ``summary.csv``, and the young clinic's ledger (read before any console acts:
+    a console's summary is charged to it too)."""
+
+    clinics: Path
+    done: subprocess.CompletedProcess[str]
+    summary: pd.DataFrame
+    spent_epsilon: float
+    entries: list[LedgerEntry]
+
+
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def tutorial(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TutorialRun]:
+    """docs/tutorial.md's every block but its last in a fresh directory, one ``bash -euo
+    pipefail`` script; the last block, ``dpmarket down clinics``, at the module's end, where its
+    failure fails the module (the consoles' deployment serves every test meanwhile: one run of
+    the tutorial's commands serves both its own check and the consoles')."""
     if not Path(CHROMIUM).exists():
         pytest.fail(
             f"no Chromium at {CHROMIUM}: install Debian's chromium (deploy/chromium.sh, as root; "
             "make test does) or set DPMARKET_CHROMIUM"
         )
     root = tmp_path_factory.mktemp("console")
-    clinics = deploy(root)
+    clinics = root / "clinics"
     try:
-        yield clinics
-    finally:
+        done = run_tutorial(root, BEFORE_DOWN)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        with OwnerLedger(clinics / "owners" / "young", None) as ledger:
+            spent, entries = ledger.window_totals(), ledger.entries()
+        summary = pd.read_csv(root / "summary.csv")
+    except BaseException:
         stop(clinics)
+        raise
+    yield TutorialRun(clinics, done, summary, spent.epsilon, entries)
+    ended = run_last_blocks(root, BEFORE_DOWN)
+    if ended.returncode != 0:
+        stop(clinics)
+    assert ended.returncode == 0, ended.stdout[-3000:] + ended.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def deployment(tutorial: TutorialRun) -> Path:
+    return tutorial.clinics
 
 
 @pytest.fixture(scope="module")
@@ -247,6 +292,49 @@ def opened(signed_in: dict[str, Any]) -> Iterator[Callable[..., Any]]:
 
 def _shot(page: Any, name: str) -> None:
     page.screenshot(path=str(DOCS / name), full_page=True)
+
+
+# -------------------------------------------------------------------------------- tutorial
+def test_every_command_of_the_tutorial_runs_on_a_fresh_directory(tutorial: TutorialRun) -> None:
+    """Every ``sh`` block of docs/tutorial.md ran, in order, in a fresh directory, with real
+    processes (so the document cannot drift from the product); the last, ``dpmarket down``, runs
+    and is checked at the module's end (:func:`tutorial`)."""
+    done, summary = tutorial.done, tutorial.summary
+    assert list(summary.columns)[-3:] == ["progression", "high", "owner"] and len(summary) == 20
+    assert set(summary["owner"]) <= {"young", "middle", "senior"}
+    # What the tutorial says the young clinic spent: 1 (the allocation's sketch, published by
+    # `up`) + 0 (the summary: split by that sketch, no noisy count since `up` publishes it)
+    # + 3 (its HIST, RFF and marginals sketches) + 3 (CAPE).
+    assert tutorial.spent_epsilon == pytest.approx(7.0, abs=1e-5)
+    entries = tutorial.entries
+    sketches = [e for e in entries if e.mechanism.startswith("private sketch")]
+    assert [e.epsilon for e in sketches][:3] == [1.0, 1.0, 1.0]  # the allocation's, HIST, RFF
+    summary_charges = [e for e in entries if "candidates" in e.mechanism]
+    assert summary_charges and sum(e.epsilon for e in summary_charges) == 0.0
+    said = " ".join((done.stdout + done.stderr).split())
+    assert "published the allocation sketch clinics-allocation/rff, charged epsilon 1" in said
+    assert "allocation: sketch (the owners' published sketches; no charge to them)" in said
+    # The count came with its interval from the sketch its last line names, as the tutorial
+    # says: the narrowest of the half-widths listed (the marginals sketch's among them, or the
+    # histogram's when every clinic measured the pair).
+    assert "95 % interval" in done.stdout
+    chosen, widths = answered_from(said)  # (explore says it on stderr)
+    assert "clinics/marginals" in widths and "clinics/hist" in widths, widths
+    assert widths[chosen] == min(widths.values()), (chosen, widths)
+    assert "left" in done.stdout or "left" in done.stderr
+
+
+def answered_from(output: str) -> tuple[str, dict[str, float]]:
+    """The spec a best-available answer names on its last line and the mean half-width it
+    lists per spec (``answered from clinics/hist: narrowest ... (mean half-width: clinics/hist
+    0.273, clinics/marginals 0.5; ...)``)."""
+    found = re.search(r"answered from (\S+): narrowest .*?\(mean half-width: ([^;)]*)", output)
+    assert found, output[-2000:]
+    widths = {}
+    for part in found.group(2).split(","):
+        name, width = part.split()
+        widths[name] = float(width)
+    return found.group(1), widths
 
 
 # ---------------------------------------------------------------------------------- tokens
