@@ -261,12 +261,16 @@ def _frechet(parts: list[Callable[[Array, Array], Triple]]) -> Callable[[Array, 
         out = [part(sums, n_hat) for part in parts]
         k = len(out)
         point = np.prod([np.clip(o[0], 0.0, 1.0) for o in out], axis=0)
-        # Not cut at 0 here (explore cuts the interval to [0, 1] after the noise replicates,
-        # which never removes the truth): a cut flattens the replicates' spread, and a noisy
-        # upper bound below 0 gave the interval [0, 0]. Noise-free, sum L_j - (k - 1) <= L_i
-        # <= U_i for every i; noisy, high is kept at least low (a bound never crosses).
+        # Noise-free, sum L_j - (k - 1) <= L_i <= U_i for every i, and 0 <= U_i. The upper
+        # bound is not cut at 0, nor kept at least a lower bound cut at 0: that flattened the
+        # noise replicates' spread, and a noisy upper bound below 0 gave the interval [0, 0]
+        # (explore cuts the interval to [0, 1] after the replicates, which never removes the
+        # truth). The lower bound's cut at 0 holds without noise (a count is >= 0) and is kept
+        # where the upper bound allows: a lower bound below 0 only widens the interval (a
+        # wage count of two columns `uninformative` 71 % of the time against 12 %).
         low = np.sum([o[1] for o in out], axis=0) - (k - 1)
         high = np.maximum(np.min([o[2] for o in out], axis=0), low)
+        low = np.minimum(np.maximum(low, 0.0), high)
         if k == 1:
             point, low, high = out[0]
         return point[:, None], low[:, None], high[:, None]

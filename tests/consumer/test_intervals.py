@@ -699,7 +699,7 @@ def test_a_small_owners_histogram_variances_cover(monkeypatch: pytest.MonkeyPatc
 
 #: Twelve columns over 120 records at epsilon 1: a bin's Laplace scale (12) is a tenth of the
 #: owner's records, as for the coverage harness's clinics owners.
-WIDE = SketchDeclaration.from_mapping(
+TWELVE = SketchDeclaration.from_mapping(
     {
         "name": "wide",
         "mechanism": {"epsilon": 1.0, "epsilon_range": [1.0, 100.0]},
@@ -725,7 +725,7 @@ def _clipped_frechet(parts: Any) -> Any:
 def _frechet_coverage(monkeypatch: pytest.MonkeyPatch, clipped: bool) -> NDArray[np.int64]:
     if clipped:
         monkeypatch.setattr(intervals_module, "_frechet", _clipped_frechet)
-    spec = next(iter(WIDE.draw(np.random.default_rng(0))))
+    spec = next(iter(TWELVE.draw(np.random.default_rng(0))))
     records = np.clip(np.random.default_rng(3).normal(5.0, 2.0, (120, 12)), 0.0, 10.0)
     explorer = Explorer(spec, n_synthetic=500, seed=0)
     queries = [
