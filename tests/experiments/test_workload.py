@@ -97,3 +97,46 @@ def test_mst_measures_within_its_budget() -> None:
     assert (len(ones), len(pairs)) == (3, 2)
     for group in (ones, pairs):
         assert math.fsum(gaussian_zcdp_rho(m.sigma) for m in group) == pytest.approx(rho / 3)
+
+
+def test_the_catalogue_runs_at_the_mechanisms_own_defaults() -> None:
+    """Without a rule, the workload's catalogue is the mechanism an owner's declaration gets
+    (its derived 1-way share and cell-weighted noise); the control, the ``fixed`` split that was
+    the table's default, measures another mechanism (the share 0.2, no cell weights)."""
+    from dpmarket.common.sketches.marginals import ONEWAY_SHARE, MarginalsMechanism
+    from dpmarket.experiments.workload import DELTA, EPSILON, TABLES, _catalogue
+
+    table = TABLES["Arrests"]()
+    fmap = table.marginals_map()
+    default = MarginalsMechanism(fmap, table.domain, EPSILON, DELTA)
+    ran = _catalogue(table, fmap)
+    assert (ran.measurements, ran.rounds, ran.oneway_share, ran.weight_by_cells) == (
+        default.measurements,
+        default.rounds,
+        default.oneway_share,
+        default.weight_by_cells,
+    )
+    fixed = WorkloadTable(table.name, table.domain, table.records, table.bins, split="fixed")
+    control = _catalogue(fixed, fmap)
+    assert (control.oneway_share, control.weight_by_cells) == (ONEWAY_SHARE, False)
+    assert (control.oneway_share, control.weight_by_cells) != (
+        default.oneway_share,
+        default.weight_by_cells,
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"),
+    [("NMES1988", (4406, 12)), ("PSID7682", (4165, 12)), ("Fertility", (254654, 8))],
+)
+def test_the_held_out_tables_load_on_their_discretisation(
+    name: str, shape: tuple[int, int]
+) -> None:
+    """The tables never used to choose the defaults: every row kept, every value inside the
+    public domain, every column with more than one cell in use."""
+    from dpmarket.experiments.workload import TABLES
+
+    table = TABLES[name]()
+    assert table.records.shape == shape
+    cells = table.marginals_map().cell_indices(table.records)
+    assert all(np.unique(cells[:, j]).size > 1 for j in range(shape[1]))
