@@ -674,7 +674,9 @@ def draft_schema(
         whole = bool((v == np.round(v)).all())
         if low == high:
             raise InvalidArgumentError(
-                f"column {column_name!r} is constant: no bounds can be drafted from it"
+                f"column {column_name!r} is constant: no bounds can be drafted from it; drop it "
+                "from the tables (it tells nothing apart) or declare its public bounds by hand "
+                "in the schema"
             )
         if set(distinct.tolist()) <= {0.0, 1.0}:
             columns.append(Column(str(column_name), "binary", 0.0, 1.0))

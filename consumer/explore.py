@@ -1848,6 +1848,60 @@ def _expresses(query: Query, spec: SketchSpec) -> bool:
     return query.kind not in ("marginal", "synthetic")
 
 
+#: Per query kind that some sketch kinds cannot answer: which kinds answer it (:func:`_expresses`)
+#: and what to do instead, for :func:`_unanswered`'s message.
+_ANSWERED_BY = {
+    "marginal": ("a marginals sketch only", "choose (--spec) or publish a marginals sketch"),
+    "logreg": (
+        "a hist, rff or race sketch (not a marginals sketch)",
+        "choose (--spec) or publish a hist, rff or race sketch",
+    ),
+    "mean": (
+        "a hist, rff or race sketch for any column; a marginals sketch for discrete columns "
+        "(declared levels) only",
+        "name discrete columns with --column, or choose (--spec) or publish a hist, rff or "
+        "race sketch",
+    ),
+}
+_ANSWERED_BY["synthetic"] = _ANSWERED_BY["marginal"]
+_ANSWERED_BY["moment2"] = _ANSWERED_BY["covariance"] = _ANSWERED_BY["mean"]
+
+
+def _unanswered(query: Query, specs: Sequence[SketchSpec]) -> str:
+    """Why no spec of ``specs`` answers ``query`` (none :func:`_expresses` it): the query, each
+    spec with its kind and what it lacks, which kinds answer the query, and what to do."""
+    kind = query.kind
+    if not specs:
+        return f"no published sketch answers {kind}: the owners asked about published none"
+    reasons = []
+    for spec in specs:
+        why = f"{spec.name} is a {spec.kind} sketch"
+        if spec.kind == "marginals" and kind in ("mean", "moment2", "covariance"):
+            domain = spec.domain
+            other = [
+                domain.attribute_name(int(j))
+                for j in _columns(query, domain)
+                if domain.level_values(int(j)) is None
+            ]
+            discrete = [
+                domain.attribute_name(j)
+                for j in range(domain.n_attributes)
+                if domain.level_values(j) is not None
+            ]
+            why += (
+                f" and {', '.join(other)} not discrete (no declared levels; a query without "
+                "--column asks about every column)"
+            )
+            if discrete:
+                why += f"; its discrete columns: {', '.join(discrete)}"
+        reasons.append(why)
+    which, todo = _ANSWERED_BY.get(kind, ("every sketch kind", "publish a sketch"))
+    return (
+        f"no published sketch answers {kind}: {'; '.join(reasons)}. {kind} is answered by "
+        f"{which}: {todo}"
+    )
+
+
 def honest_half_width(answer: Answer, domain: Domain) -> float:
     """The mean over ``answer``'s values of its honest 95 % interval's half-width.
 
@@ -1956,8 +2010,7 @@ def choose_source(
     """
     candidates = [s for s in specs if _expresses(query, s)]
     if not candidates:
-        have = ", ".join(s.name for s in specs) or "none"
-        raise InvalidArgumentError(f"no published sketch answers {query.kind} (specs: {have})")
+        raise InvalidArgumentError(_unanswered(query, specs))
     if len(candidates) == 1:
         return candidates[0], f"{candidates[0].name}: the only sketch that expresses {query.kind}"
     if expected_error is None:

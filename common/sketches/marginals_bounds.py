@@ -305,7 +305,7 @@ def count_bounds(
         assert up is not None
         low = whole.value(measurements) - z * whole.sd(measurements)
         high = up.value(measurements) + z * up.sd(measurements)
-        return CountBounds(max(low, 0.0), max(high, max(low, 0.0)), True, 2)
+        return CountBounds(*_cut(low, high, 0.0, math.inf), True, 2)
     pieces = _maximal(
         [frozenset(m.clique) & query for m in measurements if frozenset(m.clique) & query]
     )
@@ -452,8 +452,31 @@ def fraction_bounds(
     lo = min(low / n_low, low / n_high)
     hi = max(high / n_low, high / n_high)
     if all(((np.asarray(w) >= 0) & (np.asarray(w) <= 1)).all() for w in weights.values()):
-        lo, hi = max(lo, 0.0), min(hi, 1.0)
+        lo, hi = _cut(lo, hi, 0.0, 1.0)
     return lo, hi, measured
+
+
+def _cut(low: float, high: float, floor: float, ceil: float) -> tuple[float, float]:
+    """``[low, high]`` cut to what the quantity can be, ``[floor, ceil]``; an interval wholly
+    outside is moved inside whole (its width kept, up to the range's) instead of collapsed
+    onto the edge.
+
+    Notes
+    -----
+    An interval wholly outside the range has already missed (the quantity lies in the range),
+    an event of probability at most ``alpha``; intersecting it with the range would leave an
+    empty interval, or one of width 0 at the edge once widened to hold the model's value — a
+    fraction of 0.99886 answered ``[0.999999, 1]`` when the noise put a count's lower bound
+    above the record count's upper bound. Moving it whole keeps the spread the noise showed.
+    Intervals that meet the range are intersected with it, as the cut does not change whether
+    they cover; moving the others can only add coverage.
+    """
+    width = high - low
+    if low > ceil:
+        return max(ceil - width, floor), ceil
+    if high < floor:
+        return floor, min(floor + width, ceil)
+    return max(low, floor), min(high, ceil)
 
 
 def covariance_bounds(

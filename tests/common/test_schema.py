@@ -186,5 +186,5 @@ def test_a_draft_guesses_types_and_reads_bounds_from_the_data_then_refuses_to_se
     ages[0, 1] = 0.5
     wide = draft_schema(["age", "x"], ages)
     assert wide.column("age").type == "integer" and wide.column("x").type == "continuous"
-    with pytest.raises(InvalidArgumentError, match="'c' is constant"):
+    with pytest.raises(InvalidArgumentError, match=r"'c' is constant.*declare its public bounds"):
         draft_schema(["c"], np.ones((3, 1)))

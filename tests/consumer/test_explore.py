@@ -360,8 +360,31 @@ def test_choose_source_follows_the_rule(mspecs: dict[str, SketchSpec]) -> None:
     assert choose_source(Query("logreg", target="y"), specs, lambda s: errors[s.name])[0].kind == (
         "hist"
     )
-    with pytest.raises(InvalidArgumentError, match="no published sketch answers marginal"):
+    with pytest.raises(InvalidArgumentError, match="no published sketch answers marginal") as e:
         choose_source(Query("marginal", columns=("a",)), [mspecs["rff"]])
+    assert "toym/rff is a rff sketch" in str(e.value) and "a marginals sketch only" in str(e.value)
+
+
+def test_a_moment_no_sketch_answers_is_refused_saying_why_and_what_to_do(
+    mspecs: dict[str, SketchSpec],
+) -> None:
+    """A mean without ``--column`` asks about every column; a marginals sketch answers moments
+    of discrete columns only, so alone it refuses: the message names the query, the spec and its
+    kind, the columns that are not discrete, the discrete ones to ask about instead and which
+    kinds answer means. With the discrete column named, the marginals sketch answers."""
+    marginals = mspecs["marginals"]
+    for kind in ("mean", "moment2", "covariance"):
+        with pytest.raises(InvalidArgumentError) as e:
+            choose_source(Query(kind), [marginals])
+        message = str(e.value)
+        assert message.startswith(f"no published sketch answers {kind}: "), message
+        assert "toym/marginals is a marginals sketch and a, b not discrete" in message, message
+        assert "its discrete columns: y" in message, message
+        assert "a hist, rff or race sketch for any column" in message, message
+        assert "name discrete columns with --column" in message, message
+    assert choose_source(Query("mean", columns=("y",)), [marginals])[0] is marginals
+    with pytest.raises(InvalidArgumentError, match="not a marginals sketch"):
+        choose_source(Query("logreg", target="y"), [marginals])
 
 
 def test_best_available_fits_m2m_only_when_no_read_answer_says_anything(
