@@ -440,7 +440,10 @@ def test_calls_that_send_nothing_hold_the_reads_only_for_a_while_once_others_wai
             return
         assert code == grpc.StatusCode.OK, details
         # One stalled call was refused, its turn handed on; nobody waits now: the rest keep
-        # theirs.
+        # theirs. The refusal reaches this client's loop on its own schedule (under load, after
+        # GetProgress's answer): wait for the first to end, then give any other a moment to.
+        await asyncio.wait(stalled, timeout=10.0, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.sleep(0.3)
         refused = [call for call in stalled if call.done()]
         assert len(refused) == 1
         code, details = refused[0].result()
