@@ -591,6 +591,19 @@ TINY = SketchDeclaration.from_mapping(
 )
 
 
+def _tiny_records(n: int) -> NDArray[np.float64]:
+    """``n`` records of TINY's columns: income far below its public upper bound, hours with 30 %
+    at 0 (a point mass at the lower bound), an occupation level; shape (n, 3)."""
+    rng = np.random.default_rng(3)
+    return np.column_stack(
+        [
+            rng.uniform(0.0, 800.0, n),
+            np.where(rng.random(n) < 0.3, 0.0, rng.uniform(0.0, 3000.0, n)),
+            rng.integers(1, 10, n),
+        ]
+    ).astype(np.float64)
+
+
 def test_a_tiny_owners_histogram_bias_bounds_are_never_negative_and_cover() -> None:
     """30 records, epsilon 1: noisy bin masses fall below 0, which swaps a bin's least and
     largest value in the bounds read from the noisy release (``moment2(income)`` had bias bound
@@ -600,15 +613,7 @@ def test_a_tiny_owners_histogram_bias_bounds_are_never_negative_and_cover() -> N
     of N releases (failure probability 1e-4; 96, 97, 95 of 100 here). Control: the noisy
     release's own half-width, ``(S w_H - S w_L) / 2n``, is negative in some releases (33)."""
     spec = next(iter(TINY.draw(np.random.default_rng(0))))
-    rng = np.random.default_rng(3)
-    n = 30
-    records = np.column_stack(
-        [
-            rng.uniform(0.0, 800.0, n),
-            np.where(rng.random(n) < 0.3, 0.0, rng.uniform(0.0, 3000.0, n)),
-            rng.integers(1, 10, n),
-        ]
-    )
+    records = _tiny_records(30)
     explorer = Explorer(spec, n_synthetic=500, seed=0)
     queries = {
         "moment2": Query("moment2", columns=("income", "hours", "occupation")),
@@ -663,15 +668,7 @@ def _variance_coverage(monkeypatch: pytest.MonkeyPatch, clipped: bool) -> NDArra
     if clipped:
         monkeypatch.setattr(intervals_module, "_variance", _clipped_variance)
     spec = next(iter(TINY.draw(np.random.default_rng(0))))
-    rng = np.random.default_rng(3)
-    n = 120
-    records = np.column_stack(
-        [
-            rng.uniform(0.0, 800.0, n),
-            np.where(rng.random(n) < 0.3, 0.0, rng.uniform(0.0, 3000.0, n)),
-            rng.integers(1, 10, n),
-        ]
-    )
+    records = _tiny_records(120)
     explorer = Explorer(spec, n_synthetic=500, seed=0)
     query = Query("covariance", columns=("income", "hours", "occupation"))
     variances = [0, 3, 5]  # the upper triangle's diagonal
