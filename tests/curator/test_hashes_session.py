@@ -34,11 +34,11 @@ class _Recording(LocalOwnerEndpoint):
         return hashes, labels
 
 
-def _run(digits: Scenario) -> tuple[Any, list[_Recording]]:
+def _run(digits: Scenario, p: int = P) -> tuple[Any, list[_Recording]]:
     owners = list(digits.owners)
     endpoints = [_Recording(e) for e in local_hash_owners(owners, [o.name for o in owners])]
     sketches = publish_sketches(owners, digits.sketch_mechanism(1.0, delta=1e-6), seed=1)
-    config = HashesConfig(summary_size=P)
+    config = HashesConfig(summary_size=p)
     result = run_session(
         endpoints, digits.validation, digits.seed_set, config, seed=0, owner_sketches=sketches
     )
@@ -70,7 +70,10 @@ def test_the_curator_receives_p_hashes_and_no_raw_point(digits: Scenario) -> Non
 
 
 def test_a_model_on_the_hashes_applies_to_points_an_owner_hashes(digits: Scenario) -> None:
-    result, endpoints = _run(digits)
+    """Each session agrees a fresh hash key, so the model's accuracy varies between runs: with
+    20 hashed points it was 0.74-0.90 over 12 sessions and once, in CI, the majority's 0.697 (a
+    constant answer); with 40 it was 0.83-0.93."""
+    result, endpoints = _run(digits, p=2 * P)
     assert result.hashes is not None and result.labels is not None
     key_id = result.report.ledger.to_json()["candidates"]["hash_key_id"]
     owner = endpoints[-1].owner
