@@ -42,7 +42,10 @@ bounds are ratios over the count get an interval exact in the count's noise (Fie
 inversion: :func:`dpmarket.common.sketches.intervals.ratio_interval`); the others are flagged
 ``few-records``. Values and intervals are cut to what the quantity can be — a mean to its
 column's public bounds, a fraction to [0, 1], a variance to [0, w^2/4] — the raw estimate kept
-beside them.
+beside them; an interval the cut leaves narrower than the noise alone spreads its value over (the
+larger of the noise's quantile and 1.96 standard errors) keeps that width, from the edge inwards
+(:func:`_cut_keeping_noise`: no CDF ``[0.9999, 1]`` narrower than its standard error, no count
+``[0, 0]``, from a noisy release).
 
 The synthetic design's randomness is the consumer's own and protects nothing (the sketches are
 already private), so it is seeded (default 0): the same sketch and query give the same answer,
@@ -622,6 +625,7 @@ def _bounded_flags(
     raw_low: NDArray[np.float64],
     raw_high: NDArray[np.float64],
     count_rse: float,
+    noise_width: NDArray[np.float64] | None = None,
 ) -> tuple[
     NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], tuple[tuple[Flag, ...], ...]
 ]:
@@ -636,12 +640,13 @@ def _bounded_flags(
     (the whole interval is impossible: it missed), and so is ``few-records`` (the interval
     plugs in a count estimate that is known within 20 % or worse); ``uninformative`` is on the
     value: a wide interval still covers, and cutting it to what the quantity can be never
-    removes the truth."""
+    removes the truth. ``noise_width``, shape (k,), is what the noise alone spreads each value
+    over (:func:`_noise_floor`): an interval the cut leaves narrower keeps that width, from
+    the edge it was cut at, inwards (:func:`_cut_keeping_noise`)."""
     k = raw.shape[0]
     low, high, what = _possible(query, domain, k)
     values = np.clip(raw, low, high)
-    lo = np.clip(raw_low, low, high)
-    hi = np.clip(raw_high, low, high)
+    lo, hi = _cut_keeping_noise(raw_low, raw_high, low, high, noise_width)
     flags: list[tuple[Flag, ...]] = []
     span = high - low
     # Judged on the interval before it is cut to the possible range: cutting a wild estimate's
@@ -666,6 +671,55 @@ def _bounded_flags(
             continue
         flags.append((flag,))
     return values, lo, hi, tuple(flags)
+
+
+def _noise_floor(se: NDArray[np.float64], noise: NDArray[np.float64]) -> NDArray[np.float64]:
+    """The width the release's noise alone spreads each value over, shape (k,): the larger of
+    the interval's noise share ``q`` (:attr:`~dpmarket.common.sketches.intervals.Bounded.noise`)
+    and 1.96 standard errors (the point estimate's own 95 % half-width; ``q`` is not that where
+    the interval was test-inverted, :func:`~dpmarket.common.sketches.intervals.ratio_interval`,
+    and is cut there already). NaN and negative inputs count as 0."""
+    floor = np.maximum(np.nan_to_num(noise, nan=0.0), Z95 * np.nan_to_num(se, nan=0.0))
+    return np.maximum(floor, 0.0)
+
+
+def _cut_keeping_noise(
+    raw_low: NDArray[np.float64],
+    raw_high: NDArray[np.float64],
+    low: NDArray[np.float64],
+    high: NDArray[np.float64],
+    noise_width: NDArray[np.float64] | None,
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Intervals ``[raw_low, raw_high]`` cut to what the values can be, ``[low, high]``, each at
+    least ``noise_width`` wide (up to the range's width), all of shape (k,).
+
+    An interval that reaches an edge of the range and is narrower than ``noise_width`` is
+    widened from that edge inwards to that width (at an interval reaching both edges, the range
+    itself). ``None``: the plain cut.
+
+    Notes
+    -----
+    Cutting to the range never removes the truth, so the plain cut keeps the coverage; but it
+    can leave an interval far narrower than the noise: a HIST CDF ``[0.9999, 1]``, narrower
+    than its standard error, a count over several columns ``[0, 0]`` whose noisy upper bound,
+    widened by the noise replicates' quantile, landed on 0. Such an interval claims
+    a certainty the release does not have. Widening contains the cut interval, so the coverage
+    can only rise; only intervals narrower than the noise change. The marginals kind moves an
+    interval wholly outside the range inside whole
+    (:func:`dpmarket.common.sketches.marginals_bounds.fraction_bounds`); here such an interval
+    keeps its ``clipped`` flag (:func:`_bounded_flags`) and gets the noise's width at the edge.
+    """
+    lo = np.clip(raw_low, low, high)
+    hi = np.clip(raw_high, low, high)
+    if noise_width is None:
+        return lo, hi
+    width = np.minimum(noise_width, high - low)
+    short = hi - lo < width
+    at_high = short & (hi >= high)
+    at_low = short & (lo <= low) & ~at_high
+    lo = np.where(at_high, np.maximum(hi - width, low), lo)
+    hi = np.where(at_low, np.minimum(lo + width, high), hi)
+    return lo, hi
 
 
 def _uninformative(width: float, span: float, what: str) -> tuple[Flag, ...]:
@@ -1042,6 +1096,7 @@ class Explorer:
                 bounded.low,
                 bounded.high,
                 0.0 if bounded.count_free else count_rse,
+                _noise_floor(bounded.se, bounded.noise),
             )
             se, bias = bounded.se, bounded.bias
         else:

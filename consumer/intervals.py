@@ -16,7 +16,7 @@ estimate, :func:`~dpmarket.common.sketches.intervals.count_estimate`)
     counts cut to 0 (every noise-free mass is ``>= 0``): from the noisy release as is, a bin
     whose noisy mass falls below 0 swaps its least and largest value, and a small owner's
     bounds crossed (a negative bias bound). The interval keeps the noisy release's ``L_hat``,
-    ``U_hat`` and their noise: it covers either way.
+    ``U_hat`` (taken in order where they cross) and their noise: it covers either way.
     *count over several columns*: the Fréchet bounds of a conjunction from each column's bounds,
     ``max(0, sum_j L_j - (k - 1)) <= P <= min_j U_j`` (they hold whatever the joint, which one
     histogram per column does not identify); the point estimate is the product (independence).

@@ -25,6 +25,7 @@ from dpmarket.common.sketches.feature_maps import HISTMap
 from dpmarket.common.sketches.intervals import (
     BinTarget,
     RatioBounds,
+    bounded_interval,
     count_estimate,
     count_weights,
     noise_replicates,
@@ -33,6 +34,7 @@ from dpmarket.common.sketches.intervals import (
 )
 from dpmarket.common.sketches.sketch import PrivateSketch
 from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec
+from dpmarket.consumer import explore as explore_module
 from dpmarket.consumer import intervals as intervals_module
 from dpmarket.consumer.explore import (
     FEW_RECORDS,
@@ -647,6 +649,13 @@ def test_a_tiny_owners_histogram_bias_bounds_are_never_negative_and_cover() -> N
     assert crossed > 0, crossed  # the control: the linear bounds cross
 
 
+def _plain_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    """explore's intervals cut to what the value can be and no wider: a control of the bounds'
+    construction alone (the cut's width floor, explore's ``_cut_keeping_noise``, widens the
+    ``[0, 0]`` the control's flattened replicates give, and would hide what the bounds do)."""
+    monkeypatch.setattr(explore_module, "_noise_floor", lambda se, noise: np.zeros_like(se))
+
+
 _VARIANCE = intervals_module._variance
 
 
@@ -667,6 +676,7 @@ def _variance_coverage(monkeypatch: pytest.MonkeyPatch, clipped: bool) -> NDArra
     """Covered counts of TINY's three variances over N releases of a 120-record owner."""
     if clipped:
         monkeypatch.setattr(intervals_module, "_variance", _clipped_variance)
+        _plain_cut(monkeypatch)
     spec = next(iter(TINY.draw(np.random.default_rng(0))))
     records = _tiny_records(120)
     explorer = Explorer(spec, n_synthetic=500, seed=0)
@@ -685,9 +695,9 @@ def _variance_coverage(monkeypatch: pytest.MonkeyPatch, clipped: bool) -> NDArra
 def test_a_small_owners_histogram_variances_cover(monkeypatch: pytest.MonkeyPatch) -> None:
     """120 records under three columns at epsilon 1 (a bin's Laplace scale 3): each variance's
     interval covers in at least LOWER of N releases (failure probability 1e-4 per variance;
-    96, 99, 93 of 100 here). Control: the variance's bounds cut to ``[0, w^2/4]`` before the
+    98, 99, 93 of 100 here). Control: the variance's bounds cut to ``[0, w^2/4]`` before the
     noise replicates (which flattens their spread: a noisy upper bound below 0 gave the interval
-    ``[0, 0]``) cover ``hours``' variance in 82 of 100, below LOWER (85)."""
+    ``[0, 0]``) cover ``hours``' variance in 82 of 100, below LOWER (85), with the plain cut."""
     covered = _variance_coverage(monkeypatch, clipped=False)
     assert (covered >= LOWER).all(), (covered, LOWER)
     control = _variance_coverage(monkeypatch, clipped=True)
@@ -722,6 +732,7 @@ def _clipped_frechet(parts: Any) -> Any:
 def _frechet_coverage(monkeypatch: pytest.MonkeyPatch, clipped: bool) -> NDArray[np.int64]:
     if clipped:
         monkeypatch.setattr(intervals_module, "_frechet", _clipped_frechet)
+        _plain_cut(monkeypatch)
     spec = next(iter(TWELVE.draw(np.random.default_rng(0))))
     records = np.clip(np.random.default_rng(3).normal(5.0, 2.0, (120, 12)), 0.0, 10.0)
     explorer = Explorer(spec, n_synthetic=500, seed=0)
@@ -745,10 +756,91 @@ def test_a_small_owners_counts_over_several_columns_cover(
 ) -> None:
     """Counts over two and three columns of a 120-record owner under twelve columns (true
     shares 3.3 % and 2.5 %): each Fréchet interval covers in at least LOWER of N releases
-    (failure probability 1e-4 per query; 99 and 100 of 100 here). Control: the lower bound cut
+    (failure probability 1e-4 per query; 100 and 100 of 100 here). Control: the lower bound cut
     at 0 before the noise replicates (their spread flattened; a noisy upper bound below 0 gave
-    ``[0, 0]``) covers 49 and 52 of 100."""
+    ``[0, 0]``) covers 49 and 52 of 100 with the plain cut."""
     covered = _frechet_coverage(monkeypatch, clipped=False)
     assert (covered >= LOWER).all(), (covered, LOWER)
     control = _frechet_coverage(monkeypatch, clipped=True)
     assert (control < LOWER).all(), (control, LOWER)
+
+
+def _near_the_edges(monkeypatch: pytest.MonkeyPatch, plain_cut: bool) -> tuple[Any, ...]:
+    """Over N releases of TWELVE's 120-record owner: per value of CDFs of ``x0`` near 0 and 1
+    and two counts over several columns, how many intervals are narrower than their standard
+    error, how many have width 0, how many cover, and the least width seen."""
+    if plain_cut:
+        _plain_cut(monkeypatch)
+    spec = next(iter(TWELVE.draw(np.random.default_rng(0))))
+    records = np.clip(np.random.default_rng(3).normal(5.0, 2.0, (120, 12)), 0.0, 10.0)
+    explorer = Explorer(spec, n_synthetic=500, seed=0)
+    queries = [
+        Query("cdf", columns=("x0",), points=(2.0, 8.0, 9.0)),
+        Query("count", where=(("x0", 8.0, 10.0), ("x1", 0.0, 3.0))),
+        Query("count", where=(("x2", 7.0, 10.0), ("x3", 7.0, 10.0), ("x4", 0.0, 6.0))),
+    ]
+    truth = np.concatenate([exact_answer(q, records, spec.domain).values for q in queries])
+    mechanism = sketch_mechanism(spec, 1.0)
+    narrow = np.zeros(truth.size, dtype=np.int64)
+    empty = np.zeros(truth.size, dtype=np.int64)
+    covered = np.zeros(truth.size, dtype=np.int64)
+    least = math.inf
+    for seed in range(N):
+        sketch = mechanism.release(records, SeededNoise(np.random.default_rng(seed)))
+        answers = [explorer.answer(q, sketch, replicates=REPLICATES) for q in queries]
+        low = np.concatenate([a.interval()[0] for a in answers])
+        high = np.concatenate([a.interval()[1] for a in answers])
+        se = np.concatenate([a.errors for a in answers])
+        width = high - low
+        narrow += width < se
+        empty += width <= 0.0
+        covered += (low <= truth) & (truth <= high)
+        least = min(least, float(width.min()))
+    return truth, narrow, empty, covered, least
+
+
+def test_an_interval_cut_to_the_possible_range_keeps_the_noises_width(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 28: a HIST interval cut to what the value can be looked more certain than the
+    release is (a stranger's CDF ``[0.9999, 1]``, counts over several columns ``[0, 0]``).
+    120 records under twelve columns at epsilon 1 (a bin's Laplace scale 12), CDFs of ``x0``
+    at 2, 8, 9 (truths 0.05, 0.93, 0.975) and counts over two and three columns (0.033,
+    0.025), N releases: no interval is narrower than its standard error or of width 0, and each
+    covers in at least LOWER of N (failure probability 1e-4 per value; 99-100 of 100 here).
+    The width property is deterministic given the seeds. Control: the plain cut
+    (:func:`_plain_cut`) leaves 4, 6, 4 CDF intervals and 4, 1 count intervals narrower than
+    their standard error and 6 of width 0; the code before the width floor and the ordered
+    bounds left 4, 8, 7 and 4, 1, and 3 counts ``[0, 0]`` (one missed the truth)."""
+    truth, narrow, empty, covered, least = _near_the_edges(monkeypatch, plain_cut=False)
+    assert truth[:3].round(3).tolist() == [0.05, 0.933, 0.975], truth
+    assert narrow.sum() == 0, narrow
+    assert empty.sum() == 0 and least > 0.0, (empty, least)
+    assert (covered >= LOWER).all(), (covered, LOWER)
+    _, narrow, empty, _, _ = _near_the_edges(monkeypatch, plain_cut=True)
+    assert narrow.sum() >= 10 and empty[3:].sum() >= 1, (narrow, empty)
+
+
+def test_crossed_noisy_bounds_give_an_interval_that_holds_both() -> None:
+    """Noisy bounds can cross (a histogram bin's noisy mass below 0 swaps its least and
+    largest value); crossed by more than twice the noise's quantile ``q``, the interval
+    ``[L_hat - q, U_hat + q]`` was inverted and held nothing, unflagged (issue 28's table: a
+    150-record owner's ``P[months <= 270] = 0.90`` answered ``[0.961, 0.955]``). Bounds
+    crossed by 2 around a bin's mass: the interval is ordered and holds both noisy bounds
+    widened by ``q``. Control: the old interval, ``L_hat - q > U_hat + q`` (deterministic
+    given the seed: ``q`` is about 0.3 here)."""
+    spec = next(iter(TWELVE.draw(np.random.default_rng(0))))
+    records = np.clip(np.random.default_rng(3).normal(5.0, 2.0, (120, 12)), 0.0, 10.0)
+    sketch = sketch_mechanism(spec, 1.0).release(records, SeededNoise(np.random.default_rng(0)))
+
+    def crossed(sums: Any, n_hat: Any) -> Any:
+        mass = sums[:, :1] / n_hat[:, None]
+        return mass, mass + 1.0, mass - 1.0
+
+    got = bounded_interval(crossed, sketch, np.random.default_rng(1), replicates=REPLICATES)
+    total, count = release_totals(sketch)
+    mass = float(total[0, 0] / count_estimate(sketch, total, count)[0][0])
+    q = float(got.noise[0])
+    assert 0.0 < q < 1.0, q
+    assert got.low[0] <= mass - 1.0 - q + 1e-12 and got.high[0] >= mass + 1.0 + q - 1e-12, got
+    assert (mass + 1.0) - q > (mass - 1.0) + q  # the control: the old interval was inverted
