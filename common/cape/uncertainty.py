@@ -54,7 +54,9 @@ Flags (:class:`dpmarket.common.uncertainty.Flag`), per value, on the value or on
   within one noise standard deviation of 0, so the data do not determine the fit along it; the
   interval (the hull of two bootstraps) is wide along it, and its coverage depends on the
   noise-free eigenvalue, which the release does not determine: measured at 92-100 % per
-  coefficient on real tables, lower on some synthetic ones (:func:`capefm_estimates`, Notes).
+  coefficient on real tables, mostly above the level (95-100 % on Computers' and NMES1988's
+  linear regressions; docs/results.md, "CAPE intervals on undetermined fits"), lower on some
+  synthetic ones (:func:`capefm_estimates`, Notes).
 * ``no_interval`` (on the interval, network): as above.
 
 A flag on the value leaves the interval meaning what it says; a flag on the interval says it does
@@ -655,7 +657,8 @@ def _capefm_flags(
                 f"{unresolved} eigenvalue(s) of the released Gram matrix lie within one "
                 "noise std of 0: the data do not determine the fit along them; the interval is "
                 "wide along them and its coverage depends on what the noise hides (measured, "
-                "not guaranteed: near its level on real tables, lower on some synthetic ones)",
+                "not guaranteed: mostly above its level on real tables, up to 100 % per "
+                "coefficient, and lower on some synthetic ones)",
             )
         )
     return tuple(flags)

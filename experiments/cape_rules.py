@@ -1,0 +1,194 @@
+"""Candidate intervals for undetermined capeFM fits, measured on releases drawn from the noise law
+(``python -m dpmarket.experiments.cape_rules``; docs/results.md, "CAPE intervals on undetermined
+fits").
+
+The harness (:mod:`dpmarket.experiments.cape_coverage`) runs every repetition through the curator's
+job: faithful, and about a second per repetition. Designing a rule needs many rules on the same
+releases, so here each repetition draws the aggregator's release directly from its law, the
+pooled noise-free coefficients of a harness case plus independent Gaussian entries of the plan's
+per-order std (:meth:`dpmarket.common.cape.capefm.CapeFMPlan.aggregator_scales`; the law CAPE's
+zero-sum noise leaves, Lemma 1), fits it as the curator does, and scores, per coefficient, how
+often each rule's 95 % interval covers the case's truth:
+
+=============  ====================================================================================
+``floored``    the bootstrap over every draw, solve floored at 0.2 noise std (``hull=False``)
+``hull``       the construction the curator reports (:func:`~dpmarket.common.cape.uncertainty.
+               capefm_estimates`)
+``psd``        the bootstrap kept to its positive semidefinite draws alone
+``mixture``    the percentile interval of the two bootstraps' draws pooled
+``calibrated`` the mixture at a level per coefficient from a double bootstrap (Beran's
+               prepivoting) whose pseudo-truth is the released, regularized fit: 100
+               pseudo-releases of it, 200 draws each; the level is the 95 % quantile of
+               ``|2 u - 1|``, ``u`` the pseudo-truth's rank among a pseudo-release's draws
+=============  ====================================================================================
+
+Resolved fits (no eigenvalue within one noise std of 0) get the floored bootstrap under every rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import click
+import numpy as np
+from numpy.typing import NDArray
+
+from dpmarket.common.cape import uncertainty as unc
+from dpmarket.common.cape.capefm import CapeFMPlan
+from dpmarket.common.cape.functional_mechanism import (
+    FMCoefficients,
+    FMRelease,
+    default_floor,
+    fit_coefficients,
+    fm_coefficients,
+)
+from dpmarket.common.cape.spec import CapeJobSpec
+from dpmarket.experiments.cape_coverage import CASES
+
+__all__ = ["RULES", "simulate"]
+
+Array = NDArray[np.float64]
+RULES = ("floored", "hull", "psd", "mixture", "calibrated")
+#: Pseudo-releases and draws per pseudo-release of the calibrating double bootstrap.
+PSEUDO, INNER = 100, 200
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A harness case's plan, its pooled noise-free coefficients and raw map."""
+
+    spec: CapeJobSpec
+    plan: CapeFMPlan
+    pooled: FMCoefficients
+    raw_map: tuple[Array, Array]
+    truth: Array
+
+
+def _setup(name: str) -> Setup:
+    case = CASES[name]()
+    spec = case.spec
+    assert isinstance(spec, CapeJobSpec), f"{name} is not a fit"
+    sites = [spec.scaled(t.values[:, :-1], t.values[:, -1]) for t in case.tables]
+    sizes = [len(y) for _, y in sites]
+    coeffs = [fm_coefficients(x, y, spec.task) for x, y in sites]
+    share = np.asarray(sizes, dtype=np.float64) / sum(sizes)
+    pooled = FMCoefficients(
+        coeffs[0].lam0,
+        sum(s * c.lam1 for s, c in zip(share, coeffs, strict=True)),
+        sum(s * c.lam2 for s, c in zip(share, coeffs, strict=True)),
+    )
+    return Setup(spec, spec.plan(sizes), pooled, spec.raw_map(), case.truth)
+
+
+def _release(setup: Setup, rng: np.random.Generator) -> FMRelease:
+    s, d, c = setup.plan.aggregator_scales(None), setup.plan.dim, setup.pooled
+    noisy = FMCoefficients(
+        c.lam0, c.lam1 + rng.normal(0.0, s[1], d), c.lam2 + rng.normal(0.0, s[2], (d, d))
+    )
+    return fit_coefficients(noisy, noise_std2=s[2], floor=default_floor(d, s[2]), scales=s)
+
+
+def _solves(lam1: Array, lam2: Array, floor: float) -> tuple[Array, Array]:
+    """Floored solves of stacked coefficients ``(..., D)``, ``(..., D, D)``; smallest eigenvalue."""
+    vals, vecs = np.linalg.eigh(0.5 * (lam2 + np.swapaxes(lam2, -1, -2)))
+    proj = np.einsum("...ji,...j->...i", vecs, lam1) / np.maximum(vals, floor)
+    return -0.5 * np.einsum("...ij,...j->...i", vecs, proj), vals[..., 0]
+
+
+def _levels(setup: Setup, solve: FMRelease, fit: FMRelease, rng: np.random.Generator) -> Array:
+    """Per raw coefficient, the mixture's level from the double bootstrap (module docstring)."""
+    s, d = setup.plan.aggregator_scales(None), setup.plan.dim
+    m, c = setup.raw_map
+    vals, vecs = np.linalg.eigh(0.5 * (solve.coefficients.lam2 + solve.coefficients.lam2.T))
+    t2 = (vecs * np.maximum(vals, solve.floor)) @ vecs.T
+    t1 = -2.0 * t2 @ fit.w
+    truth = m @ fit.w + c
+    ranks = []
+    for _ in range(PSEUDO):
+        r1 = t1 + rng.normal(0.0, s[1], d)
+        r2 = t2 + rng.normal(0.0, s[2], (d, d))
+        w, low = _solves(
+            r1 + rng.normal(0.0, s[1], (INNER, d)), r2 + rng.normal(0.0, s[2], (INNER, d, d)),
+            solve.floor,
+        )  # fmt: skip
+        below = (w @ m.T + c) <= truth
+        ok = low >= 0.0
+        weight = 1.0 + ok if ok.sum() >= INNER // 10 else np.ones(INNER)
+        ranks.append(weight @ below / weight.sum())
+    level = np.quantile(np.abs(2.0 * np.asarray(ranks) - 1.0), 0.95, axis=0)
+    return np.asarray(np.clip(level, 0.5, 0.998))
+
+
+def _intervals(setup: Setup, fit: FMRelease, seed: int) -> dict[str, tuple[Array, Array]]:
+    s = setup.plan.aggregator_scales(None)
+    m, c = setup.raw_map
+    labels = [str(i) for i in range(len(setup.truth))]
+    out: dict[str, tuple[Array, Array]] = {}
+    for rule, hull in (("hull", True), ("floored", False)):
+        est = unc.capefm_estimates(
+            setup.plan, fit, labels, (m, c), np.random.default_rng([seed, 2]),
+            task_covers="", hull=hull,
+        )  # fmt: skip
+        out[rule] = (np.array([e.low for e in est]), np.array([e.high for e in est]))
+    solve = fit_coefficients(
+        fit.coefficients, noise_std2=s[2], floor=unc.INTERVAL_FLOOR_SIGMAS * s[2], scales=s
+    )
+    sym = 0.5 * (fit.coefficients.lam2 + fit.coefficients.lam2.T)
+    if not np.any(np.linalg.eigvalsh(sym) < unc.UNRESOLVED_SIGMAS * s[2]):
+        return {
+            **out,
+            "psd": out["floored"],
+            "mixture": out["floored"],
+            "calibrated": out["floored"],
+        }
+    rng = np.random.default_rng([seed, 3])
+    b = unc.bootstrap_replicates(setup.plan.dim)
+    every, _ = unc.capefm_bootstrap(setup.plan, solve, rng, b, psd=False)
+    psd, conditioned = unc.capefm_bootstrap(setup.plan, solve, rng, b, psd=True)
+    draws = {"psd": psd, "mixture": np.concatenate([every, psd]) if conditioned else every}
+    for rule, w in draws.items():
+        out[rule] = tuple(np.quantile(w @ m.T + c, [0.025, 0.975], axis=0))
+    level = _levels(setup, solve, fit, rng)
+    raw = draws["mixture"] @ m.T + c
+    lows = [np.quantile(raw[:, j], (1.0 - q) / 2.0) for j, q in enumerate(level)]
+    highs = [np.quantile(raw[:, j], (1.0 + q) / 2.0) for j, q in enumerate(level)]
+    out["calibrated"] = (np.asarray(lows), np.asarray(highs))
+    return out
+
+
+def simulate(name: str, reps: int, seed: int = 0) -> dict[str, Array]:
+    """Per rule, the fraction of ``reps`` releases whose interval covers each raw coefficient's
+    truth (shape ``(K,)``), and ``"undetermined"``: the fraction of undetermined fits."""
+    setup = _setup(name)
+    covered = {rule: np.zeros(len(setup.truth)) for rule in RULES}
+    undetermined = 0.0
+    for r in range(seed, seed + reps):
+        fit = _release(setup, np.random.default_rng([r, 1]))
+        intervals = _intervals(setup, fit, r)
+        undetermined += intervals["psd"] is not intervals["floored"]
+        for rule, (low, high) in intervals.items():
+            covered[rule] += (low <= setup.truth) & (setup.truth <= high)
+    return {
+        **{k: v / reps for k, v in covered.items()},
+        "undetermined": np.array(undetermined / reps),
+    }
+
+
+@click.command("cape-rules")
+@click.option("--reps", default=200, show_default=True, type=click.IntRange(min=1))
+@click.option("--case", "cases", multiple=True, type=click.Choice(sorted(CASES)), required=True)
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
+def main(reps: int, cases: tuple[str, ...], seed: int) -> None:
+    """Per-coefficient coverage of each candidate rule on releases drawn from the noise law."""
+    for name in cases:
+        result = simulate(name, reps, seed)
+        click.echo(
+            f"{name}: {reps} releases, undetermined {100 * float(result['undetermined']):.0f} %"
+        )
+        for rule in RULES:
+            per = " ".join(f"{100 * v:5.1f}" for v in result[rule])
+            click.echo(f"  {rule:10s} {per}")
+
+
+if __name__ == "__main__":  # python -m dpmarket.experiments.cape_rules --case nmes-linreg
+    main()
