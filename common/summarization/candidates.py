@@ -275,7 +275,7 @@ def shrink_in_score_metric(
 SHRINKAGE_STRENGTH_RULES = ("fixed", "snr", "share")
 
 
-def shrinkage_strength(noisy: ArrayLike, noise_sigma: float, rule: str = "share") -> float:
+def shrinkage_strength(noisy: ArrayLike, noise_sigma: float, rule: str = "snr") -> float:
     """The owners' shrinkage strength read from the release: how much of ``gtilde`` is signal.
 
     The owners shrink ``gtilde = g + N(0, sigma^2 I_d)`` towards their own mean h1 by
@@ -307,7 +307,7 @@ def shrinkage_strength(noisy: ArrayLike, noise_sigma: float, rule: str = "share"
     noise_sigma : float
         The release's noise standard deviation per coordinate, > 0 (public: from m, epsilon and
         delta).
-    rule : {"share", "snr", "fixed"}
+    rule : {"snr", "share", "fixed"}
 
     Returns
     -------

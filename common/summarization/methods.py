@@ -86,7 +86,7 @@ POOL_SCORINGS: tuple[PoolScoring, ...] = ("embedding", "exact")
 ALLOCATIONS: tuple[Allocation, ...] = ("sketch", "counts")
 EMBEDDING_PRIORS: tuple[EmbeddingPrior, ...] = ("owner", "seed", "none")
 SHRINKAGE_METRICS: tuple[ShrinkageMetric, ...] = ("embedding", "scores")
-SHRINKAGE_STRENGTHS: tuple[ShrinkageStrength, ...] = ("share", "fixed", "snr")
+SHRINKAGE_STRENGTHS: tuple[ShrinkageStrength, ...] = ("fixed", "snr", "share")
 #: PrivAuction variants (:mod:`dpmarket.common.summarization.auction`).
 AUCTIONS: tuple[AuctionVariant, ...] = AUCTION_VARIANTS
 #: delta~ of the owners' composition bound in the summarization paper's Section 4 (its summary
@@ -497,11 +497,10 @@ class AllocationFields(GaussianFields):
         check=_positive,
     )
     shrinkage_strength: ShrinkageStrength = param(
-        "share",
-        "How the shrinkage's strength is set: 'shrinkage' times a factor in [0, 1] read from the "
-        "release, the estimated signal energy ||gtilde||^2 - d sigma^2 over ||gtilde||^2 "
-        "('share') or over the noise energy d sigma^2, capped at 1 ('snr'); or 'shrinkage' as "
-        "given ('fixed', the default before 2026-11-29).",
+        "fixed",
+        "How the shrinkage's strength is set: 'shrinkage' as given, or that times a factor in "
+        "[0, 1] read from the release (the estimated signal energy ||gtilde||^2 - d sigma^2 over "
+        "the noise energy d sigma^2, capped at 1: 'snr'; or over ||gtilde||^2: 'share').",
         unit="choice",
         source="candidates.shrinkage_strength; docs/results.md, 'A shrinkage strength that "
         "reads m'",

@@ -224,14 +224,13 @@ class _Recording(LocalOwnerEndpoint):
 
 def test_owners_receive_the_release_the_noise_and_the_public_seed_prior() -> None:
     """Every owner receives gtilde as released, the noise its proposal should assume (sigma
-    times the square root of the shrinkage strength, here fixed at 2: the release-read strengths
-    are the next tests') and, with the seed prior, the public seed set's mean h1; the owner
-    shrinks at home. Nothing of it is charged beyond the two releases."""
+    times the square root of the shrinkage strength) and, with the seed prior, the public seed
+    set's mean h1; the owner shrinks at home. Nothing of it is charged beyond the two releases."""
     owners, validation, seed_set = _world(4, m=100)
     sketches = publish_sketches(owners, _mechanism(), seed=0)
     for prior_kind in ("seed", "owner", "none"):
         endpoints = [_Recording(Owner(o.name, o, allow_seeded_sessions=True)) for o in owners]
-        config = _config(embedding_prior=prior_kind, shrinkage=2.0, shrinkage_strength="fixed")
+        config = _config(embedding_prior=prior_kind, shrinkage=2.0)
         result = run_session(
             endpoints, validation, seed_set, config, seed=0, owner_sketches=sketches
         )

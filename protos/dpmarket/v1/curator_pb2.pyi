@@ -251,9 +251,9 @@ class _ShrinkageStrength:
 class _ShrinkageStrengthEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ShrinkageStrength.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     SHRINKAGE_STRENGTH_UNSPECIFIED: _ShrinkageStrength.ValueType  # 0
-    """The default, SHRINKAGE_STRENGTH_SHARE."""
+    """The default, SHRINKAGE_STRENGTH_FIXED."""
     SHRINKAGE_STRENGTH_FIXED: _ShrinkageStrength.ValueType  # 1
-    """The session's shrinkage as given (James-Stein's amount at 1; the default before 2026-11-29)."""
+    """The session's shrinkage as given (James-Stein's amount at 1)."""
     SHRINKAGE_STRENGTH_SNR: _ShrinkageStrength.ValueType  # 2
     """The shrinkage times the release's estimated signal energy over its noise energy,
     (||gtilde||^2 - d sigma^2) / (d sigma^2), clipped to [0, 1].
@@ -267,9 +267,9 @@ class ShrinkageStrength(_ShrinkageStrength, metaclass=_ShrinkageStrengthEnumType
     """Candidates method: how the owners' shrinkage strength is set."""
 
 SHRINKAGE_STRENGTH_UNSPECIFIED: ShrinkageStrength.ValueType  # 0
-"""The default, SHRINKAGE_STRENGTH_SHARE."""
+"""The default, SHRINKAGE_STRENGTH_FIXED."""
 SHRINKAGE_STRENGTH_FIXED: ShrinkageStrength.ValueType  # 1
-"""The session's shrinkage as given (James-Stein's amount at 1; the default before 2026-11-29)."""
+"""The session's shrinkage as given (James-Stein's amount at 1)."""
 SHRINKAGE_STRENGTH_SNR: ShrinkageStrength.ValueType  # 2
 """The shrinkage times the release's estimated signal energy over its noise energy,
 (||gtilde||^2 - d sigma^2) / (d sigma^2), clipped to [0, 1].
@@ -481,7 +481,7 @@ class SummarizationParams(_message.Message):
     shrinkage_metric: Global___ShrinkageMetric.ValueType
     """Candidates method: where each owner reads the shrinkage's amount (default the embedding)."""
     shrinkage_strength: Global___ShrinkageStrength.ValueType
-    """Candidates method: how the shrinkage's strength is set (default share)."""
+    """Candidates method: how the shrinkage's strength is set (default fixed)."""
     def __init__(
         self,
         *,
