@@ -30,7 +30,7 @@ from dpmarket.experiments.suite_eval import SuiteRunner, SuiteSetting, _geomean
 from dpmarket.experiments.suite_paths import PathSetting, PathsRunner, half_names
 from dpmarket.experiments.suite_split import require_design
 
-__all__ = ["RULES", "main", "strength_rows"]
+__all__ = ["RULES", "main", "strength_rows", "summarize"]
 
 #: The strength rules compared (``CandidatesConfig.shrinkage_strength``), main's first.
 RULES: tuple[str, ...] = ("fixed", "snr", "share")
