@@ -78,6 +78,11 @@ _ENUM_PARAMS: dict[str, dict[str, int]] = {
         "embedding": curator_pb2.SHRINKAGE_METRIC_EMBEDDING,
         "scores": curator_pb2.SHRINKAGE_METRIC_SCORES,
     },
+    "shrinkage_strength": {
+        "fixed": curator_pb2.SHRINKAGE_STRENGTH_FIXED,
+        "snr": curator_pb2.SHRINKAGE_STRENGTH_SNR,
+        "share": curator_pb2.SHRINKAGE_STRENGTH_SHARE,
+    },
 }
 _STAGES: dict[int, SessionStage] = {
     curator_pb2.STAGE_SETUP: "setup",

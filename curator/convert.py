@@ -204,6 +204,11 @@ _ENUM_PARAMS: dict[str, dict[int, str]] = {
         curator_pb2.SHRINKAGE_METRIC_EMBEDDING: "embedding",
         curator_pb2.SHRINKAGE_METRIC_SCORES: "scores",
     },
+    "shrinkage_strength": {
+        curator_pb2.SHRINKAGE_STRENGTH_FIXED: "fixed",
+        curator_pb2.SHRINKAGE_STRENGTH_SNR: "snr",
+        curator_pb2.SHRINKAGE_STRENGTH_SHARE: "share",
+    },
 }
 _STAGES = {
     "setup": curator_pb2.STAGE_SETUP,

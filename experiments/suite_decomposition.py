@@ -162,10 +162,12 @@ def _oracle_allocator(oracle: Oracle, weights: Mapping[str, float]) -> type[Allo
             noisy = super().embedding_release(embedding, sigma)
             return embedding.copy() if oracle.exact_embedding else noisy
 
-        def owner_view(self, sigma: float) -> tuple[float, NDArray[np.float64] | None]:
+        def owner_view(
+            self, sigma: float, g_val: NDArray[np.float64]
+        ) -> tuple[float, NDArray[np.float64] | None]:
             if oracle.exact_embedding:
                 return 0.0, None
-            return super().owner_view(sigma)
+            return super().owner_view(sigma, g_val)
 
         def decision_release(
             self, pi: NDArray[np.float64], sigma: float

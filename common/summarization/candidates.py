@@ -271,6 +271,80 @@ def shrink_in_score_metric(
     return g0 + alpha * diff, alpha
 
 
+#: The strength rules :func:`shrinkage_strength` knows (``CandidatesConfig.shrinkage_strength``).
+SHRINKAGE_STRENGTH_RULES = ("fixed", "snr", "share")
+
+
+def shrinkage_strength(noisy: ArrayLike, noise_sigma: float, rule: str = "snr") -> float:
+    """The owners' shrinkage strength read from the release: how much of ``gtilde`` is signal.
+
+    The owners shrink ``gtilde = g + N(0, sigma^2 I_d)`` towards their own mean h1 by
+    James-Stein with the noise variance scaled by a strength ``c``
+    (:func:`shrink_embedding` with ``sqrt(c) sigma``). ``c = 1`` is James-Stein's amount; with a
+    small validation set (m <= 100 at epsilon 1, d = 140) the noise energy ``d sigma^2`` is
+    4-16 times the signal's ``||g||^2`` and that amount (``alpha`` about 0.04) turns every
+    owner's proposal into a sample of its own data, away from a kind it holds little of, while
+    with a large one the pull towards the owner's mean is what keeps proposals representative
+    (docs/results.md, "The shrinkage per allocation path"). The rule reads which case a request
+    is in from the release itself: since ``E ||gtilde||^2 = ||g||^2 + d sigma^2``, the signal
+    energy is estimated by ``||gtilde||^2 - d sigma^2`` (unbiased), and
+
+    * ``"snr"``: ``c = min(1, max(0, ||gtilde||^2 - d sigma^2) / (d sigma^2))``, the estimated
+      signal energy over the noise energy, capped at James-Stein's amount (reached when the two
+      are equal);
+    * ``"share"``: ``c = max(0, 1 - d sigma^2 / ||gtilde||^2)``, the estimated signal's share
+      of the release's energy (the positive-part James-Stein factor of ``gtilde`` towards 0,
+      with ``d`` for ``d - 2``);
+    * ``"fixed"``: ``c = 1``.
+
+    The same ``c`` for every owner of a request (a function of m through ``sigma``, not of an
+    owner's prior: docs/results.md, "Choosing the metric per owner").
+
+    Parameters
+    ----------
+    noisy : array-like of shape (d,)
+        The released embedding ``gtilde``.
+    noise_sigma : float
+        The release's noise standard deviation per coordinate, > 0 (public: from m, epsilon and
+        delta).
+    rule : {"snr", "share", "fixed"}
+
+    Returns
+    -------
+    float
+        The strength ``c`` in [0, 1] (0: no shrinkage; below 1e-6 it is returned as 0).
+
+    Raises
+    ------
+    ValueError
+        If ``noisy`` is not a finite vector, ``noise_sigma`` is not a finite number > 0, or
+        ``rule`` is unknown.
+
+    Notes
+    -----
+    Privacy: a function of the release and of the public ``noise_sigma`` and d only, so
+    post-processing; computed by the curator and sent as the noise the owners assume.
+
+    References
+    ----------
+    James & Stein (1961); the noise energy ``d sigma^2`` of the Gaussian mechanism's release.
+    """
+    y = check_vector(noisy, "noisy embedding").astype(np.float64)
+    if not (math.isfinite(noise_sigma) and noise_sigma > 0):
+        raise ValueError(f"noise_sigma must be a finite number > 0, got {noise_sigma}")
+    if rule not in SHRINKAGE_STRENGTH_RULES:
+        raise ValueError(f"rule must be one of {SHRINKAGE_STRENGTH_RULES}, got {rule!r}")
+    if rule == "fixed":
+        return 1.0
+    noise = y.shape[0] * noise_sigma**2
+    energy = float(y @ y)
+    if rule == "snr":
+        c = min(1.0, max(0.0, energy - noise) / noise)
+    else:
+        c = max(0.0, 1.0 - noise / energy) if energy > 0 else 0.0
+    return c if c >= 1e-6 else 0.0
+
+
 def _check_second_moment(second_moment: ArrayLike, d: int) -> NDArray[np.float64]:
     """``second_moment`` as a finite (d, d) float64 matrix, or ValueError naming its shape."""
     sigma = np.asarray(second_moment, dtype=np.float64)

@@ -44,6 +44,7 @@ __all__ = [
     "PARAMETER_NAMES",
     "POOL_SCORINGS",
     "SHRINKAGE_METRICS",
+    "SHRINKAGE_STRENGTHS",
     "SUMMARY_RELEASES",
     "VALIDATION_RELEASES",
     "AllocationFields",
@@ -77,6 +78,7 @@ PoolScoring = Literal["embedding", "exact"]
 Allocation = Literal["sketch", "counts"]
 EmbeddingPrior = Literal["owner", "seed", "none"]
 ShrinkageMetric = Literal["embedding", "scores"]
+ShrinkageStrength = Literal["fixed", "snr", "share"]
 #: Allowed values of the options with a choice, the default first.
 VALIDATION_RELEASES: tuple[ValidationRelease, ...] = ("mwem", "gaussian")
 SUMMARY_RELEASES: tuple[SummaryRelease, ...] = ("mwem", "tree", "none")
@@ -84,6 +86,7 @@ POOL_SCORINGS: tuple[PoolScoring, ...] = ("embedding", "exact")
 ALLOCATIONS: tuple[Allocation, ...] = ("sketch", "counts")
 EMBEDDING_PRIORS: tuple[EmbeddingPrior, ...] = ("owner", "seed", "none")
 SHRINKAGE_METRICS: tuple[ShrinkageMetric, ...] = ("embedding", "scores")
+SHRINKAGE_STRENGTHS: tuple[ShrinkageStrength, ...] = ("fixed", "snr", "share")
 #: PrivAuction variants (:mod:`dpmarket.common.summarization.auction`).
 AUCTIONS: tuple[AuctionVariant, ...] = AUCTION_VARIANTS
 #: delta~ of the owners' composition bound in the summarization paper's Section 4 (its summary
@@ -492,6 +495,16 @@ class AllocationFields(GaussianFields):
         unit="multiple of the noise variance",
         source="James & Stein (1961); candidates.shrink_towards_points",
         check=_positive,
+    )
+    shrinkage_strength: ShrinkageStrength = param(
+        "fixed",
+        "How the shrinkage's strength is set: 'shrinkage' as given, or that times a factor in "
+        "[0, 1] read from the release (the estimated signal energy ||gtilde||^2 - d sigma^2 over "
+        "the noise energy d sigma^2, capped at 1: 'snr'; or over ||gtilde||^2: 'share').",
+        unit="choice",
+        source="candidates.shrinkage_strength; docs/results.md, 'A shrinkage strength that "
+        "reads m'",
+        choices=SHRINKAGE_STRENGTHS,
     )
     shrinkage_metric: ShrinkageMetric = param(
         "embedding",

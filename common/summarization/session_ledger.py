@@ -151,6 +151,11 @@ class AllocationReport:
         Where the owners read the shrinkage's amount (``"embedding"``, ``"scores"`` or
         ``"auto"``: ``CandidatesConfig.shrinkage_metric``; ``"embedding"`` in reports written
         before the field, and meaningless when ``embedding_prior`` is ``"none"``).
+    shrinkage_strength : float
+        The strength c the owners' shrinkage used, a multiple of the release's noise variance
+        (``shrinkage`` times the factor of ``CandidatesConfig.shrinkage_strength``'s rule:
+        :func:`dpmarket.common.summarization.candidates.shrinkage_strength`); 0 when the owners
+        did not shrink; 1 in reports written before the field.
     shares : dict of str to int
         Each owner's candidates asked for.
     hedge : HedgeReport or None
@@ -168,6 +173,7 @@ class AllocationReport:
     embedding_prior: str
     shares: dict[str, int]
     shrinkage_metric: str = "embedding"
+    shrinkage_strength: float = 1.0
     hedge: HedgeReport | None = None
     hash_key_id: str | None = None
 

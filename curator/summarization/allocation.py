@@ -26,6 +26,7 @@ from dpmarket.common.summarization.calibration import gaussian_epsilon
 from dpmarket.common.summarization.candidates import (
     allocate_candidates,
     relevance_threshold,
+    shrinkage_strength,
     validation_embedding_sensitivity,
 )
 from dpmarket.common.summarization.methods import AllocationFields
@@ -127,12 +128,17 @@ class Allocator:
             f"--spec {spec}): {charged}"
         )
 
-    def owner_view(self, sigma: float) -> tuple[float, NDArray[np.float64] | None]:
+    def owner_view(
+        self, sigma: float, g_val: NDArray[np.float64]
+    ) -> tuple[float, NDArray[np.float64] | None]:
         """How each owner denoises the released embedding before its local greedy:
         ``(shrinkage_sigma, prior_embedding)`` for SetValidationEmbedding.
 
         ``embedding_prior="owner"``: the noise each owner's proposal should assume, ``sigma *
-        sqrt(shrinkage)``, so that it shrinks gtilde (James-Stein) towards its own mean h1
+        sqrt(c)``, ``c`` the session's ``shrinkage`` times
+        :func:`~dpmarket.common.summarization.candidates.shrinkage_strength` of the release
+        ``g_val`` (1 with ``shrinkage_strength="fixed"``), so that it shrinks gtilde
+        (James-Stein) towards its own mean h1
         (:func:`dpmarket.common.summarization.candidates.shrink_towards_points`). ``"seed"``: the
         same, and with a seed set its public mean h1 as a second prior, which an owner takes when
         gtilde lies nearer to it in the metric of the owner's own scores. ``"none"``: gtilde as
@@ -150,7 +156,18 @@ class Allocator:
             assert state.rff is not None
             seed = random_fourier_features(state.seed_set, state.rff, dtype=np.float64)
             prior = seed.mean(axis=0)
-        return sigma * math.sqrt(cfg.shrinkage), prior
+        strength = self.strength(g_val, sigma)
+        if strength == 0.0:
+            return 0.0, None
+        return sigma * math.sqrt(strength), prior
+
+    def strength(self, g_val: NDArray[np.float64], sigma: float) -> float:
+        """The owners' shrinkage strength c (a multiple of the release's noise variance): the
+        session's ``shrinkage`` times
+        :func:`~dpmarket.common.summarization.candidates.shrinkage_strength` of the release
+        ``g_val`` (noise ``sigma`` per coordinate) by ``shrinkage_strength``'s rule; 0: none."""
+        cfg = self.config
+        return cfg.shrinkage * shrinkage_strength(g_val, sigma, cfg.shrinkage_strength)
 
     async def send_embedding(
         self, owners: Sequence[int], g_val: NDArray[np.float64], sigma: float
@@ -160,7 +177,7 @@ class Allocator:
         the amount read in the metric of each owner's scores). Returns the noise the owners
         assume (0: no shrinkage)."""
         state = self.state
-        owner_sigma, prior = self.owner_view(sigma)
+        owner_sigma, prior = self.owner_view(sigma, g_val)
         score_metric = self.config.shrinkage_metric == "scores"
         await state.gather(
             owners,
@@ -266,6 +283,7 @@ class Allocator:
             gaussian_sigma=sigma,
             embedding_prior=cfg.embedding_prior if owner_sigma > 0 else "none",
             shrinkage_metric=cfg.shrinkage_metric,
+            shrinkage_strength=self.strength(g_val, sigma) if owner_sigma > 0 else 0.0,
             relevance_threshold=threshold,
             # Post-processing of the Laplace release, so safe to report; the exact counts are not.
             noisy_counts={
@@ -307,7 +325,7 @@ class Allocator:
         self._charge_sketch_releases((sigma_g, sens_g), (sigma_a, sens_a))
         g_val = self.embedding_release(embedding, sigma_g)
         noisy, decision, decision_alpha = self.decision_release(pi, sigma_a)
-        await self.send_embedding(owners, g_val, sigma_g)
+        owner_sigma = await self.send_embedding(owners, g_val, sigma_g)
         state.require_owners()
         requests = self.requests(owners, np.maximum(decision, 0.0))
         info = SketchAllocationReport(
@@ -316,6 +334,7 @@ class Allocator:
             gaussian_sigma=sigma_g,
             embedding_prior=cfg.embedding_prior,
             shrinkage_metric=cfg.shrinkage_metric,
+            shrinkage_strength=self.strength(g_val, sigma_g) if owner_sigma > 0 else 0.0,
             relevance_score=cfg.relevance_score,
             allocation_share=share,
             allocation_sigma=sigma_a,

@@ -9,7 +9,7 @@ import pytest
 from scipy import optimize, stats
 
 from dpmarket.common.sketches import Domain, SketchMechanism, draw_rff
-from dpmarket.common.summarization.candidates import validation_embedding
+from dpmarket.common.summarization.candidates import shrinkage_strength, validation_embedding
 from dpmarket.common.summarization.methods import CandidatesConfig
 from dpmarket.common.summarization.rff import random_fourier_features
 from dpmarket.common.summarization.sketch_allocation import (
@@ -278,3 +278,39 @@ def test_owners_are_told_where_to_read_the_shrinkage(metric: str) -> None:
     assert len(result.report.ledger.to_json()["validation"]["entries"]) == 2
     # The session report's allocation section says where the owners read it.
     assert result.report.ledger.to_json()["candidates"]["shrinkage_metric"] == metric
+
+
+@pytest.mark.parametrize("allocation", ["sketch", "counts"])
+def test_the_shrinkage_strength_is_computed_from_the_release_and_its_public_noise(
+    allocation: str,
+) -> None:
+    """With ``shrinkage_strength="snr"`` every owner is told the noise ``sigma * sqrt(c)``, c
+    recomputed here from what an owner sees only (the release it received, d) and the public
+    sigma of the report; with ``"fixed"`` (the old default, reproducible by the option) it is
+    ``sigma`` itself. m = 12 at epsilon 0.8: the release is mostly noise, so c < 1 and the two
+    differ. (Old code: no such option; every owner was told ``sigma``.)"""
+    owners, validation, seed_set = _world(3, m=12)
+    sketches = publish_sketches(owners, _mechanism(), seed=0) if allocation == "sketch" else None
+    told = {}
+    for rule in ("fixed", "snr"):
+        endpoints = [_Recording(Owner(o.name, o, allow_seeded_sessions=True)) for o in owners]
+        result = run_session(
+            endpoints,
+            validation,
+            seed_set,
+            _config(shrinkage_strength=rule, allocation=allocation),
+            seed=0,
+            owner_sketches=sketches,
+        )
+        ledger = result.report.ledger.to_json()["candidates"]
+        assert ledger["allocation"] == allocation
+        sigma = ledger["gaussian_sigma"]
+        release = endpoints[0].embedding
+        assert release is not None
+        c = shrinkage_strength(release, sigma, rule)
+        for endpoint in endpoints:
+            np.testing.assert_array_equal(endpoint.embedding, release)
+            assert endpoint.shrinkage_sigma == pytest.approx(sigma * math.sqrt(c))
+        told[rule] = (endpoints[0].shrinkage_sigma, sigma, c)
+    assert told["fixed"][0] == pytest.approx(told["fixed"][1])
+    assert told["snr"][2] < 1.0

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from dpmarket.common.summarization.methods import GreedyConfig, method_config
+from dpmarket.common.summarization.methods import CandidatesConfig, GreedyConfig, method_config
 from dpmarket.common.summarization.summary import ProgressEvent
 from dpmarket.consumer.client import CuratorClient
 from dpmarket.deploy.launcher import CURATOR_NAME, LocalCluster
@@ -145,6 +145,25 @@ def test_networked_score_metric_shrinkage_equals_in_process(
         method_config("candidates", summary_size=P),
         seed=11,
     )
+    np.testing.assert_array_equal(networked.points, local.points)
+    assert networked.report.ledger == local.report.ledger
+    assert not np.array_equal(local.points, default.points)
+
+
+def test_networked_shrinkage_strength_equals_in_process(
+    cluster: LocalCluster, digits: Scenario
+) -> None:
+    """shrinkage_strength crosses the consumer's request (curator.proto field 32): a setting
+    other than the default gives the in-process summary, and (the control) not the default's,
+    so a value lost on the way would show. (Old code: no such field.)"""
+    default_config = method_config("candidates", summary_size=P)
+    assert isinstance(default_config, CandidatesConfig)
+    other = "fixed" if default_config.shrinkage_strength != "fixed" else "share"
+    config = method_config("candidates", summary_size=P, shrinkage_strength=other)
+    with CuratorClient(cluster.curator_target, cluster.consumer_security()) as client:
+        networked = client.summarize(config, digits.validation, digits.seed_set, seed=11)
+    local = simulate(digits.owners, digits.validation, digits.seed_set, config, seed=11)
+    default = simulate(digits.owners, digits.validation, digits.seed_set, default_config, seed=11)
     np.testing.assert_array_equal(networked.points, local.points)
     assert networked.report.ledger == local.report.ledger
     assert not np.array_equal(local.points, default.points)

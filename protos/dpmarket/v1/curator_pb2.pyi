@@ -244,6 +244,42 @@ SHRINKAGE_METRIC_SCORES: ShrinkageMetric.ValueType  # 2
 """The release's noise in the metric of the owner's own scores (its points' h1 second moment)."""
 Global___ShrinkageMetric: _TypeAlias = ShrinkageMetric  # noqa: Y015
 
+class _ShrinkageStrength:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ShrinkageStrengthEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ShrinkageStrength.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SHRINKAGE_STRENGTH_UNSPECIFIED: _ShrinkageStrength.ValueType  # 0
+    """The default, SHRINKAGE_STRENGTH_FIXED."""
+    SHRINKAGE_STRENGTH_FIXED: _ShrinkageStrength.ValueType  # 1
+    """The session's shrinkage as given (James-Stein's amount at 1)."""
+    SHRINKAGE_STRENGTH_SNR: _ShrinkageStrength.ValueType  # 2
+    """The shrinkage times the release's estimated signal energy over its noise energy,
+    (||gtilde||^2 - d sigma^2) / (d sigma^2), clipped to [0, 1].
+    """
+    SHRINKAGE_STRENGTH_SHARE: _ShrinkageStrength.ValueType  # 3
+    """The shrinkage times the release's estimated signal share, 1 - d sigma^2 / ||gtilde||^2,
+    clipped to [0, 1].
+    """
+
+class ShrinkageStrength(_ShrinkageStrength, metaclass=_ShrinkageStrengthEnumTypeWrapper):
+    """Candidates method: how the owners' shrinkage strength is set."""
+
+SHRINKAGE_STRENGTH_UNSPECIFIED: ShrinkageStrength.ValueType  # 0
+"""The default, SHRINKAGE_STRENGTH_FIXED."""
+SHRINKAGE_STRENGTH_FIXED: ShrinkageStrength.ValueType  # 1
+"""The session's shrinkage as given (James-Stein's amount at 1)."""
+SHRINKAGE_STRENGTH_SNR: ShrinkageStrength.ValueType  # 2
+"""The shrinkage times the release's estimated signal energy over its noise energy,
+(||gtilde||^2 - d sigma^2) / (d sigma^2), clipped to [0, 1].
+"""
+SHRINKAGE_STRENGTH_SHARE: ShrinkageStrength.ValueType  # 3
+"""The shrinkage times the release's estimated signal share, 1 - d sigma^2 / ||gtilde||^2,
+clipped to [0, 1].
+"""
+Global___ShrinkageStrength: _TypeAlias = ShrinkageStrength  # noqa: Y015
+
 class _Auction:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -359,6 +395,7 @@ class SummarizationParams(_message.Message):
     SHRINKAGE_FIELD_NUMBER: _builtins.int
     RELEVANCE_NORM_WEIGHT_FIELD_NUMBER: _builtins.int
     SHRINKAGE_METRIC_FIELD_NUMBER: _builtins.int
+    SHRINKAGE_STRENGTH_FIELD_NUMBER: _builtins.int
     rff_dimension: _builtins.int
     """h1 dimension d (default 140)."""
     gamma: _builtins.float
@@ -443,6 +480,8 @@ class SummarizationParams(_message.Message):
     """
     shrinkage_metric: Global___ShrinkageMetric.ValueType
     """Candidates method: where each owner reads the shrinkage's amount (default the embedding)."""
+    shrinkage_strength: Global___ShrinkageStrength.ValueType
+    """Candidates method: how the shrinkage's strength is set (default fixed)."""
     def __init__(
         self,
         *,
@@ -477,10 +516,11 @@ class SummarizationParams(_message.Message):
         shrinkage: _builtins.float = ...,
         relevance_norm_weight: _builtins.float = ...,
         shrinkage_metric: Global___ShrinkageMetric.ValueType = ...,
+        shrinkage_strength: Global___ShrinkageStrength.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation", "allocation_share", b"allocation_share", "auction", b"auction", "auction_share", b"auction_share", "candidate_even_share", b"candidate_even_share", "candidate_fraction", b"candidate_fraction", "candidate_multiple", b"candidate_multiple", "delta", b"delta", "delta_owners", b"delta_owners", "delta_validation", b"delta_validation", "embedding_prior", b"embedding_prior", "embedding_rerank", b"embedding_rerank", "epsilon_auction", b"epsilon_auction", "epsilon_first_epoch", b"epsilon_first_epoch", "epsilon_owners_total", b"epsilon_owners_total", "epsilon_summary", b"epsilon_summary", "epsilon_validation", b"epsilon_validation", "epsilon_validation_total", b"epsilon_validation_total", "gamma", b"gamma", "iterations_initial", b"iterations_initial", "iterations_subsequent", b"iterations_subsequent", "pool_scoring", b"pool_scoring", "quantization_step", b"quantization_step", "relevance_norm_weight", b"relevance_norm_weight", "relevance_score", b"relevance_score", "relevance_threshold", b"relevance_threshold", "rff_dimension", b"rff_dimension", "shrinkage", b"shrinkage", "shrinkage_metric", b"shrinkage_metric", "summary_release", b"summary_release", "validation_release", b"validation_release"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation", "allocation_share", b"allocation_share", "auction", b"auction", "auction_share", b"auction_share", "candidate_even_share", b"candidate_even_share", "candidate_fraction", b"candidate_fraction", "candidate_multiple", b"candidate_multiple", "delta", b"delta", "delta_owners", b"delta_owners", "delta_validation", b"delta_validation", "embedding_prior", b"embedding_prior", "embedding_rerank", b"embedding_rerank", "epsilon_auction", b"epsilon_auction", "epsilon_first_epoch", b"epsilon_first_epoch", "epsilon_owners_total", b"epsilon_owners_total", "epsilon_summary", b"epsilon_summary", "epsilon_validation", b"epsilon_validation", "epsilon_validation_total", b"epsilon_validation_total", "gamma", b"gamma", "iterations_initial", b"iterations_initial", "iterations_subsequent", b"iterations_subsequent", "pool_scoring", b"pool_scoring", "quantization_step", b"quantization_step", "relevance_norm_weight", b"relevance_norm_weight", "relevance_score", b"relevance_score", "relevance_threshold", b"relevance_threshold", "rff_dimension", b"rff_dimension", "shrinkage", b"shrinkage", "shrinkage_metric", b"shrinkage_metric", "shrinkage_strength", b"shrinkage_strength", "summary_release", b"summary_release", "validation_release", b"validation_release"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -13,10 +13,12 @@ from dpmarket.common.summarization.candidates import (
     shrink_embedding,
     shrink_in_score_metric,
     shrink_towards_points,
+    shrinkage_strength,
     validation_embedding,
     validation_embedding_in_chunks,
     validation_embedding_sensitivity,
 )
+from dpmarket.common.summarization.methods import SHRINKAGE_STRENGTHS
 from dpmarket.common.summarization.rff import draw_rff_params, random_fourier_features
 
 
@@ -231,3 +233,59 @@ def test_an_owner_shrinks_in_its_score_metric_from_its_own_points() -> None:
     assert shrink_towards_points(noisy, x, 0.2)[1] == pytest.approx(
         shrink_embedding(noisy, mean, 0.2)[1]
     )
+
+
+def test_the_strength_is_the_release_signal_energy_over_its_noise_energy() -> None:
+    """Known answers: ||gtilde||^2 = d a^2 with noise sigma per coordinate gives
+    ``snr = a^2 / sigma^2 - 1`` (capped at 1) and ``share = 1 - sigma^2 / a^2``; ``fixed`` is
+    James-Stein's strength 1 whatever the release (the old default). (Old code: no strength rule,
+    every release got 1.)"""
+    d, sigma = 140, 0.2
+    for a, snr, share in ((1.2 * sigma, 0.44, 1 - 1 / 1.44), (0.9 * sigma, 0.0, 0.0)):
+        y = np.full(d, a)
+        assert shrinkage_strength(y, sigma, "snr") == pytest.approx(snr)
+        assert shrinkage_strength(y, sigma, "share") == pytest.approx(share)
+        assert shrinkage_strength(y, sigma, "fixed") == 1.0
+    # Signal energy at least the noise energy: James-Stein's amount, not more.
+    assert shrinkage_strength(np.full(d, 3 * sigma), sigma, "snr") == 1.0
+    assert shrinkage_strength(np.zeros(d), sigma, "share") == 0.0
+    assert set(SHRINKAGE_STRENGTHS) == {"fixed", "snr", "share"}
+
+
+def test_the_strength_reads_m_through_the_noise() -> None:
+    """The same D_v's embedding released with a small validation set's noise (sigma = 4.23 * 2 /
+    m at epsilon 1, delta 1e-6: m = 30) and a large one's (m = 500): d = 140, ||g||^2 = 0.6.
+    Pure noise gives ``||gtilde||^2 / sigma^2 ~ chi^2_140``, so over 200 seeded draws the mean
+    strength is 0.048 (standard error 0.005): the assertion mean < 0.1 fails with probability
+    < 1e-6, and max < 0.8 (chi^2_140 > 252) with probability 200 * 2.1e-8 = 4e-6. At m = 30 the
+    signal is 0.05 of the noise energy (11.2), so the strength stays near pure noise's; at m = 500
+    the noise energy is 0.04 and every draw gets 1 (a non-central chi^2 below 2 d: < 1e-12)."""
+    rng = np.random.default_rng(3)
+    d = 140
+    g = rng.normal(size=d)
+    g *= np.sqrt(0.6) / np.linalg.norm(g)
+    for rule in ("snr", "share"):
+        small = [
+            shrinkage_strength(g + rng.normal(scale=4.23 * 2 / 30, size=d), 4.23 * 2 / 30, rule)
+            for _ in range(200)
+        ]
+        noise = [shrinkage_strength(rng.normal(scale=0.3, size=d), 0.3, rule) for _ in range(200)]
+        large = [
+            shrinkage_strength(g + rng.normal(scale=4.23 * 2 / 500, size=d), 4.23 * 2 / 500, rule)
+            for _ in range(200)
+        ]
+        assert np.mean(noise) < 0.1 and max(noise) < 0.8
+        assert np.mean(small) < 0.15 and max(small) < 0.8
+        if rule == "snr":
+            assert min(large) == 1.0
+        else:
+            assert min(large) > 0.9
+
+
+def test_the_strength_refuses_bad_input() -> None:
+    with pytest.raises(ValueError, match="noise_sigma"):
+        shrinkage_strength([1.0, 2.0, 3.0], 0.0)
+    with pytest.raises(ValueError, match="rule"):
+        shrinkage_strength([1.0, 2.0, 3.0], 1.0, "wiener")
+    with pytest.raises(ValueError, match="noisy"):
+        shrinkage_strength([1.0, np.inf, 3.0], 1.0)

@@ -71,6 +71,7 @@ OWN_FIELDS = {
         "embedding_prior",
         "shrinkage",
         "shrinkage_metric",
+        "shrinkage_strength",
         "relevance_threshold",
         "candidate_even_share",
         "candidate_multiple",

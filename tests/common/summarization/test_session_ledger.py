@@ -37,6 +37,7 @@ COUNTS_KEYS = {
     "gaussian_sigma",
     "embedding_prior",
     "shrinkage_metric",
+    "shrinkage_strength",
     "relevance_threshold",
     "noisy_counts",
     "shares",
