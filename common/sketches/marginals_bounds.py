@@ -203,7 +203,7 @@ def _chains(query: frozenset[int], pieces: Sequence[frozenset[int]]) -> list[lis
     the piece with most new columns, then most overlap with those covered (a larger shared event
     subtracts less)."""
     out: list[list[frozenset[int]]] = []
-    seen: set[frozenset[tuple[frozenset[int], frozenset[int]]]] = set()
+    seen: set[tuple[frozenset[frozenset[int]], tuple[tuple[int, ...], ...]]] = set()
     for first in pieces:
         chain, covered = [first], set(first)
         while covered != query:
@@ -218,8 +218,13 @@ def _chains(query: frozenset[int], pieces: Sequence[frozenset[int]]) -> list[lis
             covered |= best
         if covered != query:
             continue
-        # The bound depends on each piece and what it shares with those before it.
-        key = frozenset((p, frozenset(p & set().union(*chain[:k]))) for k, p in enumerate(chain))
+        # The bound is sum_k N(p_k) - sum_{k>0} N(p_k & earlier) (n where empty): it depends on
+        # the pieces and the multiset of what each later one shares, not on their order (a
+        # chain A, B and the chain B, A give the same N(A) + N(B) - N(A & B), one candidate).
+        shared = sorted(
+            tuple(sorted(p & set().union(*chain[:k]))) for k, p in enumerate(chain) if k
+        )
+        key = (frozenset(chain), tuple(shared))
         if key not in seen:
             seen.add(key)
             out.append(chain)

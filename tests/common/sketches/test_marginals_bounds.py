@@ -29,6 +29,7 @@ from dpmarket.common.sketches.marginals import (
     marginals_map,
 )
 from dpmarket.common.sketches.marginals_bounds import (
+    _normal_quantile,
     count_bounds,
     covariance_bounds,
     event_count,
@@ -380,3 +381,28 @@ def test_a_fraction_whose_interval_lies_past_1_keeps_its_width() -> None:
             past.append(high - low >= 0.01 and low <= truth <= high)
     assert covers >= _lowest_passing(0.95, releases, 1e-3) == 1869, covers
     assert len(past) >= 1 and all(past), past
+
+
+def test_a_chain_and_its_reverse_are_one_lower_candidate() -> None:
+    """Three columns (1 and 2 fixed where 0 is 0), the pairs (0, 1) and (0, 2) measured: the
+    chains from (0, 1) and from (0, 2) give the same lower bound ``N(01) + N(02) - N(0)``, one
+    candidate, so it is widened by ``Phi^-1(1 - alpha / 2) sd`` (1.96 sd). The control: the
+    chains were told apart by their order, 4 candidates (2 upper, 2 lower), and the same bound
+    was widened by ``Phi^-1(1 - alpha / 4) sd`` (2.24 sd) for a second candidate that is the
+    first."""
+    rng = np.random.default_rng(6)
+    sizes = [2, 3, 4]
+    cells = np.column_stack([rng.integers(0, s, 3000) for s in sizes])
+    cells[cells[:, 0] == 0, 1:] = (1, 2)  # b = 1 and c = 2 wherever a = 0: a positive bound
+    ms = _measure(cells, sizes, [(0,), (1,), (2,), (0, 1), (0, 2)], rng)
+    weights = {0: _indicator(2, 0), 1: _indicator(3, 1), 2: _indicator(4, 2)}
+    b = count_bounds(ms, sizes, weights)
+    assert not b.measured and b.candidates == 3, b
+    lower = event_count(ms, sizes, {0: weights[0], 1: weights[1]})
+    two = event_count(ms, sizes, {0: weights[0], 2: weights[2]})
+    one = event_count(ms, sizes, {0: weights[0]})
+    assert lower is not None and two is not None and one is not None
+    chain = lower + two - one
+    expected = chain.value(ms) - _normal_quantile(1.0 - 0.05 / 2.0) * chain.sd(ms)
+    assert expected > 0.0
+    assert b.low == pytest.approx(expected), (b, expected)
