@@ -372,6 +372,7 @@ def test_a_release_s_three_column_bounds_keep_their_noise_on_creditcard_s_young_
     free_compiled()
     where = [("majorcards", 1.0, 1.0), ("share", -np.inf, 0.223), ("selfemp", 1.0, 1.0)]
     fmap, domain = spec.feature_map, spec.domain
+    assert isinstance(fmap, MarginalsMap)
     weights = {}
     truth = np.ones(young.shape[0], dtype=bool)
     for name, lo, hi in where:
