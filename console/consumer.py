@@ -266,6 +266,7 @@ def count_row(fraction: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]
     the label says of how many records; ``guess`` says the value is the independence guess
     (flagged ``model-guess``: it has no standard error, its interval is what holds)."""
     interval = extra.get("count_interval")
+    count_se = extra.get("count_standard_error")  # None: a model's guess has none
     label = str(fraction["label"])
     if label.startswith("P[") and label.endswith("]"):
         label = label[2:-1]
@@ -273,7 +274,7 @@ def count_row(fraction: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]
         **fraction,
         "label": f"records with {label} (of n ≈ {extra['n']:.0f})",
         "value": float(extra["count"]),
-        "standard_error": float(extra.get("count_standard_error", math.nan)),
+        "standard_error": math.nan if count_se is None else float(count_se),
         "interval": None if interval is None else [float(interval[0]), float(interval[1])],
         "guess": any(f["code"] == "model-guess" for f in fraction["flags"]),
     }

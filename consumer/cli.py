@@ -1769,10 +1769,13 @@ def _print_explored(found: Exploration, query: str, kind: str) -> None:
         interval = answer.extra.get("count_interval")
         # The independence guess has no standard error (the table says "— (guess)").
         guess = any(f["code"] == "model-guess" for f in answer.rows()[0]["flags"])
+        count_se = answer.extra["count_standard_error"]
         spread = (
             " (model-guess: no standard error; the interval is what holds)"
             if guess
-            else f" ± {answer.extra['count_standard_error']:.1f}"
+            else ""
+            if count_se is None
+            else f" ± {count_se:.1f}"
         )
         console.print(
             f"count ≈ {answer.extra['count']:.1f}{spread}"

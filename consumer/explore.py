@@ -265,10 +265,12 @@ class Answer:
         Clipped to what the quantity can be (module docstring); see :attr:`raw`.
     extra : dict
         ``count``: ``count`` (the fraction times the count estimate), ``n``,
-        ``count_standard_error`` and ``count_interval`` (the interval times ``n``);
+        ``count_standard_error`` (``None`` where there is none: a graphical model's guess over
+        columns no measurement holds together) and ``count_interval`` (the interval times ``n``);
         ``synthetic``: ``records`` (rows of values in the spec's column order) and ``columns``.
     errors : ndarray of shape (len(labels),), float64
-        Standard error of each value from the release's noise (NaN when none is available).
+        Standard error of each value from the release's noise (NaN when none is available, and
+        for a graphical model's guess, ``basis`` ``"bounds"``: its error is the guess's bias).
     columns : tuple of tuple of str
         The columns each value is about.
     flags : tuple of tuple of Flag
@@ -1621,6 +1623,10 @@ class MarginalsExplorer:
         bounds[noise, 0] = values[noise] - Z95 * se[noise]
         bounds[noise, 1] = values[noise] + Z95 * se[noise]
         values = np.where(noise, values, np.clip(values, bounds[:, 0], bounds[:, 1]))
+        # The model's guess over columns no measurement holds together has no standard error:
+        # its error is the independence guess's bias, which only its Fréchet bounds hold (the
+        # bootstrap's spread of the guess, as small as 1e-46, read as a near-exact value).
+        se = np.where(np.array(basis) == "bounds", np.nan, se)
         low, high, what = _possible(query, domain, len(values))
         flags = tuple(
             (*f, *c, *_uninformative(float(b[1] - b[0]), float(h - lo), w))
@@ -1632,7 +1638,7 @@ class MarginalsExplorer:
             extra = {
                 "count": float(values[0]) * total,
                 "n": total,
-                "count_standard_error": float(se[0]) * total,
+                "count_standard_error": None if np.isnan(se[0]) else float(se[0]) * total,
                 "count_interval": [float(bounds[0, 0]) * total, float(bounds[0, 1]) * total],
             }
         if query.kind == "marginal":

@@ -324,6 +324,30 @@ def test_marginals_answers_track_the_truth_with_their_errors(mspecs: dict[str, S
         explorer.answer(Query("mean", columns=("a",)), sketches)
 
 
+def test_a_marginals_guess_has_no_standard_error(mspecs: dict[str, SketchSpec]) -> None:
+    """A count over columns no measured marginal holds together is the graphical model's
+    independence guess: its error is the guess's bias, which only its Fréchet bounds hold, so it
+    has no standard error (NaN, ``null`` in the rows, ``None`` as a count's), while a count a
+    measured marginal holds keeps its noise's. Control: before, the guess carried the bootstrap's
+    spread of the model's value (here 1e-4 to 1e-3 of n; a stranger saw 1e-46 beside bounds
+    [0, 0.0084]), read as a near-exact answer."""
+    spec = mspecs["marginals"]
+    rng = np.random.default_rng(3)
+    sketch = marginals_mechanism(spec, 1.0).release(
+        _records(3000, seed=1), SeededNoise(rng), rng=rng
+    )
+    explorer = MarginalsExplorer(spec, bootstrap=8, seed=0)
+    measured = explorer.answer(Query("count", where=(("a", 0.0, 0.3), ("y", 1, 1))), [sketch])
+    guess = explorer.answer(Query("count", where=(("b", 0.0, 0.5), ("y", 1, 1))), [sketch])
+    assert measured.basis == ("measured",) and guess.basis == ("bounds",)
+    assert measured.errors[0] > 0 and measured.extra["count_standard_error"] > 0
+    assert np.isnan(guess.errors[0]) and guess.extra["count_standard_error"] is None
+    assert guess.rows()[0]["standard_error"] is None
+    (low,), (high,) = guess.interval()
+    assert 0.0 <= low <= guess.values[0] <= high < 1.0
+    assert guess.codes("value") == ("model-guess",)
+
+
 def test_a_marginals_interval_spanning_what_the_value_can_be_is_flagged_uninformative(
     mspecs: dict[str, SketchSpec],
 ) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -140,7 +141,9 @@ def test_explore_chooses_per_query_and_equals_the_in_process_answer(
     count = _explore(running, "--query", "count", "--where", "hour<=12", "--where", "delayed=1")
     assert count["spec"] == "mini/marginals" and "expresses count" in count["reason"]
     row = count["answer"]["rows"][0]
-    assert row["columns"] == ["hour", "delayed"] and row["standard_error"] > 0
+    assert row["columns"] == ["hour", "delayed"]
+    # A measured marginal's noise gives a standard error; the model's guess has none (null).
+    assert (row["standard_error"] is None) == (row["basis"] == "bounds")
     # The in-process answer from the sketch as the owner stored it: the same, bit for bit.
     with CuratorClient(running.curator_target, running.consumer_security()) as client:
         spec = client.sketch_spec("mini/marginals")
@@ -152,7 +155,7 @@ def test_explore_chooses_per_query_and_equals_the_in_process_answer(
         [stored.sketch],
     )
     assert row["value"] == float(local.values[0])
-    assert row["standard_error"] == float(local.errors[0])
+    assert row["standard_error"] == (None if np.isnan(local.errors[0]) else local.errors[0])
     # Every value carries its 95 % interval, what that interval covers, and flags with reasons:
     # Fréchet bounds and a note on the value (the model's guess) where no measured marginal
     # holds both columns; the measured marginal's unbiased interval otherwise.
