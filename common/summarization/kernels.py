@@ -230,9 +230,10 @@ class PopulationMMD:
     value : float
         The unbiased estimate (:func:`mmd2_to_population`); can be slightly below 0.
     standard_error : float
-        Its sampling error from the sample's draw.
+        Its sampling error from the sample's draw: the U-statistic's whole variance (first- and
+        second-order terms), so it does not vanish where ``X`` resembles ``Q``.
     low, high : float
-        ``value -+ z standard_error`` at ``level``.
+        ``value -+ z standard_error`` at ``level``, raised to 0 where below (an MMD² is >= 0).
     level : float
     v_statistic : float
         :func:`mmd2` of the two sets (the biased estimate, clipped at 0), from the same kernel
@@ -279,14 +280,21 @@ def mmd2_to_population(
     ``theta = A - 2 E_Q f + E_{Q x Q} k`` with ``A = mean k(X, X)`` fixed and ``f(y) = mean_i
     k(x_i, y)``. The estimate ``A - 2 mean_j f(y_j) + U``, with ``U`` the U-statistic of ``k``
     over distinct pairs of the sample, is unbiased (the V-statistic of :func:`mmd2` adds ``(1 -
-    mean k) / n``). By Hoeffding's decomposition, ``estimate - theta = (1/n) sum_j h(y_j) +
-    O_p(1/n)`` with ``h(y) = 2 (g(y) - f(y))`` centred and ``g(y) = E_Q k(y, .)``, so the
-    standard error is ``sd(h) / sqrt(n)``, ``g`` estimated by the sample's leave-one-out row
-    means. Where ``X`` resembles ``Q`` the first term vanishes and the degenerate ``O_p(1/n)``
-    part dominates; the plug-in ``sd(h)`` then carries the leave-one-out means' own noise, of the
-    same order, so the interval stays conservative (measured: coverage 0.94 with ``X`` far from
-    ``Q``, 0.97 with ``X`` a large sample of ``Q``). A normal interval: for samples of a hundred
-    points or more.
+    mean k) / n``): it is the U-statistic of ``H(y, y') = A - f(y) - f(y') + k(y, y')``, whose
+    variance is ``(4 (n - 2) zeta_1 + 2 zeta_2) / (n (n - 1))`` (Hoeffding, 1948; Serfling, 1980,
+    Lemma 5.2.1A) with ``zeta_1 = Var(g(y) - f(y))``, ``g(y) = E_Q k(y, .)``, and ``zeta_2 = Var
+    H(y, y')``. ``zeta_1`` is estimated with the sample's leave-one-out row means for ``g``,
+    ``zeta_2`` by the variance of ``H`` over the sample's distinct pairs (its ``k**2`` sums are
+    the kernel's at ``2 gamma``). The first-order term alone (this function's interval before
+    issue 28) vanishes where ``X`` resembles ``Q`` and shrinks with a low estimate: on
+    SaratogaHouses it covered 86.5 / 89.1 / 92.2 % at n 30 / 100 / 400, its misses below the
+    truth. With the second-order term the interval covered 94.2-97.4 % on Gaussian and
+    log-normal data at n 30 and 100, 99.8 % where ``X`` is a large sample of ``Q`` (MMD² near 0:
+    conservative) (``tests/common/summarization/test_population_mmd.py``). With heavy right
+    tails it can still fall short at n >= 100: on SaratogaHouses in raw units (a summary of 30
+    validation rows, 600 draws from the 400-house pool) 95.5 / 90.3 / 93.3 % at n 30 / 100 /
+    400, its misses below the truth: a normal interval's limit where a few test points carry
+    most of the kernel mass (standardized features help).
     """
     g = _check_gamma(gamma)
     xa = check_matrix(x, "x")
@@ -302,13 +310,27 @@ def mmd2_to_population(
     rows = _row_kernel_sums(ya, ya, g, chunk_size) - 1.0  # k(y, y) = 1: leave it out
     g_loo = rows / (n - 1)
     cross = a - 2.0 * float(f.mean())
-    value = cross + float(rows.sum()) / (n * (n - 1))
+    pairs = n * (n - 1)
+    value = cross + float(rows.sum()) / pairs
     v_statistic = max(cross + (float(rows.sum()) + n) / (n * n), 0.0)
-    se = math.sqrt(float(np.var(2.0 * (g_loo - f), ddof=1)) / n)
+    zeta_1 = float(np.var(g_loo - f, ddof=1))
+    # sum over distinct pairs of H**2, H = u_i + u_j + k_ij with u = A / 2 - f
+    u = a / 2.0 - f
+    squares = _row_kernel_sums(ya, ya, 2.0 * g, chunk_size) - 1.0  # k**2: the kernel at 2 gamma
+    h_squared = (
+        2.0 * n * float(u @ u)
+        + 2.0 * float(u.sum()) ** 2
+        - 4.0 * float(u @ u)
+        + 4.0 * float(u @ rows)
+        + float(squares.sum())
+    )
+    zeta_2 = max(h_squared / pairs - value**2, 0.0)
+    se = math.sqrt(max(4.0 * (n - 2) * zeta_1 + 2.0 * zeta_2, 0.0) / pairs)
     from scipy.stats import norm  # on first use: importing the module stays light
 
     z = float(norm.ppf(0.5 + level / 2.0))
-    return PopulationMMD(value, se, value - z * se, value + z * se, level, v_statistic)
+    low, high = max(value - z * se, 0.0), max(value + z * se, 0.0)
+    return PopulationMMD(value, se, low, high, level, v_statistic)
 
 
 def mmd2_rff(features_x: ArrayLike, features_y: ArrayLike) -> float:
