@@ -33,6 +33,7 @@ from dpmarket.common.validation import (
 )
 
 __all__ = [
+    "GAMMA_RANGE",
     "PopulationMMD",
     "bid_direction",
     "bid_scores",
@@ -933,6 +934,11 @@ MIN_VALIDATION_POINTS = 10
 #: MMD² the same number: the kernel width cannot tell points apart.
 KERNEL_DEGENERATE_TOLERANCE = 1e-6
 
+#: The ``gamma`` a curator accepts by default (``dpmarket.curator.policy.DEFAULT_RANGES``, both
+#: inclusive): a kernel-width refusal names a gamma inside it, or says the features' scale is the
+#: problem.
+GAMMA_RANGE: tuple[float, float] = (1e-6, 1e6)
+
 
 def check_kernel_width(validation: ArrayLike, gamma: float, *, max_points: int = 500) -> float:
     """Check that ``gamma`` lets the RBF kernel tell the validation points apart.
@@ -959,7 +965,9 @@ def check_kernel_width(validation: ArrayLike, gamma: float, *, max_points: int =
         If the median kernel value is below :data:`KERNEL_DEGENERATE_TOLERANCE` (``gamma`` too
         large: every kernel value is about 0, and every summary's MMD² about the same) or above
         ``1 -`` that (``gamma`` too small). The message gives the median squared distance and a
-        ``gamma`` of its order.
+        ``gamma`` of its order when :data:`GAMMA_RANGE` holds it; otherwise it says the
+        features' scale is the problem and to standardize them (issue 28: it advised 1.05e-10
+        on raw SaratogaHouses prices, which the curator then refused).
     """
     x = check_matrix(validation, "validation set")[: check_positive_int(max_points, "max_points")]
     if x.shape[0] < 2:
@@ -967,11 +975,25 @@ def check_kernel_width(validation: ArrayLike, gamma: float, *, max_points: int =
     median_sq = _median_squared_distance(x)
     median_k = float(np.exp(-gamma * median_sq))
     if median_k < KERNEL_DEGENERATE_TOLERANCE or median_k > 1.0 - KERNEL_DEGENERATE_TOLERANCE:
-        hint = f"around 1 / {median_sq:.3g} = {1 / median_sq:.3g}" if median_sq > 0 else "larger"
+        low, high = GAMMA_RANGE
+        if median_sq > 0 and low <= 1.0 / median_sq <= high:
+            advice = f"Use a gamma around 1 / {median_sq:.3g} = {1 / median_sq:.3g}"
+        elif median_sq > 0:
+            # the median heuristic's gamma would be refused by a curator's default range: the
+            # features' scale is the problem, not the width
+            advice = (
+                f"The features' scale is the problem: the gamma that fits them, 1 / "
+                f"{median_sq:.3g} = {1 / median_sq:.3g}, is outside the curator's default "
+                f"range [{low:g}, {high:g}]. Standardize each feature (mean 0, standard "
+                f"deviation 1, in the validation set and every owner's data alike); then a "
+                f"gamma around 1 / (2 x {x.shape[1]} features) = {1 / (2 * x.shape[1]):.3g} fits"
+            )
+        else:
+            advice = "Use a larger gamma, or rescale the features"
         raise ValueError(
             f"gamma = {gamma:g} makes the RBF kernel between typical validation points "
             f"{median_k:.3g} (median squared distance {median_sq:.3g}): every MMD² would be about "
-            f"the same. Use a gamma {hint}, or rescale the features"
+            f"the same. {advice}"
         )
     return median_k
 
