@@ -406,8 +406,8 @@ def _epsilons(row: Mapping[str, Any], spec: str, sep: str) -> tuple[str, str]:
 
 def _with_interval(row: Mapping[str, Any], field: str, spec: str) -> str:
     """``value [low, high]``: the 95 % interval itself when the row's ``uncertainty`` has one
-    (a Wilson interval is asymmetric: ``0.680±0.090`` read as [0.590, 0.770] for [0.583, 0.763],
-    issue 28)."""
+    (a Wilson interval is asymmetric: a half-width such as ``0.680±0.090`` would read as
+    [0.590, 0.770] for [0.583, 0.763])."""
     text = _fmt(row.get(field), spec)
     stated = (row.get("uncertainty") or {}).get(field) or {}
     interval = stated.get("interval")

@@ -286,16 +286,16 @@ def mmd2_to_population(
     Lemma 5.2.1A) with ``zeta_1 = Var(g(y) - f(y))``, ``g(y) = E_Q k(y, .)``, and ``zeta_2 = Var
     H(y, y')``. ``zeta_1`` is estimated with the sample's leave-one-out row means for ``g``,
     ``zeta_2`` by the variance of ``H`` over the sample's distinct pairs (its ``k**2`` sums are
-    the kernel's at ``2 gamma``). The first-order term alone (this function's interval before
-    issue 28) vanishes where ``X`` resembles ``Q`` and shrinks with a low estimate: on
-    SaratogaHouses it covered 86.5 / 89.1 / 92.2 % at n 30 / 100 / 400, its misses below the
-    truth. With the second-order term the interval covered 94.2-97.4 % on Gaussian and
-    log-normal data at n 30 and 100, 99.8 % where ``X`` is a large sample of ``Q`` (MMD² near 0:
-    conservative) (``tests/common/summarization/test_population_mmd.py``). With heavy right
+    the kernel's at ``2 gamma``). The first-order term alone vanishes where ``X`` resembles ``Q``
+    and shrinks with a low estimate: an interval from it covered 86.5 / 89.1 / 92.2 % on
+    SaratogaHouses at n 30 / 100 / 400, its misses below the truth. With the second-order term
+    the interval covered 94.2-97.4 % on Gaussian and log-normal data at n 30 and 100, 99.8 %
+    where ``X`` is a large sample of ``Q`` (MMD² near 0: conservative)
+    (``tests/common/summarization/test_population_mmd.py``). With heavy right
     tails it can still fall short at n >= 100: on SaratogaHouses in raw units (a summary of 30
     validation rows, 600 draws from the 400-house pool) 95.5 / 90.3 / 93.3 % at n 30 / 100 /
     400, its misses below the truth: a normal interval's limit where a few test points carry
-    most of the kernel mass (standardized features help).
+    most of the kernel mass.
     """
     g = _check_gamma(gamma)
     xa = check_matrix(x, "x")
@@ -966,8 +966,8 @@ def check_kernel_width(validation: ArrayLike, gamma: float, *, max_points: int =
         large: every kernel value is about 0, and every summary's MMD² about the same) or above
         ``1 -`` that (``gamma`` too small). The message gives the median squared distance and a
         ``gamma`` of its order when :data:`GAMMA_RANGE` holds it; otherwise it says the
-        features' scale is the problem and to standardize them (issue 28: it advised 1.05e-10
-        on raw SaratogaHouses prices, which the curator then refused).
+        features' scale is the problem and to standardize them (the median heuristic gives
+        about 1e-10 on raw house prices, which a curator refuses).
     """
     x = check_matrix(validation, "validation set")[: check_positive_int(max_points, "max_points")]
     if x.shape[0] < 2:
