@@ -405,13 +405,15 @@ def _epsilons(row: Mapping[str, Any], spec: str, sep: str) -> tuple[str, str]:
 
 
 def _with_interval(row: Mapping[str, Any], field: str, spec: str) -> str:
-    """``value±half-width`` of the 95 % interval when the row's ``uncertainty`` has one."""
+    """``value [low, high]``: the 95 % interval itself when the row's ``uncertainty`` has one
+    (a Wilson interval is asymmetric: a half-width such as ``0.680±0.090`` would read as
+    [0.590, 0.770] for [0.583, 0.763])."""
     text = _fmt(row.get(field), spec)
     stated = (row.get("uncertainty") or {}).get(field) or {}
     interval = stated.get("interval")
     if text == "-" or interval is None:
         return text
-    return f"{text}±{format((interval[1] - interval[0]) / 2, spec)}"
+    return f"{text} [{format(interval[0], spec)},{format(interval[1], spec)}]"
 
 
 def _interval(row: Mapping[str, Any], field: str, spec: str) -> str:
@@ -452,7 +454,7 @@ def comparison_table(
         pad_edge=False,
         collapse_padding=True,
         caption="points read: owners' + D_v's; ε: Theorem 7/PLD; MMD² D_v: exact, in-sample; "
-        "acc.: on the test set, ± its 95 % interval's half-width",
+        "acc.: on the test set [its 95 % interval]",
         caption_justify="left",
     )
     reference = any(r.get("mmd2_over_reference_percent") is not None for r in rows)

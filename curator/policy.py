@@ -67,6 +67,7 @@ from dpmarket.common.market.statement import SettlementTerms
 from dpmarket.common.market.terms import owner_payout_epsilon
 from dpmarket.common.sketches.marginals import marginals_map
 from dpmarket.common.sketches.spec import DEFAULT_DELTA, SketchDeclaration
+from dpmarket.common.summarization.kernels import GAMMA_RANGE
 from dpmarket.common.summarization.methods import METHODS, H2Fields, Method, SummarizationConfig
 from dpmarket.common.summarization.terms import OwnerTerms
 
@@ -75,7 +76,7 @@ from dpmarket.common.summarization.terms import OwnerTerms
 DEFAULT_RANGES: dict[str, tuple[float, float]] = {
     "summary_size": (1, 5000),
     "rff_dimension": (8, 2048),
-    "gamma": (1e-6, 1e6),
+    "gamma": GAMMA_RANGE,
     "epsilon_validation": (1e-4, 1.0),
     "iterations_initial": (0, 5000),
     "iterations_subsequent": (1, 20),

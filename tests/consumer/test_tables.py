@@ -97,7 +97,9 @@ def test_a_requests_own_table_fits_80_columns(digits: Scenario, method: str) -> 
     low, high = stated["accuracy"]["interval"]
     assert row.accuracy is not None and row.mmd2_test is not None
     assert low < row.accuracy < high and stated["accuracy"]["covers"]
-    assert f"{row.accuracy:.3f}±{(high - low) / 2:.3f}" in text
+    # the interval itself (Wilson: asymmetric), not a "±" half-width (issue 28's control: the
+    # table read "0.680±0.090" for [0.583, 0.763])
+    assert f"{row.accuracy:.3f} [{low:.3f},{high:.3f}]" in text and "±" not in text
     low, high = stated["mmd2_test"]["interval"]
     assert low < stated["mmd2_test"]["value"] < high <= row.mmd2_test + 5 * (high - low)
     wide = _render(comparison_table([row], title="t", wide=True), width=250)

@@ -452,6 +452,24 @@ def test_the_suggested_gamma_is_the_one_a_refusal_names_and_is_accepted() -> Non
         suggested_gamma(np.ones((5, 4)))
 
 
+def test_a_width_refusal_never_advises_a_gamma_the_curator_refuses() -> None:
+    """Raw house prices (sd about 1e5): the median heuristic's gamma is about 1e-11, below the
+    curator's default range [1e-6, 1e6]. The refusal says the scale is the problem and names a
+    gamma for standardized features, inside the range. The control (issue 28): the old message
+    advised "a gamma around 1 / 9.5e+09 = 1.05e-10", which the curator then refused."""
+    from dpmarket.common.summarization.kernels import GAMMA_RANGE
+    from dpmarket.curator.policy import DEFAULT_RANGES
+
+    assert DEFAULT_RANGES["gamma"] == GAMMA_RANGE
+    points = np.random.default_rng(0).normal(2e5, 1e5, (60, 2))
+    assert suggested_gamma(points) < GAMMA_RANGE[0]  # the heuristic's gamma: outside
+    with pytest.raises(ValueError, match="features' scale is the problem") as refused:
+        check_kernel_width(points, 1.0)
+    message = str(refused.value)
+    assert "Standardize each feature" in message and "= 0.25 fits" in message
+    assert "Use a gamma around" not in message
+
+
 def test_a_bid_direction_holds_no_number_below_the_floor() -> None:
     """Embeddings just above the 1e-20 floor whose difference is far below it (a stranger:
     3e-36, whose products with float32 features were subnormal and made a bid round's time
