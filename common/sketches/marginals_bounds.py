@@ -481,17 +481,17 @@ def fraction_bounds(
     record, at least ``z sd`` of its measurement: the interval is then [0, 1], what a fraction
     over an unknown number of records can be.
 
-    Measured at epsilon 0.3 on a 67-record owner whose records all lie in one cell (issue 28:
-    ``sigma`` 70.2 for a 1-way marginal, 62.5 for a pair; the record count's estimate has sd
-    50, its lower end floored at 1 in 353 of 400 simulated releases, each with the fraction's
-    interval [0, 1]), one-column fractions cover in 395 to 400 of 400
-    (``tests/common/sketches/test_marginals_bounds.py``). Before the upper bound's estimate was
-    raised to 0 (:func:`_upper`), an upper count bound ``U + z sd`` cut at 0 could end below 1
-    record and the fraction read ``[0, 0.403]`` for a truth of 1.0 (``[0, 0]`` in the test's
-    control, where the interval is now [0, 1]): one of the misses the union bound allows, but
-    one that looked informative. The fraction is not a count: ``[low, high]`` times the
-    estimated record count misses a count whenever that estimate is far off (half the simulated
-    releases of that owner); :func:`union_count_bounds` bounds the count.
+    Measured at epsilon 0.3 on a 67-record owner whose records all lie in one cell (the
+    drafted plan's ``sigma``, 70.2 for a 1-way marginal and 62.5 for a pair; the record count's
+    estimate has sd 50, its lower end at the floor in 353 of 400 simulated releases, each with
+    the fraction's interval [0, 1]), one-column fractions cover in 395 to 400 of 400
+    (``tests/common/sketches/test_marginals_bounds.py``). An upper count bound taken as ``U + z
+    sd`` cut at 0, its estimate not raised to 0 first (:func:`_upper`), can end below 1 record:
+    a real release of that owner read ``[0, 0.403]`` for a truth of 1.0 (``[0, 0]`` in the
+    test's control, [0, 1] here), one of the misses the union bound allows, but one that looks
+    informative. The fraction is not a count: ``[low, high]`` times the estimated record count
+    misses a count whenever that estimate is far off (half the simulated releases of that
+    owner); :func:`union_count_bounds` bounds the count.
     """
     if not sketches:
         raise ValueError("no sketch to bound from")
@@ -554,7 +554,8 @@ def union_count_bounds(
     record count (:func:`total_count`), which takes that estimate as exact: on a 67-record
     owner at epsilon 0.3 (record count sd 50) it covered a count of 67 in 195 of 400
     simulated releases, this interval in 400 (``tests/common/sketches/
-    test_marginals_bounds.py``; issue 28's stranger saw ``[0, 4.5]`` for 67 records).
+    test_marginals_bounds.py``; a real release of such an owner was read ``[0, 4.5]`` for 67
+    records).
     """
     if not sketches:
         raise ValueError("no sketch to bound from")
