@@ -507,7 +507,18 @@ def test_no_upper_candidate_below_0_collapses_the_interval_to_0() -> None:
 #: Issue 28's owner at epsilon 0.3 (``m03d``: 8 bins, delta 1e-6): the drafted plan's noise.
 NEWBUILD_ONEWAY_SIGMA = 70.16
 NEWBUILD_PAIR_SIGMA = 62.50
-NEWBUILD_PAIRS = [(0, 1), (0, 2), (1, 2), (2, 3), (3, 4), (4, 5), (5, 6), (6, 7), (7, 8), (9, 10)]
+NEWBUILD_PAIRS: list[tuple[int, ...]] = [
+    (0, 1),
+    (0, 2),
+    (1, 2),
+    (2, 3),
+    (3, 4),
+    (4, 5),
+    (5, 6),
+    (6, 7),
+    (7, 8),
+    (9, 10),
+]
 
 
 def _newbuild(rng: np.random.Generator) -> tuple[NDArray[np.int64], list[int]]:
