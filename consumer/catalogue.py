@@ -421,6 +421,26 @@ def _ranking_row(rank: int, ranked: RankedOwner, sketch: PrivateSketch) -> dict[
     return row
 
 
+def _marginals_records(
+    marginals: MarginalsExplorer, tables: Sequence[MarginalsSketch]
+) -> tuple[float, float, float]:
+    """The record count behind a marginals answer (the models' totals) and its 95 % interval
+    (:func:`~dpmarket.consumer.explore.record_count_interval_of`)."""
+    n_hat = math.fsum(marginals.models(s)[0].total for s in tables)
+    low, high = record_count_interval_of(
+        [s.measurements for s in tables], [int(c) for c in marginals.feature_map.cells]
+    )
+    return n_hat, low, high
+
+
+def _records(sketch: SketchLike, seed: int) -> tuple[float, float, float]:
+    """The record count behind an M2M or histogram answer, from the noisy count and every
+    one-hot block's total (a count answer's ``n``), and its 95 % interval from their noise
+    law (:func:`~dpmarket.common.sketches.intervals.record_count_interval`, replicates seeded
+    by ``seed``)."""
+    return record_count_interval(sketch, np.random.default_rng([seed, 5]))
+
+
 def _count_interval(sketch: PrivateSketch) -> tuple[float, float]:
     """A ranked sketch's record count's 95 % interval (the consumer's replicates seeded: the
     same sketch gives the same interval), holding its :attr:`count_estimate`."""
@@ -917,19 +937,12 @@ def explore(
     if chosen.kind == "marginals":
         marginals = marginals_kept[chosen.name]
         tables = [e.sketch for e in entries if isinstance(e.sketch, MarginalsSketch)]
-        n_hat = math.fsum(marginals.models(s)[0].total for s in tables)
-        n_low, n_high = record_count_interval_of(
-            [s.measurements for s in tables], [int(c) for c in marginals.feature_map.cells]
-        )
+        n_hat, n_low, n_high = _marginals_records(marginals, tables)
         model: M2MModel | GraphicalModel = GraphicalModel(options.bootstrap, options.seed)
     else:
         explorer = make(chosen)
         estimator = explorer.estimator(_merged(entries))
-        # The count from the noisy count and every one-hot block's total (a count answer's n),
-        # with its interval from their noise law.
-        n_hat, n_low, n_high = record_count_interval(
-            estimator.sketch, np.random.default_rng([options.seed, 5])
-        )
+        n_hat, n_low, n_high = _records(estimator.sketch, options.seed)
         model = M2MModel(
             n_synthetic=explorer.design.n_synthetic,
             seed=options.seed,
