@@ -765,6 +765,7 @@ class ConsumerConsole:
             "reason": _why(explored.reason, explored.spec.name),
             "owners": owners,
             "n": explored.n_hat,
+            "n_interval": explored.n_interval,
             "source": _how(answer.source, explored.spec.name),
             "rows": rows,
             "plotted": plotted,

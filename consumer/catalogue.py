@@ -24,6 +24,7 @@ from numpy.typing import NDArray
 from dpmarket.common.errors import InvalidArgumentError, NotFoundError
 from dpmarket.common.sketches import SketchLike
 from dpmarket.common.sketches.domain import Domain
+from dpmarket.common.sketches.intervals import record_count_interval
 from dpmarket.common.sketches.marginals import MarginalsSketch
 from dpmarket.common.sketches.marginals_fit import FIT_TOLERANCE, carried_fit
 from dpmarket.common.sketches.sketch import PrivateSketch, merge_sketches
@@ -41,6 +42,7 @@ from dpmarket.consumer.explore import (
     m2m_standard_errors,
     m2m_target,
     rank_owners,
+    record_count_interval_of,
 )
 
 __all__ = [
@@ -179,6 +181,11 @@ class Exploration:
         The estimates, with standard errors, intervals and flags.
     n_hat : float
         The estimated number of records behind the answer.
+    n_interval : (float, float) or None
+        The 95 % interval of that number, from the noise law of the counts it is estimated
+        from (:func:`~dpmarket.common.sketches.intervals.record_count_interval`; a marginals
+        sketch's: :func:`~dpmarket.consumer.explore.record_count_interval_of`), holding
+        :attr:`n_hat`.
     model : M2MModel or GraphicalModel or None
         The model that answered, with its parameters.
     """
@@ -189,6 +196,7 @@ class Exploration:
     answer: Answer
     n_hat: float
     model: M2MModel | GraphicalModel | None = None
+    n_interval: tuple[float, float] | None = None
 
     @property
     def owners(self) -> tuple[str, ...]:
@@ -205,6 +213,8 @@ class Exploration:
             "owners": list(self.owners),
             "sketches": [e.describe() for e in self.entries],
             **(self.model.to_json() if self.model is not None else {}),
+            "n": self.n_hat,
+            "n_interval": None if self.n_interval is None else list(self.n_interval),
             "answer": self.answer.as_dict(),
         }
 
@@ -313,8 +323,10 @@ class Ranking:
         (:func:`dpmarket.common.uncertainty.interval_row`: ``label``, ``value`` clipped to
         [0, 2] with the raw value in ``raw`` when clipped, ``standard_error``, ``interval``,
         ``level``, ``basis`` ``"noise"``, ``covers`` (:data:`RANK_COVERS`), ``bias_bound``,
-        ``flags`` ``clipped`` and ``order_not_resolved``, each on the value), ``epsilon`` and
-        ``n`` (the sketch's noisy count)."""
+        ``flags`` ``clipped`` and ``order_not_resolved``, each on the value), ``epsilon``,
+        ``n`` (the sketch's noisy count, floored at 1) and ``n_interval`` (its 95 % interval
+        from the count's noise law,
+        :func:`~dpmarket.common.sketches.intervals.record_count_interval`)."""
         return [
             _ranking_row(k, ranked, self.sketches[ranked.owner])
             for k, ranked in enumerate(self.owners, 1)
@@ -402,10 +414,39 @@ def _ranking_row(rank: int, ranked: RankedOwner, sketch: PrivateSketch) -> dict[
         ),
         "epsilon": sketch.mechanism.epsilon,
         "n": sketch.count_estimate,
+        "n_interval": list(_count_interval(sketch)),
     }
     if shown != e.value:
         row["raw"] = e.value
     return row
+
+
+def _marginals_records(
+    marginals: MarginalsExplorer, tables: Sequence[MarginalsSketch]
+) -> tuple[float, float, float]:
+    """The record count behind a marginals answer (the models' totals) and its 95 % interval
+    (:func:`~dpmarket.consumer.explore.record_count_interval_of`)."""
+    n_hat = math.fsum(marginals.models(s)[0].total for s in tables)
+    low, high = record_count_interval_of(
+        [s.measurements for s in tables], [int(c) for c in marginals.feature_map.cells]
+    )
+    return n_hat, low, high
+
+
+def _records(sketch: SketchLike, seed: int) -> tuple[float, float, float]:
+    """The record count behind an M2M or histogram answer, from the noisy count and every
+    one-hot block's total (a count answer's ``n``), and its 95 % interval from their noise
+    law (:func:`~dpmarket.common.sketches.intervals.record_count_interval`, replicates seeded
+    by ``seed``)."""
+    return record_count_interval(sketch, np.random.default_rng([seed, 5]))
+
+
+def _count_interval(sketch: PrivateSketch) -> tuple[float, float]:
+    """A ranked sketch's record count's 95 % interval (the consumer's replicates seeded: the
+    same sketch gives the same interval), holding its :attr:`count_estimate`."""
+    _, low, high = record_count_interval(sketch, np.random.default_rng([0, 5]))
+    n = sketch.count_estimate
+    return min(low, n), max(high, n)
 
 
 def _declaration(spec: str) -> str:
@@ -896,12 +937,12 @@ def explore(
     if chosen.kind == "marginals":
         marginals = marginals_kept[chosen.name]
         tables = [e.sketch for e in entries if isinstance(e.sketch, MarginalsSketch)]
-        n_hat = math.fsum(marginals.models(s)[0].total for s in tables)
+        n_hat, n_low, n_high = _marginals_records(marginals, tables)
         model: M2MModel | GraphicalModel = GraphicalModel(options.bootstrap, options.seed)
     else:
         explorer = make(chosen)
         estimator = explorer.estimator(_merged(entries))
-        n_hat = float(answer.extra.get("n", estimator.sketch.count_estimate))
+        n_hat, n_low, n_high = _records(estimator.sketch, options.seed)
         model = M2MModel(
             n_synthetic=explorer.design.n_synthetic,
             seed=options.seed,
@@ -909,7 +950,10 @@ def explore(
             lam=estimator.lam,
             intercept=options.intercept,
         )
-    exploration = Exploration(chosen, reason, tuple(entries), answer, n_hat, model)
+    n_interval = (min(n_low, n_hat), max(n_high, n_hat))
+    exploration = Exploration(
+        chosen, reason, tuple(entries), answer, n_hat, model, n_interval=n_interval
+    )
     if answers is not None:
         answers.put(key, exploration)
     return exploration

@@ -1763,10 +1763,14 @@ def _print_explored(found: Exploration, query: str, kind: str) -> None:
     who = (
         entries[0].owner if len(entries) == 1 else f"union of {', '.join(e.owner for e in entries)}"
     )
-    _print_answer(answer, f"{query} of {who} ({answer.source}, n ≈ {found.n_hat:.0f})")
+    n_text = f"n ≈ {found.n_hat:.0f}"
+    if found.n_interval is not None:
+        n_text += f", 95 % [{found.n_interval[0]:.0f}, {found.n_interval[1]:.0f}]"
+    _print_answer(answer, f"{query} of {who} ({answer.source}, {n_text})")
     console.print(f"answered from {found.reason}")
     if "count" in answer.extra:
         interval = answer.extra.get("count_interval")
+        n_interval = answer.extra.get("n_interval")
         # The independence guess has no standard error (the table says "— (guess)").
         guess = any(f["code"] == "model-guess" for f in answer.rows()[0]["flags"])
         count_se = answer.extra["count_standard_error"]
@@ -1781,6 +1785,7 @@ def _print_explored(found: Exploration, query: str, kind: str) -> None:
             f"count ≈ {answer.extra['count']:.1f}{spread}"
             + (f", 95 % interval [{interval[0]:.1f}, {interval[1]:.1f}]" if interval else "")
             + f" of n ≈ {answer.extra['n']:.0f}"
+            + (f" (95 % [{n_interval[0]:.0f}, {n_interval[1]:.0f}])" if n_interval else "")
         )
     if kind == "synthetic":
         console.print(f"{len(answer.extra['records'])} synthetic records (--out writes them)")
@@ -1952,7 +1957,7 @@ def rank_owners_command(
         title=f"owners by MMD² to {Path(validation_path).name} ({chosen.name})",
         title_justify="left",
     )
-    for column in ("rank", "owner", "MMD²", "95 % interval", "ε", "n ≈", "flags"):
+    for column in ("rank", "owner", "MMD²", "95 % interval", "ε", "n ≈ [95 %]", "flags"):
         left = column in ("owner", "flags")
         table.add_column(
             column,
@@ -1968,7 +1973,7 @@ def rank_owners_command(
             f"{r['value']:.3g}",
             f"[{low:.3g}, {high:.3g}]",
             f"{r['epsilon']:g}",
-            f"{r['n']:.0f}",
+            f"{r['n']:.0f} [{r['n_interval'][0]:.0f}, {r['n_interval'][1]:.0f}]",
             ", ".join(RANK_FLAG_NAMES[f["code"]] for f in r["flags"]),
         )
     Console().print(table)

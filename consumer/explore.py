@@ -78,6 +78,7 @@ from dpmarket.common.sketches.intervals import (
     DEFAULT_REPLICATES,
     Bounded,
     count_estimate,
+    record_count_interval,
     release_totals,
 )
 from dpmarket.common.sketches.m2m import (
@@ -97,9 +98,12 @@ from dpmarket.common.sketches.marginals import (
     free_compiled,
 )
 from dpmarket.common.sketches.marginals_bounds import (
+    ALPHA,
+    count_bounds,
     covariance_bounds,
     fraction_bounds,
     record_count_bounds,
+    total_count,
     unmeasured_covariance_bounds,
 )
 from dpmarket.common.sketches.marginals_fit import carried_fit, fit_sketch
@@ -644,15 +648,23 @@ def _bounded_flags(
     value: a wide interval still covers, and cutting it to what the quantity can be never
     removes the truth. ``noise_width``, shape (k,), is what the noise alone spreads each value
     over (:func:`_noise_floor`): an interval the cut leaves narrower keeps that width, from
-    the edge it was cut at, inwards (:func:`_cut_keeping_noise`)."""
+    the edge it was cut at, inwards (:func:`_cut_keeping_noise`), and ``uninformative`` is
+    judged on the wider of the interval before the cut and the one returned. A value outside
+    its returned interval is moved to its nearest end (the raw estimate is kept beside it)."""
     k = raw.shape[0]
     low, high, what = _possible(query, domain, k)
     values = np.clip(raw, low, high)
     lo, hi = _cut_keeping_noise(raw_low, raw_high, low, high, noise_width)
+    # A value outside its own interval (a plug-in ratio over a count estimate near 1, outside
+    # the test-inverted interval: a 67-record owner's mean lotSize, raw -1994, shown as 0 beside
+    # [12.68, 20]) is moved to the interval's nearest end, the raw estimate kept.
+    values = np.clip(values, lo, hi)
     flags: list[tuple[Flag, ...]] = []
     span = high - low
     # Judged on the interval before it is cut to the possible range: cutting a wild estimate's
-    # interval at a bound makes it narrow, and exactly those would otherwise pass unflagged.
+    # interval at a bound makes it narrow, and exactly those would otherwise pass unflagged;
+    # and on the interval shown, when the noise's width made it wider ([0, 20] from [12.68,
+    # 20] passed unflagged): _uninformative.
     raw_width = raw_high - raw_low
     for j in range(k):
         if raw_high[j] < low[j] or raw_low[j] > high[j]:
@@ -669,7 +681,7 @@ def _bounded_flags(
                 "guarantee",
             )
         else:
-            flags.append(_uninformative(raw_width[j], span[j], what[j]))
+            flags.append(_uninformative(raw_width[j], span[j], what[j], float(hi[j] - lo[j])))
             continue
         flags.append((flag,))
     return values, lo, hi, tuple(flags)
@@ -724,17 +736,23 @@ def _cut_keeping_noise(
     return lo, hi
 
 
-def _uninformative(width: float, span: float, what: str) -> tuple[Flag, ...]:
+def _uninformative(
+    width: float, span: float, what: str, shown: float | None = None
+) -> tuple[Flag, ...]:
     """``(uninformative,)`` when an interval ``width`` wide (before any cut to what the value
-    can be) spans more than :data:`UNINFORMATIVE` of ``span``, the width of ``what`` (what the
-    value can be, :func:`_possible`); ``()`` otherwise, and where nothing bounds the value."""
-    if not (math.isfinite(span) and width > UNINFORMATIVE * span):
+    can be), or ``shown`` wide as answered (after the cut kept the noise's width,
+    :func:`_cut_keeping_noise`), spans more than :data:`UNINFORMATIVE` of ``span``, the width
+    of ``what`` (what the value can be, :func:`_possible`); ``()`` otherwise, and where nothing
+    bounds the value."""
+    wider = shown is not None and shown > width
+    if not (math.isfinite(span) and max(width, shown or 0.0) > UNINFORMATIVE * span):
         return ()
+    after = f" and {shown:.4g} wide as shown (the noise's width kept at the cut)" if wider else ""
     return (
         _flag(
             "uninformative",
-            f"the interval, {width:.4g} wide before it is cut to {what}, spans more than "
-            f"{100 * UNINFORMATIVE:.0f} % of it: the sketch barely constrains this value",
+            f"the interval, {width:.4g} wide before it is cut to {what}{after}, spans more "
+            f"than {100 * UNINFORMATIVE:.0f} % of it: the sketch barely constrains this value",
         ),
     )
 
@@ -1112,9 +1130,16 @@ class Explorer:
                 for b, c in stated
             ]
         if query.kind == "count":
-            extra.update(count=float(values[0]) * n, n=n, count_standard_error=float(se[0]) * n)
+            count = float(values[0]) * n
+            extra.update(count=count, n=n, count_standard_error=float(se[0]) * n)
             if errors:
-                extra["count_interval"] = [float(low[0]) * n, float(high[0]) * n]
+                # The count's own interval (the noise of the sums and of n together), widened
+                # to hold the count estimate (which only adds coverage).
+                assert bounded.count is not None
+                c_low, c_high = bounded.count
+                extra["count_interval"] = [min(c_low, count), max(c_high, count)]
+                _, n_low, n_high = record_count_interval(sketch, rng, replicates=reps)
+                extra["n_interval"] = [min(n_low, n), max(n_high, n)]
         return Answer(
             query,
             labels,
@@ -1206,6 +1231,7 @@ class Explorer:
             replicates=reps,
             span=span,
             probes=probes,
+            count=query.kind == "count",
         )
 
     def _stated(
@@ -1248,6 +1274,35 @@ class Explorer:
             )
             values = np.concatenate([fit.model.coef_[0], fit.model.intercept_])
         return Answer(query, labels, np.asarray(values, dtype=np.float64), extra)
+
+
+def record_count_interval_of(
+    measurements: Sequence[Sequence[Measurement]], cells: Sequence[int]
+) -> tuple[float, float]:
+    """The record count's 95 % interval of the union of marginals sketches.
+
+    Parameters
+    ----------
+    measurements : sequence of sequence of Measurement
+        Each owner's noisy marginals (Gaussian noise of public scales).
+    cells : sequence of int
+        Cells per column.
+
+    Returns
+    -------
+    (low, high)
+        Records: ``sum_s n_s -+ 1.96 sqrt(sum_s sd_s^2)``, ``n_s`` each owner's unbiased
+        inverse-variance estimate from every measurement's total
+        (:func:`~dpmarket.common.sketches.marginals_bounds.total_count`), cut at 0. Exact: the
+        estimate is linear in Gaussian measurements.
+    """
+    value = sd2 = 0.0
+    for ms in measurements:
+        n = total_count(ms, cells)
+        value += n.value(ms)
+        sd2 += n.sd(ms) ** 2
+    half = Z95 * math.sqrt(sd2)
+    return max(value - half, 0.0), max(value + half, 0.0)
 
 
 def _cell_label(fmap: MarginalsMap, domain: Domain, column: int, cell: int) -> str:
@@ -1635,11 +1690,15 @@ class MarginalsExplorer:
         total = math.fsum(m.total for m, _ in fitted)
         extra: dict[str, Any] = {}
         if query.kind == "count":
+            count = float(values[0]) * total
+            c_low, c_high = self._count_interval(query, sketches)
+            n_low, n_high = self._record_count_interval(sketches)
             extra = {
-                "count": float(values[0]) * total,
+                "count": count,
                 "n": total,
+                "n_interval": [min(n_low, total), max(n_high, total)],
                 "count_standard_error": None if np.isnan(se[0]) else float(se[0]) * total,
-                "count_interval": [float(bounds[0, 0]) * total, float(bounds[0, 1]) * total],
+                "count_interval": [min(c_low, count), max(c_high, count)],
             }
         if query.kind == "marginal":
             idx = _index(domain, query.columns).tolist()
@@ -1662,6 +1721,28 @@ class MarginalsExplorer:
             high=bounds[:, 1].copy(),
             basis=basis,
             covers=covers,
+        )
+
+    def _count_interval(
+        self, query: Query, sketches: Sequence[MarginalsSketch]
+    ) -> tuple[float, float]:
+        """A count query's 95 % interval in records, from the measured counts themselves:
+        each owner's :func:`~dpmarket.common.sketches.marginals_bounds.count_bounds` at
+        ``alpha / S`` (union bound over the ``S`` owners), added up. The fraction's bounds
+        times the model's record count (what was printed before) ignored the record count's
+        noise."""
+        cells = [int(c) for c in self.feature_map.cells]
+        weights = self._value_weights(query, bounds=True)[0]
+        alpha = ALPHA / len(sketches)
+        found = [count_bounds(s.measurements, cells, weights, alpha=alpha) for s in sketches]
+        return math.fsum(b.low for b in found), math.fsum(b.high for b in found)
+
+    def _record_count_interval(self, sketches: Sequence[MarginalsSketch]) -> tuple[float, float]:
+        """The union's record count's 95 % interval: the sum of the owners' unbiased estimates
+        (:func:`~dpmarket.common.sketches.marginals_bounds.total_count`) -+ 1.96 sd of their
+        Gaussian noise, cut at 0."""
+        return record_count_interval_of(
+            [s.measurements for s in sketches], [int(c) for c in self.feature_map.cells]
         )
 
     def _value_weights(

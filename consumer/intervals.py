@@ -48,12 +48,19 @@ noise into account jointly with the sums' (Fieller's test inversion) instead of 
 count estimate; an M2M covariance combines three such intervals (the centred product's moment
 and the two means, each at ``1 - alpha/3``: Bonferroni). A histogram's covariances and counts
 over several columns keep the plug-in (flagged ``few-records`` there).
+A count's number of records (not its fraction): its bounds are ``n`` times the fraction's, linear
+in the release once ``n`` is (the noise-free count and block totals are), so its interval
+(:func:`~dpmarket.common.sketches.intervals.count_interval`) takes the noise of the sums and of
+``n`` from their public law together: a one-column count's or M2M's ``[n L_hat - q, n U_hat +
+q]``, a histogram's conjunction's Fréchet bounds ``[sum_j n L_j - (k - 1) n, min_j n U_j]``
+widened the same way. The fraction's interval times the count estimate ignored ``n``'s noise.
 Logistic regressions (every kind): no bound on the bias; the interval is the noise's
 (bootstrap) and the value is flagged.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -71,6 +78,7 @@ from dpmarket.common.sketches.intervals import (
     bin_ranges,
     bounded_interval,
     count_estimate,
+    count_interval,
     m2m_residual_range,
     ratio_interval,
     release_totals,
@@ -227,9 +235,14 @@ def hist_bounded(
     if span is not None and (kind != "count" or len(targets) == 1):
         ratio = _stack_ratios([cols.ratio(j, target) for j, target in targets])
     reps = DEFAULT_REPLICATES if replicates is None else replicates
-    return bounded_interval(
+    bounded = bounded_interval(
         estimate, sketch, rng, ratio=ratio, span=span, replicates=reps, masses=True
     )
+    if kind != "count":
+        return bounded
+    columns_ratios = [cols.ratio(j, target) for j, target in targets]
+    records = count_interval(columns_ratios, sketch, rng, replicates=reps)
+    return dataclasses.replace(bounded, count=records)
 
 
 def _stack_ratios(parts: list[RatioBounds]) -> RatioBounds:
@@ -407,6 +420,7 @@ def m2m_bounded(
     span: tuple[Array, Array] | None = None,
     column_bounds: tuple[Array, Array] | None = None,
     probes: tuple[Array, Array] | None = None,
+    count: bool = False,
 ) -> tuple[Bounded, Array]:
     """Bounded M2M answers of an RFF or RACE release (module docstring).
 
@@ -452,6 +466,9 @@ def m2m_bounded(
         )
         ratio = fit.ratio() if span is not None else None
         bounded = bounded_interval(fit, sketch, rng, ratio=ratio, span=span, replicates=reps)
+        if count:
+            records = count_interval([fit.ratio()], sketch, rng, replicates=reps)
+            bounded = dataclasses.replace(bounded, count=records)
         return bounded, fit.lam
     assert columns is not None
     return _m2m_covariance(

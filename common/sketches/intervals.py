@@ -32,6 +32,11 @@ the noisy release, not the true one) and, for M2M, the design's estimate of a su
   the count (:class:`RatioBounds`) and the count is poorly known, the interval by inverting a
   test whose statistic's law is the public noise's (Fieller's construction): no plug-in of the
   count estimate, valid for every data set however noisy the count.
+* :func:`count_interval`: a count of records (not a fraction) whose bounds are ``n`` times ratio
+  bounds is bounded by linear functionals of the release (``n`` itself is one: the noise-free
+  count and block totals), so its interval takes the noise of the sums and of ``n`` together,
+  from their public law, with no plug-in of the count estimate.
+* :func:`record_count_interval`: the record count's own interval, from its noise law.
 
 Pure numpy: the replicates' generator is the consumer's own (seeded), and only public values
 (the release, its noise scales, the map) enter.
@@ -61,10 +66,12 @@ __all__ = [
     "bin_ranges",
     "bounded_interval",
     "count_estimate",
+    "count_interval",
     "count_weights",
     "m2m_residual_range",
     "noise_replicates",
     "ratio_interval",
+    "record_count_interval",
     "release_totals",
 ]
 
@@ -376,6 +383,9 @@ class Bounded:
     count_free : bool
         ``True`` when the interval was obtained by :func:`ratio_interval` (the count's noise
         taken into account exactly, no plug-in of the count estimate).
+    count : (float, float) or None
+        For a counting query (one value, a fraction): the 95 % interval of the number of
+        records it holds (:func:`count_interval`), in records; ``None`` otherwise.
     """
 
     value: Array
@@ -385,6 +395,7 @@ class Bounded:
     bias: Array
     noise: Array
     count_free: bool = False
+    count: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -589,3 +600,125 @@ def ratio_interval(
             low[j] = max(float(accepted[0]) - step, float(span_low[j]))
             high[j] = min(float(accepted[-1]) + step, float(span_high[j]))
     return low, high
+
+
+def _linear_count(sketch: SketchLike, sums: Array, counts: Array) -> Array:
+    """The record count's linear estimate of :func:`count_weights`, before any floor, per row
+    of ``sums`` (R, m) and ``counts`` (R,): shape (R,)."""
+    w_count, w_sums, _ = count_weights(sketch)
+    n = w_count * np.asarray(counts, dtype=np.float64)
+    return n if w_sums is None else n + sums @ w_sums
+
+
+def count_interval(
+    parts: list[RatioBounds],
+    sketch: SketchLike,
+    rng: np.random.Generator,
+    *,
+    replicates: int = DEFAULT_REPLICATES,
+    coverage: float = COVERAGE,
+) -> tuple[float, float]:
+    """A ``coverage`` interval for the number of records in a conjunction of ``k`` predicates,
+    with the noise of the sums and of the record count ``n`` taken together.
+
+    Parameters
+    ----------
+    parts : list of RatioBounds
+        Per predicate ``j`` (``k >= 1``), bounds of one value each on the fraction of records
+        it holds, as ratios over ``n``: ``L_j = S w_L / n + c_L <= P_j <= S w_U / n + c_U =
+        U_j`` (a histogram column's bins, M2M's fit and residual range).
+    sketch : PrivateSketch or SketchUnion
+    rng : numpy.random.Generator
+        Draws the noise replicates (the consumer's own).
+    replicates : int
+    coverage : float
+        In (0, 1).
+
+    Returns
+    -------
+    (low, high)
+        Records, ``0 <= low <= high``.
+
+    Notes
+    -----
+    Multiplied by ``n``, each bound is linear in the noise-free release: ``n L_j = S w_L +
+    c_L n``, and ``n`` is itself the linear form of :func:`count_weights` of the noise-free
+    count and block totals. So the count ``N`` satisfies (Fréchet, whatever the joint)
+
+        A = sum_j n L_j - (k - 1) n <= N <= min(n, min_j n U_j),
+
+    and the same forms of the noisy release give ``A_hat = A + a``, ``U_hat_j = n U_j + u_j``
+    and ``n_lin = n + eta`` (the candidate ``n``), with ``(a, u, eta)`` linear in the release's
+    noise, whose law is public: the replicates of :func:`noise_replicates` have it exactly (no
+    plug-in: the replicates' ``n`` is not involved). With ``q`` the ``coverage`` quantile of
+    ``max(a, -eta, max_j -u_j)``, the interval ``[max(A_hat - q, 0), max(min(n_lin, min_j
+    U_hat_j), 0) + q]`` holds ``N`` with probability at least ``coverage`` (up to the
+    quantile's Monte Carlo error, about 0.007 at 1,000 replicates) for every data set, however
+    noisy ``n``: ``A_hat - q <= A`` when ``a <= q``, and the upper end holds when every ``-u_j
+    <= q`` and ``-eta <= q``; the cut and the raise at 0 hold because
+    ``N >= 0``. The fraction's interval times the count estimate (what ``explore`` printed
+    before) ignores the noise of ``n``: a 153-record owner at epsilon 1 with ``n_hat`` 31 was
+    answered ``[0, 30.9]`` for a count of 135.
+    """
+    total, count = release_totals(sketch)
+    sums, counts = noise_replicates(sketch, replicates, rng)
+    xi = sums - total
+    n_hat = float(_linear_count(sketch, total, count)[0])
+    eta = _linear_count(sketch, sums, counts) - n_hat
+    k = len(parts)
+    a_hat, a = -(k - 1) * n_hat, -(k - 1) * eta
+    # N <= n too (every fraction is at most 1): n itself is one more upper candidate.
+    u_hat: list[float] = [n_hat]
+    worst = -eta
+    for p in parts:
+        w_low, w_high = p.low_weights[:, 0], p.high_weights[:, 0]
+        c_low, c_high = float(p.low_offset[0]), float(p.high_offset[0])
+        a_hat += float(total[0] @ w_low) + c_low * n_hat
+        a = a + xi @ w_low + c_low * eta
+        u_hat.append(float(total[0] @ w_high) + c_high * n_hat)
+        worst = np.maximum(worst, -(xi @ w_high + c_high * eta))
+    q = max(float(np.quantile(np.maximum(a, worst), coverage)), 0.0)
+    high = max(min(u_hat), 0.0) + q
+    low = max(a_hat - q, 0.0)
+    return min(low, high), max(low, high)
+
+
+def record_count_interval(
+    sketch: SketchLike,
+    rng: np.random.Generator,
+    *,
+    replicates: int = DEFAULT_REPLICATES,
+    coverage: float = COVERAGE,
+) -> tuple[float, float, float]:
+    """The record count's estimate and its ``coverage`` interval, from the count's noise law.
+
+    Parameters
+    ----------
+    sketch : PrivateSketch or SketchUnion
+    rng : numpy.random.Generator
+        Draws the noise replicates (the consumer's own).
+    replicates : int
+    coverage : float
+        In (0, 1).
+
+    Returns
+    -------
+    (n_hat, low, high)
+        Records: :func:`count_estimate`'s estimate (floored at 1), and ``n_lin -+ q`` cut at
+        0, where ``n_lin`` is the estimate before the floor and ``q`` the ``coverage``
+        quantile of ``|n_lin* - n_lin|`` over the noise replicates; widened to hold ``n_hat``.
+
+    Notes
+    -----
+    ``n_lin - n`` is linear in the release's noise (:func:`count_weights`), so its law is the
+    replicates' exactly, whatever the data: the interval covers ``n`` with probability at least
+    ``coverage`` up to the quantile's Monte Carlo error. A noisy count alone (RFF) at Laplace
+    scale ``b`` gives ``q`` near ``b ln 20``.
+    """
+    total, count = release_totals(sketch)
+    n_lin = float(_linear_count(sketch, total, count)[0])
+    sums, counts = noise_replicates(sketch, replicates, rng)
+    q = float(np.quantile(np.abs(_linear_count(sketch, sums, counts) - n_lin), coverage))
+    n_hat = max(n_lin, 1.0)
+    low, high = max(n_lin - q, 0.0), max(n_lin + q, 0.0)
+    return n_hat, min(low, n_hat), max(high, n_hat)

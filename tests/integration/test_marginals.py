@@ -167,6 +167,11 @@ def test_explore_chooses_per_query_and_equals_the_in_process_answer(
     assert bool(guess) == (row["basis"] == "bounds")
     assert not guess or "guess" in guess[0]["reason"]
     assert count["answer"]["count_interval"][0] <= count["answer"]["count"]
+    assert count["answer"]["count"] <= count["answer"]["count_interval"][1]
+    # n's own interval (issue 28: "n ≈" was printed alone), in the answer and beside it.
+    n_low, n_high = count["answer"]["n_interval"]
+    assert n_low <= count["answer"]["n"] <= n_high and n_low < n_high
+    assert count["n_interval"][0] <= count["n"] <= count["n_interval"][1]
     # A continuous column's mean is M2M's (the only M2M sketch here).
     mean = _explore(running, "--query", "mean", "--column", "distance")
     assert mean["spec"] == "mini/rff" and mean["answer"]["source"] == "mini/rff (M2M)"
