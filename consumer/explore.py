@@ -98,12 +98,11 @@ from dpmarket.common.sketches.marginals import (
     free_compiled,
 )
 from dpmarket.common.sketches.marginals_bounds import (
-    ALPHA,
-    count_bounds,
     covariance_bounds,
     fraction_bounds,
     record_count_bounds,
     total_count,
+    union_count_bounds,
     unmeasured_covariance_bounds,
 )
 from dpmarket.common.sketches.marginals_fit import carried_fit, fit_sketch
@@ -1727,15 +1726,14 @@ class MarginalsExplorer:
         self, query: Query, sketches: Sequence[MarginalsSketch]
     ) -> tuple[float, float]:
         """A count query's 95 % interval in records, from the measured counts themselves:
-        each owner's :func:`~dpmarket.common.sketches.marginals_bounds.count_bounds` at
-        ``alpha / S`` (union bound over the ``S`` owners), added up. The fraction's bounds
-        times the model's record count (what was printed before) ignored the record count's
-        noise."""
+        each owner's count bounds at ``alpha / S`` (union bound over the ``S`` owners), added
+        up (:func:`~dpmarket.common.sketches.marginals_bounds.union_count_bounds`). The
+        fraction's bounds times the model's record count (what was printed before) ignored the
+        record count's noise."""
         cells = [int(c) for c in self.feature_map.cells]
         weights = self._value_weights(query, bounds=True)[0]
-        alpha = ALPHA / len(sketches)
-        found = [count_bounds(s.measurements, cells, weights, alpha=alpha) for s in sketches]
-        return math.fsum(b.low for b in found), math.fsum(b.high for b in found)
+        low, high, _ = union_count_bounds([s.measurements for s in sketches], cells, weights)
+        return low, high
 
     def _record_count_interval(self, sketches: Sequence[MarginalsSketch]) -> tuple[float, float]:
         """The union's record count's 95 % interval: the sum of the owners' unbiased estimates
