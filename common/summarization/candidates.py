@@ -457,10 +457,10 @@ def size_read_caps(
 
     A local greedy asked for most of its owner's table proposes nearly all of it whatever the
     validation set, so a decision that concentrates on one small owner (the sketch decision's
-    vote counts density, not how many of the kind an owner holds: docs/results.md, "The wider
-    suite (issue 27): the design half, before", tv16-40) reads that owner's other points. The
-    cap bounds each owner's targeted reads by a fraction ``1/c`` of its size;
-    :func:`allocate_candidates` then gives what a capped owner cannot take to the others in
+    vote counts density, not how many of the kind an owner holds: tv16-40 in docs/results.md,
+    "A size cap on the targeted reads") reads that owner's other points. The cap bounds each
+    owner's targeted reads by a fraction ``1/c`` of its size; :func:`allocate_candidates` then
+    gives what a capped owner cannot take to the others in
     proportion to their weights (water-filling). When the capped owners together cannot supply
     ``amount``, ``c`` is halved until they can (``c <= 1`` leaves ``caps`` as they are, since
     ``cap_k <= n_k``), so the budget is conserved.

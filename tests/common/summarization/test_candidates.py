@@ -117,7 +117,7 @@ def test_the_size_cap_moves_a_small_owners_excess_to_the_others() -> None:
     np.testing.assert_array_equal(old, [236, 38, 26])
     capped = size_read_caps([236, 300, 300], sizes, 4.0, 300)
     np.testing.assert_array_equal(capped, [59, 250, 300])
-    shares = allocate_candidates(300, weights, capped, even_share=0.0)
+    shares = allocate_candidates(300, weights, capped.tolist(), even_share=0.0)
     # 59 to the first; 241 split 6:4 = 144.6 : 96.4, within caps 250 and 300.
     np.testing.assert_array_equal(shares, [59, 145, 96])
     assert shares.sum() == 300
@@ -145,7 +145,7 @@ def test_the_size_cap_holds_and_conserves_the_budget(budget, weights, data, divi
     sizes = data.draw(st.lists(st.integers(0, 200), min_size=k, max_size=k))
     caps = [min(s, data.draw(st.integers(0, 200))) for s in sizes]
     capped = size_read_caps(caps, sizes, divisor, budget)
-    shares = allocate_candidates(budget, weights, capped, even_share=0.0)
+    shares = allocate_candidates(budget, weights, capped.tolist(), even_share=0.0)
     assert shares.sum() == min(budget, sum(caps))
     assert (shares <= np.asarray(caps)).all()
     by_size = np.minimum(caps, np.ceil(np.asarray(sizes) / divisor))
