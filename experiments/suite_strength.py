@@ -42,16 +42,18 @@ def strength_rows(
     seeds: Sequence[int],
     *,
     epsilon: float,
-    rules: Sequence[str] = RULES,
+    rules: Sequence[str | float] = RULES,
     path_list: Sequence[str] = ("sketch", "counts"),
+    option: str = "shrinkage_strength",
 ) -> list[dict[str, Any]]:
     """Per path, rule and scenario: the geometric mean over ``seeds`` of MMD² over exact
-    greedy's, the per-seed ratios and the worst seed over the median seed."""
-    require_design(names, "the shrinkage strength")
+    greedy's, the per-seed ratios and the worst seed over the median seed. ``option`` is the
+    ``CandidatesConfig`` field the rules are values of (``read_cap``: the size cap's divisor)."""
+    require_design(names, f"the option {option}")
     rows = []
     for path in path_list:
         for rule in rules:
-            setting = SuiteSetting({"shrinkage_strength": rule})
+            setting = SuiteSetting({option: rule})
             ps = PathSetting(path, epsilon, setting)  # type: ignore[arg-type]
             for name in names:
                 ratios = []
@@ -110,6 +112,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("out/suite"))
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--rule", action="append", choices=RULES)
+    parser.add_argument(
+        "--read-cap",
+        action="append",
+        type=float,
+        help="compare these read_cap divisors (0: no cap) instead of the strength rules",
+    )
     parser.add_argument("--path", action="append", choices=("sketch", "counts"))
     parser.add_argument("--scenario", action="append")
     args = parser.parse_args(argv)
@@ -121,15 +129,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         names,
         list(range(args.seeds)),
         epsilon=args.epsilon,
-        rules=args.rule or RULES,
+        rules=args.read_cap or args.rule or RULES,
         path_list=args.path or ("sketch", "counts"),
+        option="read_cap" if args.read_cap else "shrinkage_strength",
     )
     summary = summarize(rows)
     for s in summary:
         print(json.dumps(s), flush=True)
     document = {"rows": rows, "summary": summary, "seconds": time.perf_counter() - start}
     args.out.mkdir(parents=True, exist_ok=True)
-    name = f"strength-eps{args.epsilon:g}.json"
+    name = f"{'readcap' if args.read_cap else 'strength'}-eps{args.epsilon:g}.json"
     (args.out / name).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
     print(f"-> {args.out / name} ({document['seconds']:.0f} s)", flush=True)
 

@@ -533,6 +533,15 @@ class AllocationFields(GaussianFields):
         source="candidates.allocate_candidates; docs/results.md, 'Scenario suite'",
         check=_closed_share,
     )
+    read_cap: float = param(
+        0.0,
+        "Divisor c of the size cap on each owner's targeted reads: at most ceil(n_k / c) of an "
+        "owner's n_k points beyond its uniform share, the excess water-filled over the other "
+        "owners by their weights (halved while the owners cannot supply the budget); 0: no cap.",
+        unit="divisor",
+        source="candidates.size_read_caps; docs/results.md, 'A size cap on the targeted reads'",
+        check=_at_least(0.0),
+    )
 
 
 # ------------------------------------------------------------------------------ the methods

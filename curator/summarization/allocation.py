@@ -27,6 +27,7 @@ from dpmarket.common.summarization.candidates import (
     allocate_candidates,
     relevance_threshold,
     shrinkage_strength,
+    size_read_caps,
     validation_embedding_sensitivity,
 )
 from dpmarket.common.summarization.methods import AllocationFields
@@ -228,11 +229,16 @@ class Allocator:
     ) -> dict[int, CandidateRequest]:
         """Each owner's request: its uniform share (:meth:`hedge`) plus its share of the rest of
         the budget, an even part and then in proportion to ``weights``
-        (:func:`allocate_candidates`), within its capacity."""
+        (:func:`allocate_candidates`), within its capacity and, with ``read_cap`` c > 0, within
+        ``ceil(n_k / c)`` of its size (:func:`size_read_caps`)."""
         state = self.state
         budget = self.budget.total
         hedge = self.hedge(owners)
         caps = [min(state.capacity(i), budget) - h for i, h in zip(owners, hedge, strict=True)]
+        if self.config.read_cap > 0:
+            # Post-processing of the owners' public sizes: no privacy cost (size_read_caps).
+            sizes = [state.info(i).num_points for i in owners]
+            caps = size_read_caps(caps, sizes, self.config.read_cap, budget - sum(hedge)).tolist()
         shares = allocate_candidates(
             budget - sum(hedge), weights, caps, even_share=self.config.candidate_even_share
         )

@@ -314,3 +314,33 @@ def test_the_shrinkage_strength_is_computed_from_the_release_and_its_public_nois
         told[rule] = (endpoints[0].shrinkage_sigma, sigma, c)
     assert told["fixed"][0] == pytest.approx(told["fixed"][1])
     assert told["snr"][2] < 1.0
+
+
+@pytest.mark.parametrize("allocation", ["sketch", "counts"])
+def test_the_size_cap_bounds_each_owners_targeted_reads_and_keeps_the_budget(
+    allocation: str,
+) -> None:
+    """``read_cap`` c = 24 with 120 points per owner: each owner's targeted reads (beyond its
+    uniform share) are at most ceil(120 / 24) = 5, and the budget 3p = 30 is still read in full.
+    Control (``read_cap`` 0, the old behaviour): on the sketch path owner 1, which holds the
+    consumer's data, takes at least half of the 20 targeted reads (the bound of the test above,
+    same world and seed), i.e. more than the cap."""
+    owners, validation, seed_set = _world(5, spacing=1.6, spread=0.25, m=100)
+    sketches = publish_sketches(owners, _mechanism(), seed=0)
+    targeted = {}
+    for cap in (0.0, 24.0):
+        result = simulate(
+            owners,
+            validation,
+            seed_set,
+            _config(allocation=allocation, read_cap=cap),
+            seed=0,
+            owner_sketches=sketches,
+        )
+        info = result.report.ledger.to_json()["candidates"]
+        shares, uniform = info["shares"], info["uniform_shares"]
+        assert sum(shares.values()) == 30
+        targeted[cap] = {k: v - uniform.get(k, 0) for k, v in shares.items()}
+    assert max(targeted[24.0].values()) <= 5, targeted
+    if allocation == "sketch":
+        assert targeted[0.0]["owner-1"] >= 10, targeted

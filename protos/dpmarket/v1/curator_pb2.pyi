@@ -396,6 +396,7 @@ class SummarizationParams(_message.Message):
     RELEVANCE_NORM_WEIGHT_FIELD_NUMBER: _builtins.int
     SHRINKAGE_METRIC_FIELD_NUMBER: _builtins.int
     SHRINKAGE_STRENGTH_FIELD_NUMBER: _builtins.int
+    READ_CAP_FIELD_NUMBER: _builtins.int
     rff_dimension: _builtins.int
     """h1 dimension d (default 140)."""
     gamma: _builtins.float
@@ -482,6 +483,10 @@ class SummarizationParams(_message.Message):
     """Candidates method: where each owner reads the shrinkage's amount (default the embedding)."""
     shrinkage_strength: Global___ShrinkageStrength.ValueType
     """Candidates method: how the shrinkage's strength is set (default fixed)."""
+    read_cap: _builtins.float
+    """Candidates method: divisor c of the size cap on each owner's targeted reads, at most
+    ceil(num_points / c) beyond its uniform share; 0 (default): no cap.
+    """
     def __init__(
         self,
         *,
@@ -517,10 +522,11 @@ class SummarizationParams(_message.Message):
         relevance_norm_weight: _builtins.float = ...,
         shrinkage_metric: Global___ShrinkageMetric.ValueType = ...,
         shrinkage_strength: Global___ShrinkageStrength.ValueType = ...,
+        read_cap: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation", "allocation_share", b"allocation_share", "auction", b"auction", "auction_share", b"auction_share", "candidate_even_share", b"candidate_even_share", "candidate_fraction", b"candidate_fraction", "candidate_multiple", b"candidate_multiple", "delta", b"delta", "delta_owners", b"delta_owners", "delta_validation", b"delta_validation", "embedding_prior", b"embedding_prior", "embedding_rerank", b"embedding_rerank", "epsilon_auction", b"epsilon_auction", "epsilon_first_epoch", b"epsilon_first_epoch", "epsilon_owners_total", b"epsilon_owners_total", "epsilon_summary", b"epsilon_summary", "epsilon_validation", b"epsilon_validation", "epsilon_validation_total", b"epsilon_validation_total", "gamma", b"gamma", "iterations_initial", b"iterations_initial", "iterations_subsequent", b"iterations_subsequent", "pool_scoring", b"pool_scoring", "quantization_step", b"quantization_step", "relevance_norm_weight", b"relevance_norm_weight", "relevance_score", b"relevance_score", "relevance_threshold", b"relevance_threshold", "rff_dimension", b"rff_dimension", "shrinkage", b"shrinkage", "shrinkage_metric", b"shrinkage_metric", "shrinkage_strength", b"shrinkage_strength", "summary_release", b"summary_release", "validation_release", b"validation_release"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation", "allocation_share", b"allocation_share", "auction", b"auction", "auction_share", b"auction_share", "candidate_even_share", b"candidate_even_share", "candidate_fraction", b"candidate_fraction", "candidate_multiple", b"candidate_multiple", "delta", b"delta", "delta_owners", b"delta_owners", "delta_validation", b"delta_validation", "embedding_prior", b"embedding_prior", "embedding_rerank", b"embedding_rerank", "epsilon_auction", b"epsilon_auction", "epsilon_first_epoch", b"epsilon_first_epoch", "epsilon_owners_total", b"epsilon_owners_total", "epsilon_summary", b"epsilon_summary", "epsilon_validation", b"epsilon_validation", "epsilon_validation_total", b"epsilon_validation_total", "gamma", b"gamma", "iterations_initial", b"iterations_initial", "iterations_subsequent", b"iterations_subsequent", "pool_scoring", b"pool_scoring", "quantization_step", b"quantization_step", "read_cap", b"read_cap", "relevance_norm_weight", b"relevance_norm_weight", "relevance_score", b"relevance_score", "relevance_threshold", b"relevance_threshold", "rff_dimension", b"rff_dimension", "shrinkage", b"shrinkage", "shrinkage_metric", b"shrinkage_metric", "shrinkage_strength", b"shrinkage_strength", "summary_release", b"summary_release", "validation_release", b"validation_release"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -14,6 +14,7 @@ from dpmarket.common.summarization.candidates import (
     shrink_in_score_metric,
     shrink_towards_points,
     shrinkage_strength,
+    size_read_caps,
     validation_embedding,
     validation_embedding_in_chunks,
     validation_embedding_sensitivity,
@@ -103,6 +104,62 @@ def test_allocation_respects_budget_and_caps(budget, weights, data, even) -> Non
     shares = allocate_candidates(budget, weights, caps, even_share=even)
     assert shares.sum() == min(budget, sum(caps))
     assert (shares >= 0).all() and (shares <= np.asarray(caps)).all()
+
+
+def test_the_size_cap_moves_a_small_owners_excess_to_the_others() -> None:
+    """tv16-40's pattern in small: the decision votes 90 % for an owner of 236 points, 300 reads.
+
+    Control (old code, no size cap): the small owner gets 270 of its 236-point capacity capped at
+    236, i.e. its whole table. With c = 4 it gets ceil(236 / 4) = 59 and the other 241 reads go
+    to the others in proportion to their weights (water-filling), the budget conserved."""
+    sizes, weights = [236, 1000, 2000], [0.9, 0.06, 0.04]
+    old = allocate_candidates(300, weights, [236, 300, 300], even_share=0.0)
+    np.testing.assert_array_equal(old, [236, 38, 26])
+    capped = size_read_caps([236, 300, 300], sizes, 4.0, 300)
+    np.testing.assert_array_equal(capped, [59, 250, 300])
+    shares = allocate_candidates(300, weights, capped.tolist(), even_share=0.0)
+    # 59 to the first; 241 split 6:4 = 144.6 : 96.4, within caps 250 and 300.
+    np.testing.assert_array_equal(shares, [59, 145, 96])
+    assert shares.sum() == 300
+
+
+def test_the_size_cap_halves_its_divisor_until_the_owners_can_supply_the_budget() -> None:
+    """Two owners of 10 points, 20 reads, c = 4: ceil(10/4) = 3 each (6 < 20), c = 2: 5 each
+    (10 < 20), c = 1: their whole tables; the budget is conserved."""
+    np.testing.assert_array_equal(size_read_caps([10, 10], [10, 10], 4.0, 20), [10, 10])
+    np.testing.assert_array_equal(size_read_caps([10, 10], [10, 10], 4.0, 10), [5, 5])
+    np.testing.assert_array_equal(size_read_caps([10, 10], [10, 10], 4.0, 6), [3, 3])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    budget=st.integers(0, 500),
+    weights=st.lists(st.floats(0, 1e4), min_size=1, max_size=12),
+    data=st.data(),
+    divisor=st.floats(0.1, 50),
+)
+def test_the_size_cap_holds_and_conserves_the_budget(budget, weights, data, divisor) -> None:
+    """Every share is within its capacity cap, and within ceil(n_k / c) whenever the capped
+    owners can supply the budget; the shares always sum to min(budget, sum(caps))."""
+    k = len(weights)
+    sizes = data.draw(st.lists(st.integers(0, 200), min_size=k, max_size=k))
+    caps = [min(s, data.draw(st.integers(0, 200))) for s in sizes]
+    capped = size_read_caps(caps, sizes, divisor, budget)
+    shares = allocate_candidates(budget, weights, capped.tolist(), even_share=0.0)
+    assert shares.sum() == min(budget, sum(caps))
+    assert (shares <= np.asarray(caps)).all()
+    by_size = np.minimum(caps, np.ceil(np.asarray(sizes) / divisor))
+    if by_size.sum() >= min(budget, sum(caps)):
+        assert (shares <= by_size).all()
+
+
+def test_the_size_cap_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="divisor"):
+        size_read_caps([1], [1], 0.0, 1)
+    with pytest.raises(ValueError, match=">= 0"):
+        size_read_caps([1], [-1], 2.0, 1)
+    with pytest.raises(ValueError, match="length"):
+        size_read_caps([1, 2], [1], 2.0, 1)
 
 
 def test_allocation_rejects_bad_input() -> None:

@@ -74,6 +74,7 @@ OWN_FIELDS = {
         "shrinkage_strength",
         "relevance_threshold",
         "candidate_even_share",
+        "read_cap",
         "candidate_multiple",
         "candidate_fraction",
         "embedding_rerank",
