@@ -156,6 +156,10 @@ M2M_BOOTSTRAP = 32
 DEFAULT_EXPLORE_SYNTHETIC = 20_000
 #: CDF points per column when none are given: the column's range cut in this many equal parts.
 CDF_DEFAULT_PARTS = 10
+#: A CDF's or count's set that fewer design points reach is probed by the design's points moved
+#: into it (:func:`_face_points`): the residual's range over a set the design barely samples is
+#: not an estimate of its supremum there.
+SET_DESIGN_POINTS = 50
 
 _WHERE = re.compile(r"^\s*([^<>=\s]+)\s*(<=|>=|=)\s*([^\s]+)\s*$")
 
@@ -813,17 +817,22 @@ def m2m_target(query: Query, domain: Domain) -> tasks.Target | None:
 
 
 def _face_points(query: Query, domain: Domain, points: NDArray[np.float64]) -> NDArray[np.float64]:
-    """The design's ``points`` moved onto each set of a CDF or count that has measure 0 under
-    the uniform design but may hold records: shape (n_faces * n_s, d), empty when there is none.
+    """The design's ``points`` moved into each set of a CDF or count that fewer than
+    :data:`SET_DESIGN_POINTS` of them reach but that may hold records: shape (n_sets * n_s, d),
+    empty when there is none.
 
-    A set has measure 0 where one of its continuous columns is held to a single value within
-    the domain: an equality (``education = 12``: an integer column is continuous in the
-    domain) or a threshold at a column's lower bound (``hours <= 0`` where ``hours >= 0``).
-    Records may sit there (a point mass), no design point does, so M2M's fit and residual there
-    are never seen; these points are (each predicated continuous column clipped into the set's
-    range within the domain; discrete columns keep the design's levels) domain points on that
-    face, over which :func:`dpmarket.consumer.intervals.m2m_bounded` takes the residual's range
-    too. Other sets keep the design's own points (the design samples them)."""
+    A set no design point reaches has measure 0 where one of its continuous columns is held to
+    a single value within the domain: an equality (``education = 12``: an integer column is
+    continuous in the domain) or a threshold at a column's lower bound (``hours <= 0`` where
+    ``hours >= 0``); a set only a few reach is a small box, e.g. two thresholds just above
+    their columns' lower bounds (``stobacco <= 0.0005 and salcohol <= 0.047``: 2e-5 of the
+    domain, where most of a table's records may sit at a point mass). Records may sit there, no
+    design point does, so M2M's fit and residual there are never seen (the residual's range
+    read 0 there and the interval ``[0, 0]`` for a truth of 0.6); these points are (each
+    predicated continuous column clipped into the set's range within the domain; discrete
+    columns keep the design's levels) domain points in that set, over which
+    :func:`dpmarket.consumer.intervals.m2m_bounded` takes the residual's range too. Other sets
+    keep the design's own points (the design samples them)."""
     boxes: list[dict[int, tuple[float, float]]] = []
     if query.kind == "cdf":
         idx = _columns(query, domain)
@@ -846,7 +855,10 @@ def _face_points(query: Query, domain: Domain, points: NDArray[np.float64]) -> N
         }
         if any(a > b for a, b in ranges.values()):  # empty within the domain: f is 0 there
             continue
-        if not any(a == b for a, b in ranges.values()):
+        inside = np.ones(points.shape[0], dtype=bool)
+        for j, (a, b) in box.items():
+            inside &= (points[:, j] >= a) & (points[:, j] <= b)
+        if int(inside.sum()) >= SET_DESIGN_POINTS:
             continue
         face = points.copy()
         for j, (a, b) in ranges.items():

@@ -577,6 +577,36 @@ def test_a_point_mass_the_design_cannot_reach_is_never_answered_0_with_width_0(
         assert _face_points(query, spec.domain, explorer.design.points).shape[0] == 0, query
 
 
+@pytest.mark.parametrize("kind", ["rff", "race"])
+def test_a_small_box_at_a_point_mass_is_probed_like_a_face(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two thresholds just above their columns' lower bounds (``hours <= 0.05 and kids <=
+    2.5``: 0.1 % of the domain, about one of 1,000 design points) hold a point mass's records
+    (truth 0.15): a set of positive measure the design barely samples. Its residual's range is
+    taken over the design's points moved into it, as for a face: the interval covers, wide and
+    flagged ``uninformative``. Control: probing no set (the rule's threshold at 0) answers
+    ``[0, 0]``-like and misses (a stranger's Tobacco ``stobacco <= 0.0005 and salcohol <=
+    0.047``: [0, 0] for a truth of 0.6, unflagged, and ``explore`` chose it)."""
+    spec = next(s for s in POINT_MASSES.draw(np.random.default_rng(0)) if s.kind == kind)
+    records = _point_masses(3000)
+    explorer = Explorer(spec, n_synthetic=1000, seed=0)
+    sketch = sketch_mechanism(spec, 1.0).release(records, SeededNoise(np.random.default_rng(0)))
+    query = Query("count", where=(("hours", 0.0, 0.05), ("kids", 0.0, 2.5)))
+    truth = float(exact_answer(query, records, spec.domain).values[0])
+    assert truth > 0.1, truth
+    assert _face_points(query, spec.domain, explorer.design.points).shape[0] > 0
+    answer = explorer.answer(query, sketch, replicates=REPLICATES)
+    low, high = answer.interval()
+    assert low[0] <= truth <= high[0], (answer.values, low, high, truth)
+    assert "uninformative" in answer.codes()[0], answer.flags
+    monkeypatch.setattr(explore_module, "SET_DESIGN_POINTS", 0)
+    assert _face_points(query, spec.domain, explorer.design.points).shape[0] == 0
+    control = explorer.answer(query, sketch, replicates=REPLICATES)
+    c_low, c_high = control.interval()
+    assert not c_low[0] <= truth <= c_high[0], (control.values, c_low, c_high, truth)
+
+
 #: A 30-record owner over a wide income-like column (most records far below its public upper
 #: bound), an integer column and a discrete one: a bin's noise at epsilon 1 exceeds its count.
 TINY = SketchDeclaration.from_mapping(
