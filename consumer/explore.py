@@ -1140,9 +1140,13 @@ class Explorer:
                 (b, f"{c}; the count's noise included exactly (Fieller's test inversion)")
                 for b, c in stated
             ]
+        # The independence guess (basis "bounds", flagged model-guess) has no standard error:
+        # its error is the guess's bias, which only its bounds hold (as a marginals guess's).
+        se = np.where([b == "bounds" for b, _ in stated], np.nan, se)
         if query.kind == "count":
             count = float(values[0]) * n
-            extra.update(count=count, n=n, count_standard_error=float(se[0]) * n)
+            count_se = None if np.isnan(se[0]) else float(se[0]) * n
+            extra.update(count=count, n=n, count_standard_error=count_se)
             if errors:
                 # The count's own interval (the noise of the sums and of n together), widened
                 # to hold the count estimate (which only adds coverage).

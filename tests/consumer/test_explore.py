@@ -348,6 +348,30 @@ def test_a_marginals_guess_has_no_standard_error(mspecs: dict[str, SketchSpec]) 
     assert guess.codes("value") == ("model-guess",)
 
 
+def test_a_histogram_guess_has_no_standard_error(specs: dict[str, SketchSpec]) -> None:
+    """One histogram per column does not hold two columns together: a two-column count is the
+    independence guess (basis ``bounds``, ``model-guess``), with no standard error (NaN, null in
+    ``--json``, ``None`` as a count's), as a marginals guess; a one-column count keeps its
+    noise's. Control: before, the guess's JSON carried the noise spread of the guess (a
+    stranger's 0.0141 and ``count_standard_error`` 0.98 beside a table's "— (guess)")."""
+    spec = specs["hist"]
+    sketch = sketch_mechanism(spec, 1.0).release(
+        _records(2000), SeededNoise(np.random.default_rng(0))
+    )
+    explorer = Explorer(spec, n_synthetic=500, seed=0)
+    one = explorer.answer(Query("count", where=(("a", 0.0, 0.3),)), sketch, replicates=200)
+    two = explorer.answer(
+        Query("count", where=(("a", 0.0, 0.3), ("b", -10.0, 0.0))), sketch, replicates=200
+    )
+    assert one.basis[0] != "bounds" and one.errors[0] > 0
+    assert one.extra["count_standard_error"] > 0
+    assert two.basis == ("bounds",) and two.codes("value")[0].startswith("model-guess")
+    assert np.isnan(two.errors[0]) and two.extra["count_standard_error"] is None
+    assert two.rows()[0]["standard_error"] is None
+    (low,), (high,) = two.interval()
+    assert 0.0 <= low <= two.values[0] <= high <= 1.0
+
+
 def test_a_marginals_interval_spanning_what_the_value_can_be_is_flagged_uninformative(
     mspecs: dict[str, SketchSpec],
 ) -> None:
