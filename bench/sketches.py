@@ -255,7 +255,11 @@ def marginals_costs(quick: bool) -> dict[str, Any]:
         "answer_seconds": answer,
         "answer_cpu_seconds": answer_cpu,
         "loadavg": list(os.getloadavg()),
-        "answers_with_errors": int(sum(np.isfinite(a.errors).all() for a in answers)),
+        # Every answer carries a finite 95 % interval (a model's guess has no standard error,
+        # only its bounds: explore's rows give it null).
+        "answers_with_intervals": int(
+            sum(bool(np.isfinite(np.concatenate(a.interval())).all()) for a in answers)
+        ),
     }
 
 

@@ -37,7 +37,7 @@ def test_quick_run_merges_the_sketches_section(
     marginals = section["marginals"]
     assert marginals["rows"] == 3000 and marginals["columns"] == 10
     assert marginals["publish_seconds"] > 0 and marginals["answer_seconds"] > 0
-    assert marginals["answers_with_errors"] == marginals["queries"] == 150
+    assert marginals["answers_with_intervals"] == marginals["queries"] == 150
     assert "records/s" in capsys.readouterr().out
 
 
