@@ -348,6 +348,26 @@ class Ranking:
             pairs += [(ranked.owner, w.owner) for w in self.owners[i + 1 :] if w.owner not in tied]
         return pairs
 
+    def resolution_text(self) -> str:
+        """Which pairs of owners the ranking resolves, in one line (``rank-owners`` prints it
+        under its table, the console under its own): the resolved pairs as ``A < B`` (A the
+        better match), or that none is and the order shown is the point estimates' alone."""
+        k = len(self.owners)
+        pairs, resolved = k * (k - 1) // 2, self.resolved_pairs()
+        if pairs == 0:
+            return "one owner: nothing to order"
+        if not resolved:
+            return (
+                f"no pair of owners is resolved (0 of {pairs}): the order above is the point "
+                "estimates' only, and every owner can hold any rank"
+            )
+        listed = ", ".join(f"{a} < {b}" for a, b in resolved)
+        return (
+            f"resolved (each pair's difference's 95 % interval excludes 0): {listed} "
+            f"({len(resolved)} of {pairs} pairs); the rank column gives the ranks these leave "
+            "each owner"
+        )
+
     def to_json(self, curator: str) -> dict[str, Any]:
         """What ``dpmarket consumer rank-owners --json`` prints (``curator``:
         ``NAME@HOST:PORT``): the rows (:meth:`rows`), ``resolved_pairs`` (``[better, worse]``,

@@ -1952,7 +1952,11 @@ def rank_owners_command(
     if as_json:
         print_json(document)
         return
-    _print_ranking(document, f"owners by MMD² to {Path(validation_path).name} ({chosen.name})")
+    _print_ranking(
+        document,
+        f"owners by MMD² to {Path(validation_path).name} ({chosen.name})",
+        ranking.resolution_text(),
+    )
 
 
 def _rank_text(row: dict[str, Any]) -> str:
@@ -1962,35 +1966,10 @@ def _rank_text(row: dict[str, Any]) -> str:
     return f"{best}" if best == worst else f"{best}–{worst}"
 
 
-def _resolution_text(document: dict[str, Any]) -> str:
-    """Which pairs of owners a ranking resolves, in one line (``rank-owners`` prints it under
-    its table): the resolved pairs as ``A < B`` (A the better match), or that none is and
-    the order shown is the point estimates' alone.
-
-    Parameters
-    ----------
-    document : dict
-        ``rank-owners --json``'s document (:meth:`dpmarket.consumer.catalogue.Ranking.to_json`).
-    """
-    pairs, resolved = document["pairs"], document["resolved_pairs"]
-    if pairs == 0:
-        return "one owner: nothing to order"
-    if not resolved:
-        return (
-            f"no pair of owners is resolved (0 of {pairs}): the order above is the point "
-            "estimates' only, and every owner can hold any rank"
-        )
-    listed = ", ".join(f"{a} < {b}" for a, b in resolved)
-    return (
-        f"resolved (each pair's difference's 95 % interval excludes 0): {listed} "
-        f"({len(resolved)} of {pairs} pairs); the rank column gives the ranks these leave "
-        "each owner"
-    )
-
-
-def _print_ranking(document: dict[str, Any], title: str) -> None:
-    """``rank-owners``' table, its flags' reasons, which pairs it resolves and what its
-    intervals cover."""
+def _print_ranking(document: dict[str, Any], title: str, resolution: str) -> None:
+    """``rank-owners``' table, its flags' reasons, which pairs it resolves (``resolution``,
+    :meth:`~dpmarket.consumer.catalogue.Ranking.resolution_text`) and what its intervals
+    cover."""
     from dpmarket.consumer.catalogue import RANK_COVERS, RANK_FLAG_NAMES
 
     rows = document["ranking"]
@@ -2022,7 +2001,7 @@ def _print_ranking(document: dict[str, Any], title: str) -> None:
         if reasons:
             console.print(f"[yellow]{name}[/yellow] " + "; ".join(reasons), highlight=False)
     if rows:
-        console.print(_resolution_text(document), highlight=False)
+        console.print(resolution, highlight=False)
         console.print(f"intervals: {RANK_COVERS}", highlight=False)
 
 

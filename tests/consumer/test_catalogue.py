@@ -328,10 +328,10 @@ RANKED = SketchDeclaration.from_mapping(
 )
 
 
-def _ranked(n: int, epsilon: float) -> dict[str, Any]:
+def _ranked(n: int, epsilon: float) -> tuple[dict[str, Any], str]:
     """``rank-owners --json``'s document for three owners of ``n`` records each (ages about 25,
     50 and 80) against 300 validation records aged about 27, their RFF sketches at
-    ``epsilon`` (everything seeded)."""
+    ``epsilon`` (everything seeded), and the line saying which pairs it resolves."""
     (rff,) = RANKED.draw(np.random.default_rng(0))
     rng = np.random.default_rng(3)
 
@@ -354,7 +354,7 @@ def _ranked(n: int, epsilon: float) -> dict[str, Any]:
         for owner, age in (("young", 25.0), ("middle", 50.0), ("old", 80.0))
     ]
     ranking = rank(_Published([rff], None, entries), records(27.0, 300), spec=rff.name)
-    return ranking.to_json("curator@127.0.0.1:9")
+    return ranking.to_json("curator@127.0.0.1:9"), ranking.resolution_text()
 
 
 def test_a_ranking_says_which_pairs_it_resolves_and_flags_an_uninformative_mmd(
@@ -369,14 +369,12 @@ def test_a_ranking_says_which_pairs_it_resolves_and_flags_an_uninformative_mmd(
     each rank is exact and nothing is flagged uninformative. Deterministic (seeded releases).
     The old rows had no ``rank_interval``, no ``resolved_pairs``, and flagged this wide MMD²
     only ``tie?`` (its interval [0, 0.998] from a raw one 1.5 wide, unflagged)."""
-    from dpmarket.consumer.cli import _resolution_text
-
-    noisy = _ranked(1500, 0.3)
+    noisy, said = _ranked(1500, 0.3)
     rows = {r["owner"]: r for r in noisy["ranking"]}
     assert noisy["resolved_pairs"] == [] and noisy["pairs"] == 3
     assert all(r["rank_interval"] == [1, 3] for r in rows.values())
     assert [r["rank"] for r in noisy["ranking"]] == [1, 2, 3]  # the point estimates' order
-    assert _resolution_text(noisy).startswith("no pair of owners is resolved (0 of 3)")
+    assert said.startswith("no pair of owners is resolved (0 of 3)")
     wide = next(f for f in rows["old"]["flags"] if f["code"] == "uninformative")
     assert wide["on"] == "value"
     assert "spans more than 50 % of it" in wide["reason"] and "[0, 2]" in wide["reason"]
@@ -386,17 +384,17 @@ def test_a_ranking_says_which_pairs_it_resolves_and_flags_an_uninformative_mmd(
         if "uninformative" not in [f["code"] for f in row["flags"]]:
             assert row["interval"][1] - row["interval"][0] < 1.0
     monkeypatch.setattr("dpmarket.consumer.explore.UNINFORMATIVE", 0.99)
-    relaxed = _ranked(1500, 0.3)
+    relaxed, _ = _ranked(1500, 0.3)
     assert not any(f["code"] == "uninformative" for r in relaxed["ranking"] for f in r["flags"])
     monkeypatch.undo()
 
-    partial = _ranked(2000, 0.3)
+    partial, said = _ranked(2000, 0.3)
     assert partial["resolved_pairs"] == [["young", "old"]]
     ranks = {r["owner"]: r["rank_interval"] for r in partial["ranking"]}
     assert ranks == {"young": [1, 2], "middle": [1, 3], "old": [2, 3]}
-    assert "young < old (1 of 3 pairs)" in _resolution_text(partial)
+    assert "young < old (1 of 3 pairs)" in said
 
-    clear = _ranked(1300, 1.0)
+    clear, _ = _ranked(1300, 1.0)
     assert clear["resolved_pairs"] == [["young", "middle"], ["young", "old"], ["middle", "old"]]
     assert [r["rank_interval"] for r in clear["ranking"]] == [[1, 1], [2, 2], [3, 3]]
     assert not any(r["flags"] for r in clear["ranking"])
