@@ -116,7 +116,7 @@ def check_stored_epsilon(stored: Publication, spec: SketchSpec, epsilon: float |
         The spec asked for (its name may differ from the one the release was first made under).
     epsilon : float or None
         The epsilon the caller named (``None``: the spec's default, which asks for no
-        particular epsilon: the stored sketch is sent again, as before).
+        particular epsilon: the stored sketch is sent again).
 
     Raises
     ------
