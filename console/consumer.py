@@ -805,6 +805,7 @@ class ConsumerConsole:
             "spec": ranking.spec.name,
             "validation_points": ranking.validation_points,
             "rows": rows,
+            "resolution": ranking.resolution_text(),
         }
 
     # ------------------------------------------------------------------------ summaries

@@ -32,11 +32,13 @@ from dpmarket.common.sketches.spec import PublishedSketch, SketchSpec
 from dpmarket.common.uncertainty import Flag, interval_row
 from dpmarket.consumer.explore import (
     DEFAULT_EXPLORE_SYNTHETIC,
+    Z95,
     Answer,
     Explorer,
     MarginalsExplorer,
     Query,
     RankedOwner,
+    bounded_answer,
     choose_source,
     honest_half_width,
     m2m_standard_errors,
@@ -46,6 +48,7 @@ from dpmarket.consumer.explore import (
 )
 
 __all__ = [
+    "MMD2_RANGE",
     "RANK_COVERS",
     "Exploration",
     "ExplorationCache",
@@ -319,27 +322,64 @@ class Ranking:
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per owner, best first, as ``dpmarket consumer rank-owners --json`` lists
-        them: ``rank``, ``owner``, the MMD² as a row of the one interval model
-        (:func:`dpmarket.common.uncertainty.interval_row`: ``label``, ``value`` clipped to
-        [0, 2] with the raw value in ``raw`` when clipped, ``standard_error``, ``interval``,
-        ``level``, ``basis`` ``"noise"``, ``covers`` (:data:`RANK_COVERS`), ``bias_bound``,
-        ``flags`` ``clipped`` and ``order_not_resolved``, each on the value), ``epsilon``,
-        ``n`` (the sketch's noisy count, floored at 1) and ``n_interval`` (its 95 % interval
-        from the count's noise law,
+        them: ``rank`` (the order of the point estimates), ``rank_interval`` (``[best, worst]``,
+        the ranks the resolved pairs leave the owner: :attr:`RankedOwner.ranks`), ``owner``,
+        the MMD² as a row of the one interval model
+        (:func:`dpmarket.common.uncertainty.interval_row`: ``label``, ``value`` within [0, 2]
+        and its interval, with the raw value in ``raw`` when moved, ``standard_error``,
+        ``interval``, ``level``, ``basis`` ``"noise"``, ``covers`` (:data:`RANK_COVERS`),
+        ``bias_bound``, ``flags``: ``clipped`` and ``few-records`` on the interval,
+        ``uninformative`` and ``order_not_resolved`` on the value, the first three by
+        ``explore``'s rule, :func:`~dpmarket.consumer.explore.bounded_answer` over
+        :data:`MMD2_RANGE`), ``epsilon``, ``n`` (the sketch's noisy count, floored at 1) and
+        ``n_interval`` (its 95 % interval from the count's noise law,
         :func:`~dpmarket.common.sketches.intervals.record_count_interval`)."""
         return [
             _ranking_row(k, ranked, self.sketches[ranked.owner])
             for k, ranked in enumerate(self.owners, 1)
         ]
 
+    def resolved_pairs(self) -> list[tuple[str, str]]:
+        """Every pair of owners whose order the sketches resolve, as ``(better, worse)`` (the
+        smaller MMD² first; the difference's 95 % interval excludes 0), in ranking order."""
+        pairs = []
+        for i, ranked in enumerate(self.owners):
+            tied = {o for o, _, _ in ranked.unresolved}
+            pairs += [(ranked.owner, w.owner) for w in self.owners[i + 1 :] if w.owner not in tied]
+        return pairs
+
+    def resolution_text(self) -> str:
+        """Which pairs of owners the ranking resolves, in one line (``rank-owners`` prints it
+        under its table, the console under its own): the resolved pairs as ``A < B`` (A the
+        better match), or that none is and the order shown is the point estimates' alone."""
+        k = len(self.owners)
+        pairs, resolved = k * (k - 1) // 2, self.resolved_pairs()
+        if pairs == 0:
+            return "one owner: nothing to order"
+        if not resolved:
+            return (
+                f"no pair of owners is resolved (0 of {pairs}): the order above is the point "
+                "estimates' only, and every owner can hold any rank"
+            )
+        listed = ", ".join(f"{a} < {b}" for a, b in resolved)
+        return (
+            f"resolved (each pair's difference's 95 % interval excludes 0): {listed} "
+            f"({len(resolved)} of {pairs} pairs); the rank column gives the ranks these leave "
+            "each owner"
+        )
+
     def to_json(self, curator: str) -> dict[str, Any]:
         """What ``dpmarket consumer rank-owners --json`` prints (``curator``:
-        ``NAME@HOST:PORT``)."""
+        ``NAME@HOST:PORT``): the rows (:meth:`rows`), ``resolved_pairs`` (``[better, worse]``,
+        :meth:`resolved_pairs`) and ``pairs``, how many pairs of owners there are."""
+        k = len(self.owners)
         return {
             "curator": curator,
             "spec": self.spec.name,
             "validation_points": self.validation_points,
             "ranking": self.rows(),
+            "resolved_pairs": [list(p) for p in self.resolved_pairs()],
+            "pairs": k * (k - 1) // 2,
         }
 
 
@@ -368,29 +408,44 @@ def noisy_count_text(value: float) -> str:
 
 #: How a ranking's flags are named where they are shown (``rank-owners``' table and legend,
 #: the console's ranking page), by code.
-RANK_FLAG_NAMES = {"clipped": "clipped", "order_not_resolved": "tie?"}
+RANK_FLAG_NAMES = {
+    "clipped": "CLIPPED",
+    "few-records": "FEW-RECORDS",
+    "uninformative": "uninformative",
+    "order_not_resolved": "tie?",
+}
+
+
+#: What a Gaussian kernel's MMD² can be, whatever the data (``0 <= k <= 1 = k(x, x)``), in the
+#: words of a ranking's flags.
+MMD2_RANGE = (0.0, 2.0, "[0, 2], where a Gaussian kernel's MMD² can be")
 
 
 def _ranking_row(rank: int, ranked: RankedOwner, sketch: PrivateSketch) -> dict[str, Any]:
-    """One owner of a ranking: its MMD² as a row of the one interval model, its ε and count."""
+    """One owner of a ranking: its MMD² as a row of the one interval model, its ranks, its ε
+    and count.
+
+    The value, its interval and the flags ``clipped``, ``few-records`` and ``uninformative``
+    follow ``explore``'s one rule (:func:`~dpmarket.consumer.explore.bounded_answer`) over
+    :data:`MMD2_RANGE`; ``order_not_resolved`` names the owners its order against is within
+    the noise."""
     e = ranked.estimate
-    # A Gaussian kernel's MMD² lies in [0, 2] (0 <= k <= 1 = k(x, x)): a debiased estimate
-    # outside is clipped and flagged (the raw value kept), and so is the interval, which keeps
-    # every truth it covered.
-    shown = min(max(e.value, 0.0), 2.0)
-    flags = []
-    if shown != e.value:
-        flags.append(
-            Flag(
-                "clipped",
-                f"clipped to {shown:g}: the debiased estimate {e.value:.4g} lies outside "
-                "[0, 2], where an MMD² can be: the noise moved it there",
-                "value",
-            )
-        )
+    low, high, what = MMD2_RANGE
+    values, lo, hi, (flags,) = bounded_answer(
+        np.array([e.value]),
+        np.array([e.low]),
+        np.array([e.high]),
+        np.array([low]),
+        np.array([high]),
+        [what],
+        math.sqrt(sketch.count_noise_variance) / sketch.count_estimate,
+        np.array([Z95 * e.standard_error]),
+    )
+    shown = float(values[0])
+    flag_list = list(flags)
     if ranked.unresolved:
         ties = ", ".join(f"{o} (difference {d:+.3g} ± {se:.3g})" for o, d, se in ranked.unresolved)
-        flags.append(
+        flag_list.append(
             Flag(
                 "order_not_resolved",
                 f"its order against {ties} is within the noise and the RFF approximation (the "
@@ -400,16 +455,17 @@ def _ranking_row(rank: int, ranked: RankedOwner, sketch: PrivateSketch) -> dict[
         )
     row: dict[str, Any] = {
         "rank": rank,
+        "rank_interval": list(ranked.ranks),
         "owner": ranked.owner,
         **interval_row(
             f"MMD²({ranked.owner}, validation)",
             shown,
             e.standard_error,
-            min(max(e.low, 0.0), 2.0),
-            min(max(e.high, 0.0), 2.0),
+            float(lo[0]),
+            float(hi[0]),
             basis="noise",
             covers=RANK_COVERS,
-            flags=flags,
+            flags=flag_list,
             level=e.level,
         ),
         "epsilon": sketch.mechanism.epsilon,

@@ -1932,7 +1932,7 @@ def rank_owners_command(
     **tls: Any,
 ) -> None:
     """Rank owners by the MMD between a validation set and their RFF sketches, computed here."""
-    from dpmarket.consumer.catalogue import RANK_COVERS, RANK_FLAG_NAMES, SpecChoiceError
+    from dpmarket.consumer.catalogue import SpecChoiceError
 
     if out_path is not None:
         check_outputs(out_path)
@@ -1948,15 +1948,32 @@ def rank_owners_command(
         raise click.ClickException(str(exc)) from exc
     chosen = ranking.spec
     document = ranking.to_json(f"{curator_name}@{curator}")
-    rows = document["ranking"]
     write_output(document, out_path)
     if as_json:
         print_json(document)
         return
-    table = RichTable(
-        title=f"owners by MMD² to {Path(validation_path).name} ({chosen.name})",
-        title_justify="left",
+    _print_ranking(
+        document,
+        f"owners by MMD² to {Path(validation_path).name} ({chosen.name})",
+        ranking.resolution_text(),
     )
+
+
+def _rank_text(row: dict[str, Any]) -> str:
+    """A ranking row's rank as the table shows it: ``2``, or ``1–3`` when the pairs the
+    sketches resolve leave it several ranks (the point estimates' order is not its rank)."""
+    best, worst = row["rank_interval"]
+    return f"{best}" if best == worst else f"{best}–{worst}"
+
+
+def _print_ranking(document: dict[str, Any], title: str, resolution: str) -> None:
+    """``rank-owners``' table, its flags' reasons, which pairs it resolves (``resolution``,
+    :meth:`~dpmarket.consumer.catalogue.Ranking.resolution_text`) and what its intervals
+    cover."""
+    from dpmarket.consumer.catalogue import RANK_COVERS, RANK_FLAG_NAMES
+
+    rows = document["ranking"]
+    table = RichTable(title=title, title_justify="left")
     for column in ("rank", "owner", "MMD²", "95 % interval", "ε", "n ≈ [95 %]", "flags"):
         left = column in ("owner", "flags")
         table.add_column(
@@ -1968,7 +1985,7 @@ def rank_owners_command(
     for r in rows:
         low, high = r["interval"]
         table.add_row(
-            str(r["rank"]),
+            _rank_text(r),
             r["owner"],
             f"{r['value']:.3g}",
             f"[{low:.3g}, {high:.3g}]",
@@ -1984,6 +2001,7 @@ def rank_owners_command(
         if reasons:
             console.print(f"[yellow]{name}[/yellow] " + "; ".join(reasons), highlight=False)
     if rows:
+        console.print(resolution, highlight=False)
         console.print(f"intervals: {RANK_COVERS}", highlight=False)
 
 

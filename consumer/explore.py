@@ -130,6 +130,7 @@ __all__ = [
     "ModelCache",
     "Query",
     "RankedOwner",
+    "bounded_answer",
     "choose_source",
     "exact_answer",
     "honest_half_width",
@@ -638,7 +639,28 @@ def _bounded_flags(
 ) -> tuple[
     NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], tuple[tuple[Flag, ...], ...]
 ]:
-    """Values and intervals of a bounded answer within what the quantity can be, and flags.
+    """Values and intervals of a bounded answer within what the quantity can be
+    (:func:`_possible`), and flags: :func:`bounded_answer` over the query's possible range."""
+    low, high, what = _possible(query, domain, raw.shape[0])
+    return bounded_answer(raw, raw_low, raw_high, low, high, what, count_rse, noise_width)
+
+
+def bounded_answer(
+    raw: NDArray[np.float64],
+    raw_low: NDArray[np.float64],
+    raw_high: NDArray[np.float64],
+    low: NDArray[np.float64],
+    high: NDArray[np.float64],
+    what: Sequence[str],
+    count_rse: float,
+    noise_width: NDArray[np.float64] | None = None,
+) -> tuple[
+    NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], tuple[tuple[Flag, ...], ...]
+]:
+    """Values and intervals within what the quantities can be, and their flags: the one rule
+    of ``clipped``, ``few-records`` and ``uninformative`` (:data:`FLAGS`), read by ``explore``
+    (:func:`_bounded_flags`) and ``rank-owners``
+    (:func:`dpmarket.consumer.catalogue.Ranking.rows`).
 
     A value outside the possible range is clipped silently when its interval still reaches the
     range (the noise or the bias bound explains it), and flagged ``clipped`` when it does not;
@@ -653,9 +675,26 @@ def _bounded_flags(
     over (:func:`_noise_floor`): an interval the cut leaves narrower keeps that width, from
     the edge it was cut at, inwards (:func:`_cut_keeping_noise`), and ``uninformative`` is
     judged on the wider of the interval before the cut and the one returned. A value outside
-    its returned interval is moved to its nearest end (the raw estimate is kept beside it)."""
+    its returned interval is moved to its nearest end (the raw estimate is kept beside it).
+
+    Parameters
+    ----------
+    raw, raw_low, raw_high : ndarray of shape (k,)
+        The estimates and their intervals before any cut, in the quantities' units.
+    low, high : ndarray of shape (k,)
+        What each quantity can be, whatever the data (infinite where nothing bounds it).
+    what : sequence of k str
+        That range in words, for the flags' reasons (e.g. ``"[0, 1] (a fraction)"``).
+    count_rse : float
+        The record count estimate's relative standard error (0: the intervals need no count).
+    noise_width : ndarray of shape (k,), optional
+
+    Returns
+    -------
+    values, interval_low, interval_high : ndarray of shape (k,)
+    flags : tuple of k tuples of Flag
+    """
     k = raw.shape[0]
-    low, high, what = _possible(query, domain, k)
     values = np.clip(raw, low, high)
     lo, hi = _cut_keeping_noise(raw_low, raw_high, low, high, noise_width)
     # A value outside its own interval (a plug-in ratio over a count estimate near 1, outside
@@ -2252,11 +2291,17 @@ class RankedOwner:
         Every other owner whose order against this one the sketches do not resolve: its name,
         the difference ``this - other`` and its standard error
         (:func:`dpmarket.common.sketches.mmd.mmd2_difference`).
+    ranks : (int, int)
+        The ranks (1 the best match) this owner can hold given the pairs the sketches resolve:
+        one more than the owners resolved as better matches, and the number of owners less
+        those resolved as worse. ``(r, r)`` when every pair it is in is resolved; ``(1, K)``
+        among ``K`` owners when none is.
     """
 
     owner: str
     estimate: MMDEstimate
     unresolved: tuple[tuple[str, float, float], ...] = ()
+    ranks: tuple[int, int] = (1, 1)
 
     @property
     def mmd2(self) -> float:
@@ -2284,7 +2329,8 @@ def rank_owners(sketches: Mapping[str, PrivateSketch], validation: ArrayLike) ->
         of the spec's frequencies and of the noise (the RFF approximation, the sum's and the
         count's noise). Two owners are unresolved when the interval of the difference of their
         values contains 0 (the shared frequencies make this test sharper than comparing the two
-        intervals).
+        intervals); each owner's :attr:`RankedOwner.ranks` are the ranks the resolved pairs
+        leave it (each pair tested at 95 % on its own, not simultaneously).
 
     Raises
     ------
@@ -2307,13 +2353,19 @@ def rank_owners(sketches: Mapping[str, PrivateSketch], validation: ArrayLike) ->
         estimates[owner] = sketch_mmd2_estimate(sketch, validation)
     order = sorted(estimates, key=lambda o: (estimates[o].value, o))
     out = []
-    for owner in order:
+    for i, owner in enumerate(order):
         unresolved = []
-        for other in order:
+        better = worse = 0  # owners resolved before and after this one
+        for j, other in enumerate(order):
             if other == owner:
                 continue
             diff, se, resolved = mmd2_difference(estimates[owner], estimates[other])
             if not resolved:
                 unresolved.append((other, diff, se))
-        out.append(RankedOwner(owner, estimates[owner], tuple(unresolved)))
+            elif j < i:
+                better += 1
+            else:
+                worse += 1
+        ranks = (1 + better, len(order) - worse)
+        out.append(RankedOwner(owner, estimates[owner], tuple(unresolved), ranks))
     return out

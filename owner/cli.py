@@ -1263,7 +1263,8 @@ def open_owner(
     default=None,
     type=click.FloatRange(min=0, min_open=True),
     help="Epsilon of each new sketch (default: the spec's), within the spec's range and the "
-    "policy's sketches.epsilon.",
+    "policy's sketches.epsilon. A spec whose map this owner released at another epsilon is "
+    "refused, before anything is charged (exit code 1).",
 )
 @click.option(
     "--seed",
@@ -1298,8 +1299,10 @@ def publish_command(
 
     Each sketch is checked against the owner's policy and charged to its own ledger together
     with the sketch itself, before anything is sent; a spec released before is sent again as
-    stored, charging nothing. Name the specs (--spec) or take every one (--all); with neither,
-    the specs and their cost are listed and the curator's allocation spec is offered.
+    stored, charging nothing (with an --epsilon other than its own the run is refused: the
+    stored sketch is not at the epsilon asked). Name the specs (--spec) or take every one
+    (--all); with neither, the specs and their cost are listed and the curator's allocation
+    spec is offered.
     """
     from dpmarket.owner.publishing import publish_sketches
 

@@ -27,7 +27,10 @@ sends the result, :mod:`dpmarket.consumer.cli`):
 
 A release is identified by its spec's key (map parameters, domain, noise): publishing under a key
 already released returns the stored sketch and charges nothing, whichever curator or spec name
-asks (sending the same released values again costs no privacy). The ledger entry of a sketch:
+asks (sending the same released values again costs no privacy), unless the caller names an
+epsilon other than the stored sketch's: that is refused (:class:`AnotherEpsilonError`), since
+handing back a sketch at another epsilon than asked would mislead the caller about what it
+holds. The ledger entry of a sketch:
 session ``sketch:<spec>:<key[:16]>`` (one publication: the per-session limits bound it),
 consumer ``catalogue:<spec>`` (the release goes to a catalogue whose consumers are not known in
 advance), curator the catalogue's curator identity, mechanism e.g. ``private sketch (RFF,
@@ -48,7 +51,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from dpmarket.common.errors import FailedPreconditionError, InvalidArgumentError, on_private_data
+from dpmarket.common.errors import (
+    AlreadyExistsError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    on_private_data,
+)
 from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise
 from dpmarket.common.privacy.rng import production_rng
 from dpmarket.common.sketches.endpoints import CatalogEndpoint
@@ -62,9 +70,11 @@ from dpmarket.runtime.tables import Table
 
 __all__ = [
     "SKETCH_SESSION_PREFIX",
+    "AnotherEpsilonError",
     "Delivery",
     "Publication",
     "SketchPublisher",
+    "check_stored_epsilon",
     "data_digest",
     "ledger_session",
     "publish_to",
@@ -79,9 +89,53 @@ logger = logging.getLogger(__name__)
 SKETCH_SESSION_PREFIX = "sketch:"
 
 
+class AnotherEpsilonError(AlreadyExistsError):
+    """A publication asks an epsilon other than the one this owner released its sketch under
+    the same map at (``ALREADY_EXISTS``): nothing is charged, computed or sent.
+
+    A map is published once per owner (its key, :attr:`SketchSpec.key`); a repeat sends the
+    stored release, which is free, and the caller who named another epsilon would otherwise
+    hold a sketch of an epsilon it did not ask for. The decision depends on public inputs
+    only: the epsilon asked and the stored sketch's, which its catalogue entry shows.
+    """
+
+
 def ledger_session(spec: SketchSpec) -> str:
     """The ledger session of a publication under ``spec``: ``sketch:<name>:<key[:16]>``."""
     return f"{SKETCH_SESSION_PREFIX}{spec.name}:{spec.key[:16]}"
+
+
+def check_stored_epsilon(stored: Publication, spec: SketchSpec, epsilon: float | None) -> None:
+    """Refuse a named ``epsilon`` other than the one ``stored`` was released at.
+
+    Parameters
+    ----------
+    stored : Publication
+        This owner's release under ``spec``'s key.
+    spec : SketchSpec
+        The spec asked for (its name may differ from the one the release was first made under).
+    epsilon : float or None
+        The epsilon the caller named (``None``: the spec's default, which asks for no
+        particular epsilon: the stored sketch is sent again).
+
+    Raises
+    ------
+    AnotherEpsilonError
+        Naming the stored sketch's epsilon, its spec and ledger entry, and what to do instead.
+    """
+    released = stored.sketch.mechanism.epsilon
+    if epsilon is None or float(epsilon) == released:
+        return
+    first = "" if stored.spec == spec.name else f" (first under {stored.spec})"
+    raise AnotherEpsilonError(
+        f"{spec.name}: this owner released its sketch of this map at epsilon {released:g}"
+        f"{first}, ledger entry {stored.charge.id}; a map is published once, so epsilon "
+        f"{float(epsilon):g} is refused: nothing charged, nothing sent. Publish it without "
+        f"--epsilon (or with --epsilon {released:g}) to send the stored sketch again at no "
+        f"cost; a sketch at epsilon {float(epsilon):g} needs a spec of another map (other map "
+        "parameters, columns or noise), which the curator declares in its catalogue "
+        "(curator serve --sketch-spec)"
+    )
 
 
 def data_digest(values: NDArray[np.float64]) -> str:
@@ -276,11 +330,16 @@ class SketchPublisher:
         -------
         Publication
             The stored sketch, ``charged_now`` telling whether this call charged it. A key
-            released before returns the stored sketch whatever ``epsilon`` asks (a warning is
-            logged when it differs, or when the data changed since).
+            released before returns the stored sketch when ``epsilon`` is ``None`` or its
+            epsilon (a warning is logged when the spec's default differs from it, or when the
+            data changed since).
 
         Raises
         ------
+        AnotherEpsilonError
+            If the key was released before at an epsilon other than ``epsilon`` (given): the
+            message names the stored sketch's epsilon and how to publish another. Nothing is
+            read, computed, stored or charged.
         FailedPreconditionError
             If the policy does not publish sketches, the epsilon exceeds the policy's limit per
             sketch, or the ledger refuses the charge
@@ -298,6 +357,8 @@ class SketchPublisher:
                 "catalogue's linear sketches)"
             )
         stored = self.stored(spec)
+        if stored is not None:
+            check_stored_epsilon(stored, spec, epsilon)  # before any row is read
         if stored is not None and isinstance(table, PartitionedTable):
             return stored  # a pass over the whole table only to compare digests is not worth it
         if isinstance(table, PartitionedTable):
@@ -349,8 +410,10 @@ class SketchPublisher:
     def _warn_if_asked_again_differently(
         stored: Publication, spec: SketchSpec, epsilon: float | None, digest: str
     ) -> None:
-        """Log (the owner's log only) when a key released before is asked at another epsilon,
-        or its data changed since: the stored sketch is returned either way.
+        """Log (the owner's log only) when a key released before is asked at the spec's
+        default epsilon and that differs from the stored sketch's (an epsilon named is checked
+        first: :func:`check_stored_epsilon`), or its data changed since: the stored sketch is
+        returned either way.
 
         The digest warning is a branch on the rows that no epsilon charges, so it must stay
         with the owner's operator, and it does: a publication is made by the owner's own
@@ -528,7 +591,9 @@ def publish_to(
     specs : sequence of str
         Spec names, at least one.
     epsilon : float, optional
-        The owner's epsilon for new releases (default: each spec's).
+        The owner's epsilon for new releases (default: each spec's). Given, every spec is
+        fetched first and the run refused, before anything is charged, if one of them was
+        released at another epsilon (one more ``GetSketchSpec`` per spec).
 
     Returns
     -------
@@ -537,6 +602,9 @@ def publish_to(
 
     Raises
     ------
+    AnotherEpsilonError
+        ``epsilon`` is given and a spec's map was released at another: nothing of any spec
+        is charged, released or sent.
     dpmarket.owner.ledger.LedgerRollbackError
         The ledger is behind the curator's held receipt of this owner (restored from an older
         copy, or replaced), or a rollback found earlier is not resolved: nothing charged or
@@ -548,6 +616,12 @@ def publish_to(
     """
     if not specs:
         raise InvalidArgumentError("name at least one spec to publish")
+    if epsilon is not None:  # every spec's stored epsilon, before anything is charged
+        for name in specs:
+            spec = catalog.spec(name).spec
+            stored = publisher.stored(spec)
+            if stored is not None:
+                check_stored_epsilon(stored, spec, epsilon)
     out = []
     for name in specs:
         status = catalog.spec(name)

@@ -647,7 +647,8 @@ def publish(
     specs : sequence of str
         The specs to publish.
     epsilon : float, optional
-        Each sketch's epsilon (default: its spec's).
+        Each new sketch's epsilon (default: its spec's). A spec whose map this owner released
+        at another epsilon refuses the call before anything is charged.
     seed : int, optional
         Seeds the noise (reproducible by whoever knows it).
     schema : str, optional
@@ -664,6 +665,10 @@ def publish(
 
     Raises
     ------
+    dpmarket.owner.sketches.AnotherEpsilonError
+        ``epsilon`` is given and a spec's map was released at another epsilon
+        (``ALREADY_EXISTS``): nothing of any spec charged or sent; the message names the stored
+        epsilon.
     dpmarket.common.errors.DPMarketError
         From the catalogue or the ledger (a charge the owner's policy refuses, ...).
     """

@@ -48,6 +48,26 @@ def test_a_ranking_names_its_flags_as_rank_owners_does() -> None:
     assert "order_not_resolved" not in page  # the internal code, shown before
 
 
+def test_a_ranking_shows_each_owners_rank_range_and_which_pairs_are_resolved() -> None:
+    """As ``rank-owners`` prints them: a rank range where the resolved pairs leave several
+    ranks (``1–2``), one rank where they leave one, and the line naming the resolved pairs.
+    Control: a row without a range (the page before) shows its point-estimate rank."""
+    rows = [
+        {**_row("young", 1, []), "rank_interval": [1, 2]},
+        {**_row("middle", 2, []), "rank_interval": [1, 2]},
+        {**_row("old", 3, []), "rank_interval": [3, 3]},
+    ]
+    said = "resolved (each pair's difference's 95 % interval excludes 0): young < old"
+    ranking = {"spec": "s/rff", "validation_points": 40, "rows": rows, "resolution": said}
+    page = _render("ranking.html", ranking=ranking, svg="", file="v.csv")
+    cells = re.findall(r'<tr[^>]*><td class="n">([^<]*)</td>', page)
+    assert cells == ["1–2", "1–2", "3"], cells
+    assert said in page
+    alone = {"spec": "s/rff", "validation_points": 40, "rows": [_row("young", 1, [])]}
+    plain = _render("ranking.html", ranking=alone, svg="", file="v.csv")
+    assert re.findall(r'<tr[^>]*><td class="n">([^<]*)</td>', plain) == ["1"]
+
+
 def _answer(**row: Any) -> dict[str, Any]:
     base_row = {"label": "cov(age, bmi)", "value": 0.0, "standard_error": 0.0, "flags": [],
                 "interval": [-1146.0, 1146.0], "basis": "bounds", "covers": "x"}  # fmt: skip

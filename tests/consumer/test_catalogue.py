@@ -316,3 +316,85 @@ def test_a_named_spec_is_said_to_be_chosen_and_best_available_skips_the_m2m_fit(
     )
     best = explore(catalogue, cov, options=options)
     assert best.spec.name == hist.name and f"{rff.name} not computed" in best.reason
+
+
+RANKED = SketchDeclaration.from_mapping(
+    {
+        "name": "clinics",
+        "columns": COLUMNS,
+        "mechanism": {"epsilon": 1.0, "epsilon_range": [0.1, 1.0]},
+        "maps": {"rff": {"frequencies": 100, "sigma": 0.5}},
+    }
+)
+
+
+def _ranked(n: int, epsilon: float) -> tuple[dict[str, Any], str]:
+    """``rank-owners --json``'s document for three owners of ``n`` records each (ages about 25,
+    50 and 80) against 300 validation records aged about 27, their RFF sketches at
+    ``epsilon`` (everything seeded), and the line saying which pairs it resolves."""
+    (rff,) = RANKED.draw(np.random.default_rng(0))
+    rng = np.random.default_rng(3)
+
+    def records(age: float, size: int) -> np.ndarray:
+        return np.column_stack(
+            [
+                rng.normal(age, 3, size).clip(0, 120),
+                rng.uniform(20, 40, size),
+                rng.integers(0, 2, size),
+            ]
+        )
+
+    entries = [
+        PublishedSketch(
+            owner,
+            rff.name,
+            0.0,
+            sketch_mechanism(rff, epsilon).release(records(age, n), SeededNoise(rng)),
+        )
+        for owner, age in (("young", 25.0), ("middle", 50.0), ("old", 80.0))
+    ]
+    ranking = rank(_Published([rff], None, entries), records(27.0, 300), spec=rff.name)
+    return ranking.to_json("curator@127.0.0.1:9"), ranking.resolution_text()
+
+
+def test_a_ranking_says_which_pairs_it_resolves_and_flags_an_uninformative_mmd(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At epsilon 0.3 and 1,500 records per owner no pair of owners is resolved: every owner's
+    ``rank_interval`` is [1, 3], ``resolved_pairs`` is empty, the CLI's line says so, and the
+    owner whose interval spans more than half of [0, 2] (what an MMD² can be) is flagged
+    ``uninformative`` on the value by ``explore``'s rule (the same threshold,
+    ``explore.UNINFORMATIVE``: raised to 0.99 the flag goes). At 2,000 records one pair is
+    resolved and the ranks say what it leaves. Control: at epsilon 1 every pair is resolved,
+    each rank is exact and nothing is flagged uninformative. Deterministic (seeded releases).
+    The old rows had no ``rank_interval``, no ``resolved_pairs``, and flagged this wide MMD²
+    only ``tie?`` (its interval [0, 0.998] from a raw one 1.5 wide, unflagged)."""
+    noisy, said = _ranked(1500, 0.3)
+    rows = {r["owner"]: r for r in noisy["ranking"]}
+    assert noisy["resolved_pairs"] == [] and noisy["pairs"] == 3
+    assert all(r["rank_interval"] == [1, 3] for r in rows.values())
+    assert [r["rank"] for r in noisy["ranking"]] == [1, 2, 3]  # the point estimates' order
+    assert said.startswith("no pair of owners is resolved (0 of 3)")
+    wide = next(f for f in rows["old"]["flags"] if f["code"] == "uninformative")
+    assert wide["on"] == "value"
+    assert "spans more than 50 % of it" in wide["reason"] and "[0, 2]" in wide["reason"]
+    low, high = rows["old"]["interval"]
+    assert 0.0 <= low <= rows["old"]["value"] <= high <= 2.0
+    for row in rows.values():  # the intervals narrower than half of [0, 2] stay unflagged
+        if "uninformative" not in [f["code"] for f in row["flags"]]:
+            assert row["interval"][1] - row["interval"][0] < 1.0
+    monkeypatch.setattr("dpmarket.consumer.explore.UNINFORMATIVE", 0.99)
+    relaxed, _ = _ranked(1500, 0.3)
+    assert not any(f["code"] == "uninformative" for r in relaxed["ranking"] for f in r["flags"])
+    monkeypatch.undo()
+
+    partial, said = _ranked(2000, 0.3)
+    assert partial["resolved_pairs"] == [["young", "old"]]
+    ranks = {r["owner"]: r["rank_interval"] for r in partial["ranking"]}
+    assert ranks == {"young": [1, 2], "middle": [1, 3], "old": [2, 3]}
+    assert "young < old (1 of 3 pairs)" in said
+
+    clear, _ = _ranked(1300, 1.0)
+    assert clear["resolved_pairs"] == [["young", "middle"], ["young", "old"], ["middle", "old"]]
+    assert [r["rank_interval"] for r in clear["ranking"]] == [[1, 1], [2, 2], [3, 3]]
+    assert not any(r["flags"] for r in clear["ranking"])

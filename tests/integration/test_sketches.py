@@ -788,3 +788,53 @@ def test_a_publication_from_a_restored_ledger_is_refused_before_it_charges(
 
     assert spec_as(_owner_security(dep.cluster, Identity("owner", owner))).receipt == held
     assert not spec_as(dep.cluster.consumer_security()).HasField("receipt")
+
+
+def test_a_publication_at_another_epsilon_than_the_stored_sketch_is_refused_and_charges_nothing(
+    dep: Deployment, tmp_path: Path
+) -> None:
+    """``owner publish --spec mini/hist --spec mini/rff --epsilon 0.5`` by owner-UA, whose
+    mini/rff sketch was released at epsilon 1: refused before anything is charged (exit code
+    1, the message naming the stored sketch's epsilon and how to send it or publish another),
+    so neither mini/hist (new, 0.5 within the budget) nor anything else is charged, stored or
+    sent, and the curator's held receipt is unchanged (a copy of the ledger at its head).
+    Control: ``--epsilon 1``, the stored sketch's, sends it again, charging nothing. The old
+    code charged mini/hist 0.5 and returned the epsilon-1 sketch of mini/rff, exit code 0."""
+    owner = "owner-UA"
+    state = tmp_path / "state"
+    backup_ledger(dep.cluster.owner_state(owner), ledger_path(state))
+    before = _entries_at(state)
+    held = _curator_receipt(dep, owner)
+
+    def publish(epsilon: str, *specs: str) -> Any:
+        args = [
+            "owner", "publish", "--curator", dep.cluster.curator_target,
+            "--table", str(dep.tables[owner]), "--data-dir", str(state),
+            "--policy", str(dep.cluster.owner_policy_file),
+            "--pki-dir", str(dep.cluster.pki_dir), "--name", owner, "--epsilon", epsilon,
+            "--out", str(state / "out.json"),
+        ]  # fmt: skip
+        for spec in specs:
+            args += ["--spec", spec]
+        return CliRunner().invoke(cli_main, args)
+
+    refused = publish("0.5", "mini/hist", "mini/rff")
+    assert refused.exit_code == 1, refused.output
+    text = " ".join(refused.output.split())
+    assert "mini/rff: this owner released its sketch of this map at epsilon 1" in text, text
+    assert "epsilon 0.5 is refused: nothing charged, nothing sent" in text
+    assert "with --epsilon 1) to send the stored sketch again" in text
+    assert _entries_at(state) == before
+    with OwnerLedger(state, None) as ledger:
+        assert SketchPublisher(ledger).stored(_spec(dep, "mini/hist")) is None
+    assert ("mini/hist", owner) not in _catalogue(dep)
+    assert _curator_receipt(dep, owner) == held
+    assert not (state / "out.json").exists()
+
+    again = publish("1", "mini/rff")
+    assert again.exit_code == 0, again.output
+    document = json.loads((state / "out.json").read_text(encoding="utf-8"))
+    assert [(s["spec"], s["epsilon"], s["charged_now"]) for s in document["sketches"]] == [
+        ("mini/rff", 1.0, False)
+    ]
+    assert _entries_at(state) == before

@@ -22,7 +22,12 @@ from dpmarket.common.sketches.spec import SketchDeclaration, SketchSpec
 from dpmarket.curator.sketches import SketchCatalog
 from dpmarket.owner.ledger import OwnerBudgetError, OwnerLedger, ledger_path
 from dpmarket.owner.policy import OwnerPolicy
-from dpmarket.owner.sketches import SketchPublisher, ledger_session, publish_to
+from dpmarket.owner.sketches import (
+    AnotherEpsilonError,
+    SketchPublisher,
+    ledger_session,
+    publish_to,
+)
 from dpmarket.runtime.tables import Table
 from tests.conftest import marginals_mechanism, sketch_mechanism
 
@@ -112,12 +117,16 @@ def test_a_sketch_is_charged_once_and_stored_with_its_charge(
         table.select(["a", "b", "y"]), SeededNoise(np.random.default_rng(5))
     )
     assert first.sketch.noisy_sum.tobytes() == expected.noisy_sum.tobytes()
-    # Again, even asking another epsilon: the stored sketch, nothing charged, no noise drawn.
+    # Again, at the spec's default or at the stored epsilon: the stored sketch, nothing
+    # charged, no noise drawn; naming another epsilon is refused (AnotherEpsilonError).
     publisher.noise = NoNoise()
-    again = publisher.publish(specs["rff"], table, curator="curator:other", epsilon=1.0)
-    assert not again.charged_now and again.charge == entry
-    assert isinstance(again.sketch, PrivateSketch)
-    assert again.sketch.noisy_sum.tobytes() == first.sketch.noisy_sum.tobytes()
+    for epsilon in (None, 0.5):
+        again = publisher.publish(specs["rff"], table, curator="curator:other", epsilon=epsilon)
+        assert not again.charged_now and again.charge == entry
+        assert isinstance(again.sketch, PrivateSketch)
+        assert again.sketch.noisy_sum.tobytes() == first.sketch.noisy_sum.tobytes()
+    with pytest.raises(AnotherEpsilonError, match=r"at epsilon 0\.5, ledger entry 1;"):
+        publisher.publish(specs["rff"], table, curator="curator:other", epsilon=1.0)
     assert len(ledger.entries()) == 1
 
 
@@ -226,6 +235,44 @@ def test_publish_to_refuses_before_computing_what_the_catalogue_cannot_take(
             with pytest.raises(FailedPreconditionError, match="did not record"):
                 publish_to(catalog.endpoint("owner-0"), publisher, _table(), ["toy/rff"])
             assert ledger.entries() == []
+
+
+def test_publish_to_refuses_another_epsilon_than_a_stored_sketch_before_charging_any_spec(
+    tmp_path: Path, specs: dict[str, SketchSpec]
+) -> None:
+    """``owner publish --spec toy/hist --spec toy/rff --epsilon 0.3`` where toy/rff's map was
+    released at epsilon 1: refused (``ALREADY_EXISTS``) before toy/hist is computed or charged,
+    the message naming the stored epsilon and its ledger entry; the ledger and the catalogue
+    are unchanged. Control: without ``--epsilon`` both go (toy/rff sent again, free). The old
+    code charged toy/hist 0.3 and handed back the epsilon-1 toy/rff sketch (a log line only)."""
+    import grpc
+
+    from dpmarket.runtime.status import status_for
+
+    with SketchCatalog(tmp_path / "curator", [DECLARATION], seed=0) as catalog:
+        endpoint = catalog.endpoint("owner-0")
+        with OwnerLedger.create(tmp_path / "a", OwnerPolicy()) as ledger:
+            publisher = SketchPublisher(ledger, noise=SeededNoise(np.random.default_rng(0)))
+            publish_to(endpoint, publisher, _table(), ["toy/rff"])  # epsilon 1, the default
+            before = ledger.entries()
+            publisher.noise = NoNoise()
+            with pytest.raises(AnotherEpsilonError) as refused:
+                publish_to(endpoint, publisher, _table(), ["toy/hist", "toy/rff"], epsilon=0.3)
+            assert status_for(refused.value) == grpc.StatusCode.ALREADY_EXISTS
+            message = str(refused.value)
+            assert message.startswith(
+                "toy/rff: this owner released its sketch of this map at epsilon 1, ledger "
+                f"entry {before[0].id}; a map is published once, so epsilon 0.3 is refused: "
+                "nothing charged, nothing sent"
+            ), message
+            assert "without --epsilon (or with --epsilon 1)" in message
+            assert ledger.entries() == before
+            assert publisher.stored(specs["hist"]) is None
+            assert not endpoint.spec("toy/hist").published
+            publisher.noise = SeededNoise(np.random.default_rng(1))
+            done = publish_to(endpoint, publisher, _table(), ["toy/hist", "toy/rff"])
+            assert [d.publication.charged_now for d in done] == [True, False]
+            assert [d.publication.sketch.mechanism.epsilon for d in done] == [1.0, 1.0]
 
 
 MARGINALS = SketchDeclaration.from_mapping(
