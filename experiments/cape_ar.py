@@ -139,8 +139,15 @@ def ar_intervals(
     is then nearly quadratic near ``w*``, and its minimum over ``D - 1`` directions is ``chi2_1``);
     where it is not, no exactness is claimed (the subset-AR results of Guggenberger et al. 2012
     need the Kronecker covariance of linear IV, which the symmetric noise ``N + N^T`` breaks).
-    The ends are found by SLSQP from the unregularized solve ``-(1/2) S^-1 lam1`` (where ``Q =
-    0``); a set that is not connected is replaced by the hull the solver reaches.
+    How the ends are found. With ``c = 2 s2^2`` and ``a = s1^2 + c |w|^2``, ``Q' = |g|^2 / a``
+    (the covariance without its rank-one term) bounds ``Q`` on both sides, ``Q' / 2 <= Q <= Q'``
+    (the term removes at most ``c |w|^2 / (s1^2 + 2 c |w|^2) <= 1/2`` of ``|g|^2``), and
+    ``{Q' <= k}`` is an ellipsoid (a quadric in ``w``), bounded for ``k = 2 kappa`` exactly when
+    ``{Q <= kappa}`` is.
+    Each end starts at the end of the inner ellipsoid ``{Q' <= kappa}`` (inside the set) and is
+    pushed outwards by SLSQP within the outer one ``{Q' <= 2 kappa}``; an end the solver leaves
+    infeasible is not taken. The set need not be convex, so an end is the farthest point the
+    solver reaches (inside the set: the interval may be short of the projection, never longer).
     """
     from scipy.optimize import minimize
 
@@ -151,21 +158,41 @@ def ar_intervals(
     k = m.shape[0]
     if np.min(np.abs(np.linalg.eigvalsh(sym2))) ** 2 <= kappa * s2 * s2:
         return np.full(k, -np.inf), np.full(k, np.inf), False
-    centre = -0.5 * np.linalg.solve(sym2, lam1)
-    cons = {
-        "type": "ineq",
-        "fun": lambda w: kappa - ar_statistic(w, lam1, sym2, s1, s2)[0],
-        "jac": lambda w: -ar_statistic(w, lam1, sym2, s1, s2)[1],
-    }
+    c2 = 2.0 * s2 * s2
+    a2 = 4.0 * sym2 @ sym2  # A^T A with A = 2 sym2
+
+    def q(w: Array) -> float:
+        return ar_statistic(w, lam1, sym2, s1, s2)[0]
+
+    def ellipsoid(level: float) -> tuple[Array, Array, float]:
+        """``{w : |g|^2 <= level (s1^2 + c2 |w|^2)}`` as ``(w - w0)^T P (w - w0) <= r2``."""
+        p: Array = a2 - level * c2 * np.eye(len(lam1))
+        w0 = -np.asarray(np.linalg.solve(p, 2.0 * sym2 @ lam1), dtype=np.float64)
+        return w0, p, float(w0 @ p @ w0 - lam1 @ lam1 + level * s1 * s1)
+
+    inner, outer = ellipsoid(kappa), ellipsoid(2.0 * kappa)
+    cons = [
+        {"type": "ineq", "fun": lambda w: kappa - q(w), "jac": lambda w: -ar_statistic(
+            w, lam1, sym2, s1, s2
+        )[1]},
+        {"type": "ineq", "fun": lambda w: outer[2] - (w - outer[0]) @ outer[1] @ (w - outer[0]),
+         "jac": lambda w: -2.0 * outer[1] @ (w - outer[0])},
+    ]  # fmt: skip
     low, high = np.empty(k), np.empty(k)
     for j in range(k):
         for sign, out in ((1.0, low), (-1.0, high)):
-            row = sign * m[j]
+            row = sign * m[j] / np.linalg.norm(m[j])
+            w0, p, r2 = inner
+            step = np.linalg.solve(p, row)
+            start = w0 - np.sqrt(r2 / float(row @ step)) * step  # the inner ellipsoid's end
+            best = float(row @ start)
             res = minimize(
-                lambda w, r=row: float(r @ w), centre, jac=lambda w, r=row: r,
-                method="SLSQP", constraints=[cons], options={"maxiter": 200, "ftol": 1e-10},
+                lambda w, r=row: float(r @ w), start, jac=lambda w, r=row: r,
+                method="SLSQP", constraints=cons, options={"maxiter": 300, "ftol": 1e-12},
             )  # fmt: skip
-            out[j] = float(m[j] @ res.x + c[j])
+            if q(res.x) <= kappa * (1.0 + 1e-6):
+                best = min(best, float(row @ res.x))
+            out[j] = sign * best * float(np.linalg.norm(m[j])) + c[j]
     return low, high, True
 
 
