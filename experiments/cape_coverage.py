@@ -43,7 +43,8 @@ own eigenvalue floor (which cannot see the floor's shrinkage), and the bootstrap
 floor of one noise std (:data:`dpmarket.common.cape.uncertainty.INTERVAL_FLOOR_SIGMAS` is 0.2:
 one sigma shrinks the re-solves along directions the noise hides), and the bootstrap over every
 draw alone (``floored draws``: no hull with the positive semidefinite draws where the fit is
-undetermined).
+undetermined), and the profile Anderson-Rubin set where the fit is undetermined
+(:func:`dpmarket.experiments.cape_ar.ar_estimates`, measured and not adopted).
 
 ``python -m dpmarket.experiments.cape_coverage --reps 200 --out out/cape-coverage.json``.
 """
@@ -74,6 +75,7 @@ from dpmarket.common.cape.uncertainty import Estimate, capefm_estimates, mean_es
 from dpmarket.common.privacy.noise import SeededNoise
 from dpmarket.common.privacy.rng import make_rng
 from dpmarket.curator.cape import CapeJob, CapeMeanEstimate, CapeMeanJob, CapeResult
+from dpmarket.experiments.cape_ar import ar_estimates
 from dpmarket.experiments.runner import local_cape_sites
 from dpmarket.runtime.tables import Table
 
@@ -343,6 +345,9 @@ def _controls(case: Case, seen: _Seen, seed: int) -> dict[str, tuple[Estimate, .
             **common,
         ),
         "floored draws": capefm_estimates(plan, fit, labels, raw_map, rng(4), hull=False, **common),
+        "Anderson-Rubin where undetermined": ar_estimates(
+            plan, fit, labels, raw_map, rng(5), **common
+        ),
     }
 
 

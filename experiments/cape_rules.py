@@ -10,19 +10,26 @@ per-order std (:meth:`dpmarket.common.cape.capefm.CapeFMPlan.aggregator_scales`;
 zero-sum noise leaves, Lemma 1), fits it as the curator does, and scores, per coefficient, how
 often each rule's 95 % interval covers the case's truth:
 
-=============  ====================================================================================
-``floored``    the bootstrap over every draw, solve floored at 0.2 noise std (``hull=False``)
-``hull``       the construction the curator reports (:func:`~dpmarket.common.cape.uncertainty.
-               capefm_estimates`)
-``psd``        the bootstrap kept to its positive semidefinite draws alone
-``mixture``    the percentile interval of the two bootstraps' draws pooled
-``calibrated`` the mixture at a level per coefficient from a double bootstrap (Beran's
-               prepivoting) whose pseudo-truth is the released, regularized fit: 100
-               pseudo-releases of it, 200 draws each; the level is the 95 % quantile of
-               ``|2 u - 1|``, ``u`` the pseudo-truth's rank among a pseudo-release's draws
-=============  ====================================================================================
+===================  ===============================================================================
+``floored``          the bootstrap over every draw, solve floored at 0.2 noise std (``hull=False``)
+``hull``             the construction the curator reports (:func:`~dpmarket.common.cape.uncertainty.
+                     capefm_estimates`)
+``psd``              the bootstrap kept to its positive semidefinite draws alone
+``mixture``          the percentile interval of the two bootstraps' draws pooled
+``calibrated``       the mixture at a level per coefficient from a double bootstrap (Beran's
+                     prepivoting) whose pseudo-truth is the released, regularized fit: 100
+                     pseudo-releases of it, 200 draws each; the level is the 95 % quantile of
+                     ``|2 u - 1|``, ``u`` the pseudo-truth's rank among a pseudo-release's draws
+``ar_joint``         the exact Anderson-Rubin set projected per coefficient at ``chi2_D(0.95)``
+                     (:mod:`dpmarket.experiments.cape_ar`), on every fit, resolved or not
+``ar_profile``       the same at ``chi2_1(0.95)`` (the profile set), on every fit
+``ar_undetermined``  ``ar_profile`` where the fit is undetermined
+===================  ===============================================================================
 
-Resolved fits (no eigenvalue within one noise std of 0) get the floored bootstrap under every rule.
+Resolved fits (no eigenvalue within one noise std of 0) get the floored bootstrap under every rule
+but ``ar_joint`` and ``ar_profile``. ``--rule`` scores some rules only (``calibrated`` is the slow
+one); for the Anderson-Rubin rules the output adds the share of releases with an unbounded
+interval and the coverage among the bounded ones.
 """
 
 from __future__ import annotations
@@ -43,12 +50,15 @@ from dpmarket.common.cape.functional_mechanism import (
     fm_coefficients,
 )
 from dpmarket.common.cape.spec import CapeJobSpec
+from dpmarket.experiments.cape_ar import ar_intervals
 from dpmarket.experiments.cape_coverage import CASES
 
 __all__ = ["RULES", "simulate"]
 
 Array = NDArray[np.float64]
-RULES = ("floored", "hull", "psd", "mixture", "calibrated")
+RULES = (
+    "floored", "hull", "psd", "mixture", "calibrated", "ar_joint", "ar_profile", "ar_undetermined"
+)  # fmt: skip
 #: Pseudo-releases and draws per pseudo-release of the calibrating double bootstrap.
 PSEUDO, INNER = 100, 200
 
@@ -119,11 +129,19 @@ def _levels(setup: Setup, solve: FMRelease, fit: FMRelease, rng: np.random.Gener
     return np.asarray(np.clip(level, 0.5, 0.998))
 
 
-def _intervals(setup: Setup, fit: FMRelease, seed: int) -> dict[str, tuple[Array, Array]]:
+def _intervals(
+    setup: Setup, fit: FMRelease, seed: int, rules: frozenset[str] = frozenset(RULES)
+) -> dict[str, tuple[Array, Array]]:
     s = setup.plan.aggregator_scales(None)
     m, c = setup.raw_map
     labels = [str(i) for i in range(len(setup.truth))]
     out: dict[str, tuple[Array, Array]] = {}
+    if rules & {"ar_joint", "ar_profile", "ar_undetermined"}:
+        from scipy.stats import chi2
+
+        for rule, df in (("ar_joint", setup.plan.dim), ("ar_profile", 1)):
+            low, high, _ = ar_intervals(fit, s[1], s[2], (m, c), float(chi2.ppf(0.95, df)))
+            out[rule] = (low, high)
     for rule, hull in (("hull", True), ("floored", False)):
         est = unc.capefm_estimates(
             setup.plan, fit, labels, (m, c), np.random.default_rng([seed, 2]),
@@ -135,12 +153,10 @@ def _intervals(setup: Setup, fit: FMRelease, seed: int) -> dict[str, tuple[Array
     )
     sym = 0.5 * (fit.coefficients.lam2 + fit.coefficients.lam2.T)
     if not np.any(np.linalg.eigvalsh(sym) < unc.UNRESOLVED_SIGMAS * s[2]):
-        return {
-            **out,
-            "psd": out["floored"],
-            "mixture": out["floored"],
-            "calibrated": out["floored"],
-        }
+        same = ("psd", "mixture", "calibrated", "ar_undetermined")
+        return {**out, **{rule: out["floored"] for rule in same}}
+    if "ar_profile" in out:
+        out["ar_undetermined"] = out["ar_profile"]
     rng = np.random.default_rng([seed, 3])
     b = unc.bootstrap_replicates(setup.plan.dim)
     every, _ = unc.capefm_bootstrap(setup.plan, solve, rng, b, psd=False)
@@ -148,6 +164,9 @@ def _intervals(setup: Setup, fit: FMRelease, seed: int) -> dict[str, tuple[Array
     draws = {"psd": psd, "mixture": np.concatenate([every, psd]) if conditioned else every}
     for rule, w in draws.items():
         out[rule] = tuple(np.quantile(w @ m.T + c, [0.025, 0.975], axis=0))
+    if "calibrated" not in rules:
+        out["calibrated"] = out["mixture"]
+        return out
     level = _levels(setup, solve, fit, rng)
     raw = draws["mixture"] @ m.T + c
     lows = [np.quantile(raw[:, j], (1.0 - q) / 2.0) for j, q in enumerate(level)]
@@ -156,20 +175,35 @@ def _intervals(setup: Setup, fit: FMRelease, seed: int) -> dict[str, tuple[Array
     return out
 
 
-def simulate(name: str, reps: int, seed: int = 0) -> dict[str, Array]:
+def simulate(
+    name: str, reps: int, seed: int = 0, rules: tuple[str, ...] = RULES
+) -> dict[str, Array]:
     """Per rule, the fraction of ``reps`` releases whose interval covers each raw coefficient's
-    truth (shape ``(K,)``), and ``"undetermined"``: the fraction of undetermined fits."""
+    truth (shape ``(K,)``), ``"undetermined"``: the fraction of undetermined fits, and
+    ``"<rule>_unbounded"`` for the Anderson-Rubin rules: the fraction of infinite intervals."""
     setup = _setup(name)
+    wanted = frozenset(rules)
     covered = {rule: np.zeros(len(setup.truth)) for rule in RULES}
+    infinite = {rule: 0.0 for rule in RULES}
+    finite_covered = {rule: np.zeros(len(setup.truth)) for rule in RULES}
     undetermined = 0.0
     for r in range(seed, seed + reps):
         fit = _release(setup, np.random.default_rng([r, 1]))
-        intervals = _intervals(setup, fit, r)
+        intervals = _intervals(setup, fit, r, wanted)
         undetermined += intervals["psd"] is not intervals["floored"]
         for rule, (low, high) in intervals.items():
             covered[rule] += (low <= setup.truth) & (setup.truth <= high)
+            infinite[rule] += float(np.isinf(high).any())
+            if np.isfinite(high).all():
+                finite_covered[rule] += (low <= setup.truth) & (setup.truth <= high)
     return {
-        **{k: v / reps for k, v in covered.items()},
+        **{k: v / reps for k, v in covered.items() if k in wanted},
+        **{f"{k}_unbounded": np.array(v / reps) for k, v in infinite.items() if k in wanted},
+        **{
+            f"{k}_bounded": v / max(1.0, reps - infinite[k])
+            for k, v in finite_covered.items()
+            if k in wanted
+        },
         "undetermined": np.array(undetermined / reps),
     }
 
@@ -178,16 +212,29 @@ def simulate(name: str, reps: int, seed: int = 0) -> dict[str, Array]:
 @click.option("--reps", default=200, show_default=True, type=click.IntRange(min=1))
 @click.option("--case", "cases", multiple=True, type=click.Choice(sorted(CASES)), required=True)
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
-def main(reps: int, cases: tuple[str, ...], seed: int) -> None:
+@click.option(
+    "--rule", "rules", multiple=True, type=click.Choice(RULES),
+    help="Rules to score (default all; ``calibrated`` is the slow one).",
+)  # fmt: skip
+def main(reps: int, cases: tuple[str, ...], seed: int, rules: tuple[str, ...]) -> None:
     """Per-coefficient coverage of each candidate rule on releases drawn from the noise law."""
+    chosen = tuple(r for r in RULES if r in rules) if rules else RULES
     for name in cases:
-        result = simulate(name, reps, seed)
+        result = simulate(name, reps, seed, chosen)
         click.echo(
             f"{name}: {reps} releases, undetermined {100 * float(result['undetermined']):.0f} %"
         )
-        for rule in RULES:
+        for rule in chosen:
             per = " ".join(f"{100 * v:5.1f}" for v in result[rule])
-            click.echo(f"  {rule:10s} {per}")
+            extra = ""
+            if rule.startswith("ar_"):
+                share = float(result[f"{rule}_unbounded"])
+                finite = round(reps * (1.0 - share))
+                bounded = " ".join(f"{100 * v:.1f}" for v in result[f"{rule}_bounded"])
+                extra = f"  (unbounded {100 * share:.1f} %" + (
+                    f"; the {finite} bounded cover {bounded})" if finite else ")"
+                )
+            click.echo(f"  {rule:16s} {per}{extra}")
 
 
 if __name__ == "__main__":  # python -m dpmarket.experiments.cape_rules --case nmes-linreg

@@ -581,6 +581,17 @@ def capefm_estimates(
     over-covers, 97.5-98.6 % per coefficient). Resolved fits (no eigenvalue within one sigma of
     0) keep the one bootstrap. Coverage along an undetermined direction is measured, not
     guaranteed (docs/results.md, "CAPE intervals per coefficient").
+
+    No guaranteed interval is bounded there. The gradient of the released objective at the
+    pooled fit is exactly Gaussian with a covariance known from that fit, so the Anderson-Rubin
+    set (an exact test inverted; :mod:`dpmarket.experiments.cape_ar`) covers jointly at exactly
+    ``level``; but its profile per coefficient is the whole line whenever an eigenvalue of the
+    released Gram matrix lies within ``sqrt(chi2_1(level))`` (1.96) noise std of 0, so on every
+    undetermined fit but those whose eigenvalue the noise made very negative, and it covered
+    99-100 % per coefficient on Computers, NMES1988 and diabetes (docs/results.md, "an exact test
+    inverted"). As Dufour (1997) shows for any model whose parameters can be unidentified, a set
+    that holds its level at every Gram matrix must be unbounded with positive probability: the
+    bootstrap's bounded intervals trade that guarantee for width.
     """
     m = np.asarray(raw_map[0], dtype=np.float64)
     c = np.asarray(raw_map[1], dtype=np.float64)

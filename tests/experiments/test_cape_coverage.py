@@ -29,7 +29,10 @@ def test_coverage_runs_the_curators_jobs_and_tallies_every_answer(tmp_path: Path
         "released floor",
         "one-sigma floor",
         "floored draws",
+        "Anderson-Rubin where undetermined",
     }
+    # Every diabetes fit is undetermined and its profile set unbounded: the control covers all.
+    assert linreg["controls"]["Anderson-Rubin where undetermined"]["coverage"] == 1.0
     # 442 rows at epsilon 1: the regression is noise-dominated, and every answer says so (on
     # the value: its interval is wide along what the data do not determine, and still covers).
     assert linreg["reported"]["flag_fractions"]["undetermined"] == 1.0
