@@ -104,6 +104,32 @@ def _hist_offsets(fmap: HISTMap) -> NDArray[np.int64]:
     return np.concatenate([[0], np.cumsum(fmap.n_bins)]).astype(np.int64)
 
 
+def _centre(low: Array, high: Array) -> float:
+    """The constant ``c`` of ``sum_k p_k g_k = c + sum_k p_k (g_k - c)`` (the true masses
+    ``p_k`` add up to 1) by which a bin functional's bounds ``low`` and ``high``, each of shape
+    (n_bins,), are read: the value of a bound that is the same on every bin, else the middle of
+    their joint range.
+
+    Notes
+    -----
+    Centring keeps the noise of the masses' sum from multiplying ``g``'s offset (a year near
+    2006 would otherwise carry 2006 times the count's relative error). A bound that is the same
+    on every bin holds that value whatever the records (a CDF's lower bound 0 at a threshold
+    in a column's lowest bin, its upper bound 1 in the top bin): centred on it, its weights are
+    0 and it is read exactly, with no noise. Centred on the joint range's middle, as before
+    issue 28, it carried half the noise of the column's total against the count:
+    ``P[distance <= 0]``, whose lower bound is 0 for every data set, was answered ``[0.00081,
+    0.562]``. Both bounds share ``c``, so ``U - L = sum_k p_k (high_k - low_k)`` is ``>= 0``
+    wherever the masses are (the bias bound read at masses cut to 0:
+    :func:`~dpmarket.common.sketches.intervals.bounded_interval`).
+    """
+    if low.min() == low.max():
+        return float(low[0])
+    if high.min() == high.max():
+        return float(high[0])
+    return (float(low.min()) + float(high.max())) / 2.0
+
+
 class _HistColumns:
     """Per-column bounded functionals of a HIST release."""
 
@@ -117,7 +143,7 @@ class _HistColumns:
         column's bins, zero elsewhere, plus the centring constant (:meth:`functional`)."""
         low, high, _ = bin_ranges(self.fmap, self.domain, column, target)
         a, b = int(self.offsets[column]), int(self.offsets[column + 1])
-        c = (float(low.min()) + float(high.max())) / 2.0
+        c = _centre(low, high)
         w_low = np.zeros((int(self.offsets[-1]), 1))
         w_high = np.zeros_like(w_low)
         w_low[a:b, 0], w_high[a:b, 0] = low - c, high - c
@@ -127,15 +153,14 @@ class _HistColumns:
         low, high, mid = bin_ranges(self.fmap, self.domain, column, target)
         a, b = int(self.offsets[column]), int(self.offsets[column + 1])
         # The bins' true masses add up to 1 exactly, so sum_k p_k g_k = c + sum_k p_k (g_k - c)
-        # for any constant c: centring on the middle of g's range keeps the noise of the
-        # masses' sum from multiplying g's offset (a year near 2006 would otherwise carry
-        # 2006 times the count's relative error).
-        c = (float(low.min()) + float(high.max())) / 2.0
-        low, high, mid = low - c, high - c, mid - c
+        # for any constant c (_centre); a point estimate the same on every bin is that value.
+        c = _centre(low, high)
+        c_mid = float(mid[0]) if mid.min() == mid.max() else c
+        mid, low, high = mid - c_mid, low - c, high - c
 
         def f(sums: Array, n_hat: Array) -> Triple:
             p = sums[:, a:b] / n_hat[:, None]
-            return c + p @ mid, c + p @ low, c + p @ high
+            return c_mid + p @ mid, c + p @ low, c + p @ high
 
         return f
 
