@@ -116,10 +116,10 @@ def _centre(low: Array, high: Array) -> float:
     2006 would otherwise carry 2006 times the count's relative error). A bound that is the same
     on every bin holds that value whatever the records (a CDF's lower bound 0 at a threshold
     in a column's lowest bin, its upper bound 1 in the top bin): centred on it, its weights are
-    0 and it is read exactly, with no noise. Centred on the joint range's middle, as before
-    issue 28, it carried half the noise of the column's total against the count:
-    ``P[distance <= 0]``, whose lower bound is 0 for every data set, was answered ``[0.00081,
-    0.562]``. Both bounds share ``c``, so ``U - L = sum_k p_k (high_k - low_k)`` is ``>= 0``
+    0 and it is read exactly, with no noise. Centred on the joint range's middle, it carries
+    half the noise of the column's total against the count: a stranger's ``P[distance <= 0]``,
+    whose lower bound is 0 for every data set, was answered ``[0.00081, 0.562]`` so (now ``[0,
+    0.527]``). Both bounds share ``c``, so ``U - L = sum_k p_k (high_k - low_k)`` is ``>= 0``
     wherever the masses are (the bias bound read at masses cut to 0:
     :func:`~dpmarket.common.sketches.intervals.bounded_interval`).
     """
