@@ -11,7 +11,9 @@ estimate, :func:`~dpmarket.common.sketches.intervals.count_estimate`)
     *mean, moment2, cdf, one-column count*: ``g`` averaged over the data lies between
     ``sum_k p_k min_{bin k} g`` and ``sum_k p_k max_{bin k} g`` (worst case over where the mass
     sits in each bin; a discrete column's bins hold its levels only, so a binary column's mean is
-    exact up to the noise); the point estimate takes ``g``'s average in each bin. The bias bound
+    exact up to the noise); the point estimate takes ``g``'s average in each bin. A bound the
+    same on every bin (a CDF's lower bound 0 at a threshold in the lowest bin, its upper bound 1
+    in the top bin) holds whatever the records and is read exactly (:func:`_centre`). The bias bound
     reported (the half-width ``(U - L) / 2``) is read from the release with its negative bin
     counts cut to 0 (every noise-free mass is ``>= 0``): from the noisy release as is, a bin
     whose noisy mass falls below 0 swaps its least and largest value, and a small owner's
