@@ -106,11 +106,11 @@ def _hist_offsets(fmap: HISTMap) -> NDArray[np.int64]:
     return np.concatenate([[0], np.cumsum(fmap.n_bins)]).astype(np.int64)
 
 
-def _centre(low: Array, high: Array) -> float:
-    """The constant ``c`` of ``sum_k p_k g_k = c + sum_k p_k (g_k - c)`` (the true masses
-    ``p_k`` add up to 1) by which a bin functional's bounds ``low`` and ``high``, each of shape
-    (n_bins,), are read: the value of a bound that is the same on every bin, else the middle of
-    their joint range.
+def _centre(low: Array, high: Array) -> tuple[float, float]:
+    """The constants ``c_L``, ``c_U`` of ``sum_k p_k g_k = c + sum_k p_k (g_k - c)`` (the true
+    masses ``p_k`` add up to 1) by which a bin functional's bounds ``low`` and ``high``, each of
+    shape (n_bins,), are read: the value of a bound that is the same on every bin, else the
+    middle of their joint range; one ``c`` for both unless both are the same on every bin.
 
     Notes
     -----
@@ -121,15 +121,19 @@ def _centre(low: Array, high: Array) -> float:
     0 and it is read exactly, with no noise. Centred on the joint range's middle, it carries
     half the noise of the column's total against the count: a stranger's ``P[distance <= 0]``,
     whose lower bound is 0 for every data set, was answered ``[0.00081, 0.562]`` so (now ``[0,
-    0.527]``). Both bounds share ``c``, so ``U - L = sum_k p_k (high_k - low_k)`` is ``>= 0``
-    wherever the masses are (the bias bound read at masses cut to 0:
-    :func:`~dpmarket.common.sketches.intervals.bounded_interval`).
+    0.527]``). Sharing ``c`` keeps ``U - L = sum_k p_k (high_k - low_k)``, ``>= 0`` wherever the
+    masses are (the bias bound read at masses cut to 0:
+    :func:`~dpmarket.common.sketches.intervals.bounded_interval`); with both bounds the same on
+    every bin, each is read exactly and ``U - L`` is their constant difference.
     """
-    if low.min() == low.max():
-        return float(low[0])
-    if high.min() == high.max():
-        return float(high[0])
-    return (float(low.min()) + float(high.max())) / 2.0
+    low_fixed, high_fixed = low.min() == low.max(), high.min() == high.max()
+    if low_fixed and high_fixed:
+        return float(low[0]), float(high[0])
+    if low_fixed or high_fixed:
+        c = float(low[0]) if low_fixed else float(high[0])
+        return c, c
+    c = (float(low.min()) + float(high.max())) / 2.0
+    return c, c
 
 
 class _HistColumns:
@@ -145,24 +149,24 @@ class _HistColumns:
         column's bins, zero elsewhere, plus the centring constant (:meth:`functional`)."""
         low, high, _ = bin_ranges(self.fmap, self.domain, column, target)
         a, b = int(self.offsets[column]), int(self.offsets[column + 1])
-        c = _centre(low, high)
+        c_low, c_high = _centre(low, high)
         w_low = np.zeros((int(self.offsets[-1]), 1))
         w_high = np.zeros_like(w_low)
-        w_low[a:b, 0], w_high[a:b, 0] = low - c, high - c
-        return RatioBounds(w_low, np.array([c]), w_high, np.array([c]))
+        w_low[a:b, 0], w_high[a:b, 0] = low - c_low, high - c_high
+        return RatioBounds(w_low, np.array([c_low]), w_high, np.array([c_high]))
 
     def functional(self, column: int, target: BinTarget) -> Callable[[Array, Array], Triple]:
         low, high, mid = bin_ranges(self.fmap, self.domain, column, target)
         a, b = int(self.offsets[column]), int(self.offsets[column + 1])
         # The bins' true masses add up to 1 exactly, so sum_k p_k g_k = c + sum_k p_k (g_k - c)
         # for any constant c (_centre); a point estimate the same on every bin is that value.
-        c = _centre(low, high)
-        c_mid = float(mid[0]) if mid.min() == mid.max() else c
-        mid, low, high = mid - c_mid, low - c, high - c
+        c_low, c_high = _centre(low, high)
+        c_mid = float(mid[0]) if mid.min() == mid.max() else c_low
+        mid, low, high = mid - c_mid, low - c_low, high - c_high
 
         def f(sums: Array, n_hat: Array) -> Triple:
             p = sums[:, a:b] / n_hat[:, None]
-            return c_mid + p @ mid, c + p @ low, c + p @ high
+            return c_mid + p @ mid, c_low + p @ low, c_high + p @ high
 
         return f
 
