@@ -44,6 +44,7 @@ from dpmarket.consumer.explore import (
     m2m_standard_errors,
     m2m_target,
     rank_owners,
+    record_count,
     record_count_interval_of,
 )
 
@@ -490,11 +491,9 @@ def _marginals_records(
 
 
 def _records(sketch: SketchLike, seed: int) -> tuple[float, float, float]:
-    """The record count behind an M2M or histogram answer, from the noisy count and every
-    one-hot block's total (a count answer's ``n``), and its 95 % interval from their noise
-    law (:func:`~dpmarket.common.sketches.intervals.record_count_interval`, replicates seeded
-    by ``seed``)."""
-    return record_count_interval(sketch, np.random.default_rng([seed, 5]))
+    """The record count behind an M2M or histogram answer and its 95 % interval: the one a
+    count answer states (:func:`~dpmarket.consumer.explore.record_count`)."""
+    return record_count(sketch, seed)
 
 
 def _count_interval(sketch: PrivateSketch) -> tuple[float, float]:
