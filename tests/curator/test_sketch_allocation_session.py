@@ -352,7 +352,8 @@ def test_the_mass_cap_moves_reads_from_a_dense_small_owner_to_the_one_holding_th
     Control (``mass_cap`` 0, the old behaviour): owner 1 is asked for 15 of the 20 targeted reads
     (its whole capacity beyond its uniform share). With ``mass_cap`` 2 its mass share (about a
     tenth, from the sketches and the released embedding) caps it at 5 and owner 2 takes the
-    rest; the budget 3p = 30 is read in full either way, never more."""
+    rest; the budget 3p = 30 is read in full either way, never more, and the ledgers hold the
+    same charges (the masses are post-processing of the sketches and the released embedding)."""
     rng = np.random.default_rng(0)
     owners = [
         PointSet(np.clip(rng.normal(-2.5, 0.4, size=(200, D)), -4, 4), None, "owner-0"),
@@ -361,7 +362,7 @@ def test_the_mass_cap_moves_reads_from_a_dense_small_owner_to_the_one_holding_th
     ]
     validation = np.clip(rng.normal(0.5, 0.3, size=(100, D)), -4, 4)
     sketches = publish_sketches(owners, _mechanism(), seed=0)
-    targeted = {}
+    targeted, charged = {}, {}
     for cap in (0.0, 2.0):
         result = simulate(
             owners,
@@ -371,7 +372,9 @@ def test_the_mass_cap_moves_reads_from_a_dense_small_owner_to_the_one_holding_th
             seed=0,
             owner_sketches=sketches,
         )
-        info = result.report.ledger.to_json()["candidates"]
+        ledger = result.report.ledger.to_json()
+        charged[cap] = (ledger["validation"], ledger["owners"])
+        info = ledger["candidates"]
         shares, uniform = info["shares"], info["uniform_shares"]
         assert sum(shares.values()) == 30
         assert result.report.owner_points_accessed <= 30
@@ -379,3 +382,5 @@ def test_the_mass_cap_moves_reads_from_a_dense_small_owner_to_the_one_holding_th
     assert targeted[0.0]["owner-1"] == 15, targeted
     assert targeted[2.0]["owner-1"] <= 5, targeted
     assert targeted[2.0]["owner-2"] > targeted[0.0]["owner-2"], targeted
+    # Post-processing: the same releases charged, nothing more, to D_v or to any owner.
+    assert charged[2.0] == charged[0.0]
