@@ -414,8 +414,10 @@ def sketch_masses(
     Accuracy (docs/results.md, "A mass cap on the targeted reads"): M2M's uniform design is
     far from the data in more than a few dimensions and its ridge shrinks every estimate towards
     the design's mean: measured at epsilon 1,000 against the exact sums, the estimates are within
-    10 % at d = 4-7 and 3-12 times too small at d = 6-20, by a factor that varies up to 2 times
-    between the owners of one scenario. Only the masses' shares are read by the cap.
+    10 % at d = 4-7 (penguins-3, storms-40), 3-12 times too small at d = 6-64 (spam-3, tv16-40,
+    movies-20, digits-16) by a factor that varies up to 2.3 times between one scenario's owners,
+    and of either sign at d = 30 (cancer-4). Only the masses' shares are read by the cap, which
+    is why it is not the default.
     """
     g = check_vector(embedding, "embedding").astype(np.float64)
     if g.shape[0] != h1.d:
