@@ -97,6 +97,7 @@ DEFAULT_RANGES: dict[str, tuple[float, float]] = {
     "relevance_threshold": (0.0, 2.0),
     "candidate_even_share": (0.0, 1.0),
     "read_cap": (0.0, 100.0),
+    "mass_cap": (0.0, 100.0),
     "auction_share": (0.05, 1.0),
     # A consumer's reward: the payout release's epsilon (each of its charges, on the validation
     # set and on every owner with a delivered point, is at most this).

@@ -179,12 +179,15 @@ def _oracle_allocator(oracle: Oracle, weights: Mapping[str, float]) -> type[Allo
             return noisy, decision, alpha
 
         def requests(
-            self, owners: Sequence[int], weights_: NDArray[np.float64]
+            self,
+            owners: Sequence[int],
+            weights_: NDArray[np.float64],
+            masses: NDArray[np.float64] | None = None,
         ) -> dict[int, CandidateRequest]:
             if oracle.oracle_allocation:
                 names = [self.state.owner_name(i) for i in owners]
                 weights_ = np.array([weights.get(n, 0.0) for n in names], dtype=np.float64)
-            return super().requests(owners, weights_)
+            return super().requests(owners, weights_, masses)
 
     return OracleAllocator
 

@@ -48,7 +48,8 @@ def strength_rows(
 ) -> list[dict[str, Any]]:
     """Per path, rule and scenario: the geometric mean over ``seeds`` of MMD² over exact
     greedy's, the per-seed ratios and the worst seed over the median seed. ``option`` is the
-    ``CandidatesConfig`` field the rules are values of (``read_cap``: the size cap's divisor)."""
+    ``CandidatesConfig`` field the rules are values of (``read_cap``: the size cap's divisor;
+    ``mass_cap``: the mass cap's factor)."""
     require_design(names, f"the option {option}")
     rows = []
     for path in path_list:
@@ -118,10 +119,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         type=float,
         help="compare these read_cap divisors (0: no cap) instead of the strength rules",
     )
+    parser.add_argument(
+        "--mass-cap",
+        action="append",
+        type=float,
+        help="compare these mass_cap factors (0: no cap) instead of the strength rules",
+    )
     parser.add_argument("--path", action="append", choices=("sketch", "counts"))
     parser.add_argument("--scenario", action="append")
     args = parser.parse_args(argv)
     names = half_names("design", args.scenario)
+    option = "mass_cap" if args.mass_cap else "read_cap" if args.read_cap else "shrinkage_strength"
+    prefix = {"mass_cap": "masscap", "read_cap": "readcap"}.get(option, "strength")
     paths = PathsRunner(SuiteRunner(args.out / "cache"))
     start = time.perf_counter()
     rows = strength_rows(
@@ -129,16 +138,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         names,
         list(range(args.seeds)),
         epsilon=args.epsilon,
-        rules=args.read_cap or args.rule or RULES,
+        rules=args.mass_cap or args.read_cap or args.rule or RULES,
         path_list=args.path or ("sketch", "counts"),
-        option="read_cap" if args.read_cap else "shrinkage_strength",
+        option=option,
     )
     summary = summarize(rows)
     for s in summary:
         print(json.dumps(s), flush=True)
     document = {"rows": rows, "summary": summary, "seconds": time.perf_counter() - start}
     args.out.mkdir(parents=True, exist_ok=True)
-    name = f"{'readcap' if args.read_cap else 'strength'}-eps{args.epsilon:g}.json"
+    name = f"{prefix}-eps{args.epsilon:g}.json"
     (args.out / name).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
     print(f"-> {args.out / name} ({document['seconds']:.0f} s)", flush=True)
 

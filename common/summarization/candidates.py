@@ -511,6 +511,77 @@ def size_read_caps(
         c = max(1.0, c / 2.0)
 
 
+def mass_read_caps(
+    caps: Sequence[int], masses: ArrayLike, factor: float, amount: int
+) -> NDArray[np.int64]:
+    """Each owner's most targeted reads by its share of the owners' mass near D_v.
+
+    Owner k may be asked for at most ``ceil(c * amount * M_k / sum_j M_j)`` targeted reads
+    (and ``cap_k``): no owner gets more than ``c`` times its share of the mass, so a decision
+    that sends most of the reads to one owner whose estimated mass near D_v is small (the
+    sketch decision's vote counts density, not how much of the kind an owner holds: tv16-40 in
+    docs/results.md, "A size cap on the targeted reads") gives the excess to the others
+    (:func:`allocate_candidates` water-fills it by their weights). When the capped owners
+    together cannot supply ``amount``, ``c`` is doubled until they can (the caps tend to
+    ``caps`` as ``c`` grows), so the budget is read in full. With no positive mass, or when only
+    owners of zero mass could supply the rest, the caps are ``caps`` unchanged.
+
+    Parameters
+    ----------
+    caps : sequence of int, length K
+        The owners' caps before this one (e.g. capacity minus the uniform share), >= 0.
+    masses : array-like of shape (K,)
+        ``M_k >= 0``, finite: each owner's mass near D_v, any common unit
+        (:func:`dpmarket.common.summarization.sketch_allocation.sketch_masses`).
+    factor : float
+        ``c > 0``.
+    amount : int
+        The targeted reads to place, >= 0.
+
+    Returns
+    -------
+    ndarray of shape (K,), int64
+        ``min(cap_k, ceil(c' * amount * M_k / sum_j M_j))`` with ``c' = c 2^j``, ``j >= 0`` the
+        least for which the sum reaches ``min(amount, sum(caps))``.
+
+    Raises
+    ------
+    ValueError
+        If the lengths differ, a cap is negative, a mass is negative or not finite, or
+        ``factor`` is not finite and > 0.
+
+    Notes
+    -----
+    Privacy: a function of public values (the caps, ``c``, ``amount``) and of ``masses``; when
+    those are post-processing of releases already charged (as
+    :func:`~dpmarket.common.summarization.sketch_allocation.sketch_masses` are), so are the caps,
+    and the shares :func:`allocate_candidates` derives from them and the released decision.
+    """
+    caps_arr = np.asarray(caps, dtype=np.int64)
+    mass = check_vector(masses, "masses").astype(np.float64)
+    if caps_arr.shape != mass.shape or caps_arr.ndim != 1:
+        raise ValueError(f"caps and masses must be vectors of one length, got {caps_arr.shape}")
+    if (caps_arr < 0).any() or (mass < 0).any():
+        raise ValueError("caps and masses must be >= 0")
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"factor must be a finite number > 0, got {factor}")
+    total = float(mass.sum())
+    if total <= 0.0:
+        return caps_arr
+    need = min(int(amount), int(caps_arr.sum()))
+    share = mass / total
+    full = np.where(share > 0, caps_arr, 0)
+    c = float(factor)
+    while True:
+        out = np.minimum(caps_arr, np.ceil(c * need * share)).astype(np.int64)
+        if int(out.sum()) >= need:
+            return out
+        c *= 2.0
+        if np.array_equal(out, full) or not math.isfinite(c * need):
+            # Only owners without mass (or of a mass too small to count) can supply the rest.
+            return caps_arr
+
+
 def _water_fill(
     shares: NDArray[np.float64], weights: NDArray[np.float64], caps: NDArray[np.int64], amount: int
 ) -> NDArray[np.float64]:

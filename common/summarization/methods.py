@@ -542,6 +542,18 @@ class AllocationFields(GaussianFields):
         source="candidates.size_read_caps; docs/results.md, 'A size cap on the targeted reads'",
         check=_at_least(0.0),
     )
+    mass_cap: float = param(
+        0.0,
+        "Sketch allocation: factor c of the mass cap on each owner's targeted reads, at most c "
+        "times its share of the owners' mass near D_v (from its published sketch and the "
+        "released validation embedding, an upper bound by 2 noise standard deviations) times the "
+        "targeted budget, the excess water-filled over the other owners by their weights "
+        "(doubled while the owners cannot supply the budget); 0: no cap.",
+        unit="multiple of the mass share",
+        source="candidates.mass_read_caps, sketch_allocation.sketch_masses; docs/results.md, "
+        "'A mass cap on the targeted reads'",
+        check=_at_least(0.0),
+    )
 
 
 # ------------------------------------------------------------------------------ the methods

@@ -22,9 +22,11 @@ from numpy.typing import NDArray
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.privacy.accounting import PrivacyEvent
 from dpmarket.common.privacy.ledger import Charge
+from dpmarket.common.sketches import SketchLike
 from dpmarket.common.summarization.calibration import gaussian_epsilon
 from dpmarket.common.summarization.candidates import (
     allocate_candidates,
+    mass_read_caps,
     relevance_threshold,
     shrinkage_strength,
     size_read_caps,
@@ -45,6 +47,7 @@ from dpmarket.common.summarization.sketch_allocation import (
     relevance_sensitivity,
     responsibilities,
     shrink_decision,
+    sketch_masses,
     split_gaussian_sigmas,
 )
 from dpmarket.curator.summarization.release import Releases
@@ -225,12 +228,17 @@ class Allocator:
         return split_evenly(self.config.summary_size, [self.state.capacity(i) for i in owners])
 
     def requests(
-        self, owners: Sequence[int], weights: NDArray[np.float64]
+        self,
+        owners: Sequence[int],
+        weights: NDArray[np.float64],
+        masses: NDArray[np.float64] | None = None,
     ) -> dict[int, CandidateRequest]:
         """Each owner's request: its uniform share (:meth:`hedge`) plus its share of the rest of
         the budget, an even part and then in proportion to ``weights``
-        (:func:`allocate_candidates`), within its capacity and, with ``read_cap`` c > 0, within
-        ``ceil(n_k / c)`` of its size (:func:`size_read_caps`)."""
+        (:func:`allocate_candidates`), within its capacity; with ``read_cap`` c > 0, within
+        ``ceil(n_k / c)`` of its size (:func:`size_read_caps`); with ``mass_cap`` c > 0 and
+        ``masses`` (shape (len(owners),), :meth:`masses`), within c times its share of the
+        masses times the targeted budget (:func:`mass_read_caps`)."""
         state = self.state
         budget = self.budget.total
         hedge = self.hedge(owners)
@@ -239,6 +247,9 @@ class Allocator:
             # Post-processing of the owners' public sizes: no privacy cost (size_read_caps).
             sizes = [state.info(i).num_points for i in owners]
             caps = size_read_caps(caps, sizes, self.config.read_cap, budget - sum(hedge)).tolist()
+        if self.config.mass_cap > 0 and masses is not None:
+            # Post-processing of the sketches and of gtilde: no privacy cost (sketch_masses).
+            caps = mass_read_caps(caps, masses, self.config.mass_cap, budget - sum(hedge)).tolist()
         shares = allocate_candidates(
             budget - sum(hedge), weights, caps, even_share=self.config.candidate_even_share
         )
@@ -333,7 +344,8 @@ class Allocator:
         noisy, decision, decision_alpha = self.decision_release(pi, sigma_a)
         owner_sigma = await self.send_embedding(owners, g_val, sigma_g)
         state.require_owners()
-        requests = self.requests(owners, np.maximum(decision, 0.0))
+        masses = await self.masses(sketches, g_val, sigma_g)
+        requests = self.requests(owners, np.maximum(decision, 0.0), masses)
         info = SketchAllocationReport(
             budget=self.budget.total,
             uniform_shares={state.owner_name(i): r.uniform for i, r in requests.items()},
@@ -352,6 +364,20 @@ class Allocator:
             shares={state.owner_name(i): r.points for i, r in requests.items()},
         )
         return requests, g_val, info
+
+    async def masses(
+        self, sketches: Sequence[SketchLike], g_val: NDArray[np.float64], sigma: float
+    ) -> NDArray[np.float64] | None:
+        """The owners' masses near D_v for the mass cap (``mass_cap`` > 0; None otherwise):
+        :func:`~dpmarket.common.summarization.sketch_allocation.sketch_masses` of their published
+        ``sketches`` and the released ``g_val`` (noise ``sigma``), upper bounds. Post-processing
+        of releases already charged (the sketches to their owners at publication, gtilde to D_v
+        by :meth:`_charge_sketch_releases`): no charge."""
+        if self.config.mass_cap <= 0:
+            return None
+        assert self.state.rff is not None
+        upper, _ = await asyncio.to_thread(sketch_masses, sketches, g_val, sigma, self.state.rff)
+        return upper
 
     def embedding_release(
         self, embedding: NDArray[np.float64], sigma: float

@@ -344,3 +344,43 @@ def test_the_size_cap_bounds_each_owners_targeted_reads_and_keeps_the_budget(
     assert max(targeted[24.0].values()) <= 5, targeted
     if allocation == "sketch":
         assert targeted[0.0]["owner-1"] >= 10, targeted
+
+
+def test_the_mass_cap_moves_reads_from_a_dense_small_owner_to_the_one_holding_the_mass() -> None:
+    """tv16-40's pattern in small: owner 1 holds 20 points packed at the consumer's centre,
+    owner 2 holds 400 spread around it, owner 0 is elsewhere; the density vote goes to owner 1.
+    Control (``mass_cap`` 0, the old behaviour): owner 1 is asked for 15 of the 20 targeted reads
+    (its whole capacity beyond its uniform share). With ``mass_cap`` 2 its mass share (about a
+    tenth, from the sketches and the released embedding) caps it at 5 and owner 2 takes the
+    rest; the budget 3p = 30 is read in full either way, never more, and the ledgers hold the
+    same charges (the masses are post-processing of the sketches and the released embedding)."""
+    rng = np.random.default_rng(0)
+    owners = [
+        PointSet(np.clip(rng.normal(-2.5, 0.4, size=(200, D)), -4, 4), None, "owner-0"),
+        PointSet(np.clip(rng.normal(0.5, 0.15, size=(20, D)), -4, 4), None, "owner-1"),
+        PointSet(np.clip(rng.normal(0.5, 1.0, size=(400, D)), -4, 4), None, "owner-2"),
+    ]
+    validation = np.clip(rng.normal(0.5, 0.3, size=(100, D)), -4, 4)
+    sketches = publish_sketches(owners, _mechanism(), seed=0)
+    targeted, charged = {}, {}
+    for cap in (0.0, 2.0):
+        result = simulate(
+            owners,
+            validation,
+            np.zeros((0, D)),
+            _config(mass_cap=cap, relevance_score="density"),
+            seed=0,
+            owner_sketches=sketches,
+        )
+        ledger = result.report.ledger.to_json()
+        charged[cap] = (ledger["validation"], ledger["owners"])
+        info = ledger["candidates"]
+        shares, uniform = info["shares"], info["uniform_shares"]
+        assert sum(shares.values()) == 30
+        assert result.report.owner_points_accessed <= 30
+        targeted[cap] = {k: v - uniform.get(k, 0) for k, v in shares.items()}
+    assert targeted[0.0]["owner-1"] == 15, targeted
+    assert targeted[2.0]["owner-1"] <= 5, targeted
+    assert targeted[2.0]["owner-2"] > targeted[0.0]["owner-2"], targeted
+    # Post-processing: the same releases charged, nothing more, to D_v or to any owner.
+    assert charged[2.0] == charged[0.0]

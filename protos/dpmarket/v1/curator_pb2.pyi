@@ -397,6 +397,7 @@ class SummarizationParams(_message.Message):
     SHRINKAGE_METRIC_FIELD_NUMBER: _builtins.int
     SHRINKAGE_STRENGTH_FIELD_NUMBER: _builtins.int
     READ_CAP_FIELD_NUMBER: _builtins.int
+    MASS_CAP_FIELD_NUMBER: _builtins.int
     rff_dimension: _builtins.int
     """h1 dimension d (default 140)."""
     gamma: _builtins.float
@@ -487,6 +488,11 @@ class SummarizationParams(_message.Message):
     """Candidates method: divisor c of the size cap on each owner's targeted reads, at most
     ceil(num_points / c) beyond its uniform share; 0 (default): no cap.
     """
+    mass_cap: _builtins.float
+    """Candidates method, sketch allocation: factor c of the mass cap on each owner's targeted
+    reads, at most c times its share of the owners' mass near D_v times the targeted budget;
+    0 (default): no cap.
+    """
     def __init__(
         self,
         *,
@@ -523,10 +529,11 @@ class SummarizationParams(_message.Message):
         shrinkage_metric: Global___ShrinkageMetric.ValueType = ...,
         shrinkage_strength: Global___ShrinkageStrength.ValueType = ...,
         read_cap: _builtins.float = ...,
+        mass_cap: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation", "allocation_share", b"allocation_share", "auction", b"auction", "auction_share", b"auction_share", "candidate_even_share", b"candidate_even_share", "candidate_fraction", b"candidate_fraction", "candidate_multiple", b"candidate_multiple", "delta", b"delta", "delta_owners", b"delta_owners", "delta_validation", b"delta_validation", "embedding_prior", b"embedding_prior", "embedding_rerank", b"embedding_rerank", "epsilon_auction", b"epsilon_auction", "epsilon_first_epoch", b"epsilon_first_epoch", "epsilon_owners_total", b"epsilon_owners_total", "epsilon_summary", b"epsilon_summary", "epsilon_validation", b"epsilon_validation", "epsilon_validation_total", b"epsilon_validation_total", "gamma", b"gamma", "iterations_initial", b"iterations_initial", "iterations_subsequent", b"iterations_subsequent", "pool_scoring", b"pool_scoring", "quantization_step", b"quantization_step", "read_cap", b"read_cap", "relevance_norm_weight", b"relevance_norm_weight", "relevance_score", b"relevance_score", "relevance_threshold", b"relevance_threshold", "rff_dimension", b"rff_dimension", "shrinkage", b"shrinkage", "shrinkage_metric", b"shrinkage_metric", "shrinkage_strength", b"shrinkage_strength", "summary_release", b"summary_release", "validation_release", b"validation_release"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation", "allocation_share", b"allocation_share", "auction", b"auction", "auction_share", b"auction_share", "candidate_even_share", b"candidate_even_share", "candidate_fraction", b"candidate_fraction", "candidate_multiple", b"candidate_multiple", "delta", b"delta", "delta_owners", b"delta_owners", "delta_validation", b"delta_validation", "embedding_prior", b"embedding_prior", "embedding_rerank", b"embedding_rerank", "epsilon_auction", b"epsilon_auction", "epsilon_first_epoch", b"epsilon_first_epoch", "epsilon_owners_total", b"epsilon_owners_total", "epsilon_summary", b"epsilon_summary", "epsilon_validation", b"epsilon_validation", "epsilon_validation_total", b"epsilon_validation_total", "gamma", b"gamma", "iterations_initial", b"iterations_initial", "iterations_subsequent", b"iterations_subsequent", "mass_cap", b"mass_cap", "pool_scoring", b"pool_scoring", "quantization_step", b"quantization_step", "read_cap", b"read_cap", "relevance_norm_weight", b"relevance_norm_weight", "relevance_score", b"relevance_score", "relevance_threshold", b"relevance_threshold", "rff_dimension", b"rff_dimension", "shrinkage", b"shrinkage", "shrinkage_metric", b"shrinkage_metric", "shrinkage_strength", b"shrinkage_strength", "summary_release", b"summary_release", "validation_release", b"validation_release"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

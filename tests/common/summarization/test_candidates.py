@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from dpmarket.common.summarization.candidates import (
     allocate_candidates,
+    mass_read_caps,
     relevance_threshold,
     shrink_embedding,
     shrink_in_score_metric,
@@ -160,6 +161,76 @@ def test_the_size_cap_rejects_bad_input() -> None:
         size_read_caps([1], [-1], 2.0, 1)
     with pytest.raises(ValueError, match="length"):
         size_read_caps([1, 2], [1], 2.0, 1)
+
+
+def test_the_mass_cap_moves_an_owners_excess_over_its_mass_share_to_the_others() -> None:
+    """tv16-40's pattern in small: the decision votes 90 % for an owner of 236 points that holds
+    5 % of the owners' mass near D_v; 300 targeted reads.
+
+    Control (old code, no cap): the owner gets its whole 236-point capacity, [236, 38, 26]. With
+    c = 4 its reads are at most ceil(4 * 300 * 0.05) = 60 and the other 240 go to the others in
+    proportion to their weights (6:4), the budget conserved. An owner whose mass share supports
+    its vote keeps it: with masses 90 : 6 : 4 and c = 1 the shares are the old ones."""
+    weights = [0.9, 0.06, 0.04]
+    old = allocate_candidates(300, weights, [236, 300, 300], even_share=0.0)
+    np.testing.assert_array_equal(old, [236, 38, 26])
+    capped = mass_read_caps([236, 300, 300], [1.0, 9.0, 10.0], 4.0, 300)
+    np.testing.assert_array_equal(capped, [60, 300, 300])
+    shares = allocate_candidates(300, weights, capped.tolist(), even_share=0.0)
+    np.testing.assert_array_equal(shares, [60, 144, 96])
+    # Masses 90 : 6 : 4 at c = 1 cap the others at 18 and 12 (266 < 300), so c doubles to 4.
+    kept = mass_read_caps([236, 300, 300], [90.0, 6.0, 4.0], 1.0, 300)
+    np.testing.assert_array_equal(kept, [236, 72, 48])
+    np.testing.assert_array_equal(
+        allocate_candidates(300, weights, kept.tolist(), even_share=0.0), old
+    )
+
+
+def test_the_mass_cap_doubles_its_factor_until_the_owners_can_supply_the_budget() -> None:
+    """Masses 1 : 1 : 2 of 20 reads, c = 0.25: caps ceil(1.25), ceil(1.25), ceil(2.5) = 2, 2, 3
+    (7 < 20); c = 0.5: 3, 3, 5 (11); c = 1: 5, 5, 10 (20). No mass, or a budget only owners
+    without mass can complete: the caps are left as they were."""
+    np.testing.assert_array_equal(mass_read_caps([20, 20, 20], [1, 1, 2], 0.25, 20), [5, 5, 10])
+    np.testing.assert_array_equal(mass_read_caps([20, 20, 20], [0, 0, 0], 4.0, 20), [20, 20, 20])
+    np.testing.assert_array_equal(mass_read_caps([5, 20], [1, 0], 4.0, 20), [5, 20])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    budget=st.integers(0, 500),
+    weights=st.lists(st.floats(0, 1e4), min_size=1, max_size=12),
+    data=st.data(),
+    factor=st.floats(0.05, 50),
+)
+def test_the_mass_cap_holds_and_conserves_the_budget(budget, weights, data, factor) -> None:
+    """The shares always sum to min(budget, sum(caps)) within the capacity caps (so the session
+    reads at most its budget, 3p), and within ceil(c * amount * share_k) whenever the owners so
+    capped can supply the budget."""
+    k = len(weights)
+    caps = data.draw(st.lists(st.integers(0, 200), min_size=k, max_size=k))
+    masses = data.draw(st.lists(st.floats(0, 1e3), min_size=k, max_size=k))
+    capped = mass_read_caps(caps, masses, factor, budget)
+    assert (capped <= np.asarray(caps)).all()
+    shares = allocate_candidates(budget, weights, capped.tolist(), even_share=0.0)
+    need = min(budget, sum(caps))
+    assert shares.sum() == need
+    assert (shares <= np.asarray(caps)).all()
+    total = sum(masses)
+    if total > 0:
+        by_mass = np.minimum(caps, np.ceil(factor * need * np.asarray(masses) / total))
+        if by_mass.sum() >= need:
+            assert (shares <= by_mass).all()
+
+
+def test_the_mass_cap_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="factor"):
+        mass_read_caps([1], [1.0], 0.0, 1)
+    with pytest.raises(ValueError, match=">= 0"):
+        mass_read_caps([1], [-1.0], 2.0, 1)
+    with pytest.raises(ValueError, match="length"):
+        mass_read_caps([1, 2], [1.0], 2.0, 1)
+    with pytest.raises(ValueError):
+        mass_read_caps([1], [float("nan")], 2.0, 1)
 
 
 def test_allocation_rejects_bad_input() -> None:

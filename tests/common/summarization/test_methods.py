@@ -75,6 +75,7 @@ OWN_FIELDS = {
         "relevance_threshold",
         "candidate_even_share",
         "read_cap",
+        "mass_cap",
         "candidate_multiple",
         "candidate_fraction",
         "embedding_rerank",
