@@ -79,7 +79,20 @@ from dpmarket.experiments.cape_ar import ar_estimates
 from dpmarket.experiments.runner import local_cape_sites
 from dpmarket.runtime.tables import Table
 
-__all__ = ["CASES", "Case", "cape_coverage", "run_case"]
+__all__ = [
+    "BAND",
+    "CASES",
+    "FLAG_GROUPS",
+    "Case",
+    "FlagCoverage",
+    "band_verdict",
+    "cape_coverage",
+    "flag_group",
+    "run_case",
+    "split_by_flag",
+    "split_cell",
+    "wilson_interval",
+]
 
 Array = NDArray[np.float64]
 SITES = 5
@@ -367,11 +380,203 @@ def _one(
     return estimates, _controls(case, seen, seed)
 
 
+#: The groups of :func:`flag_group`, in the order tables print them.
+FLAG_GROUPS = ("unflagged", "undetermined")
+#: The per-coefficient band of issue 28's goal (95 +- 3 points) and the nominal level.
+BAND, NOMINAL = (0.92, 0.98), 0.95
+_Z95 = 1.959963984540054  # the standard normal's 97.5 % quantile
+
+
+def flag_group(estimate: Estimate) -> str | None:
+    """Which flag group an answer's interval falls in, as its reader sees it.
+
+    ``"undetermined"`` when the answer carries the flag ``undetermined``; ``"unflagged"`` when it
+    carries neither that flag nor any flag on the interval; ``None`` when a flag on the interval
+    (``no_interval``) says there is no interval to cover. The value's other flags
+    (``sign_not_resolved``, ``noise_dominates``, ``shrunk``) do not move an answer between groups:
+    they describe the value, not the interval's coverage, and the first is decided by where the
+    interval lies, so conditioning on it would select intervals by their position.
+
+    Parameters
+    ----------
+    estimate : Estimate
+
+    Returns
+    -------
+    str or None
+        One of :data:`FLAG_GROUPS`, or ``None``.
+    """
+    if not estimate.reliable:
+        return None
+    if any(f.code == "undetermined" for f in estimate.flags):
+        return "undetermined"
+    return "unflagged"
+
+
+def wilson_interval(covered: int, count: int, z: float = _Z95) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion ``covered / count``.
+
+    Parameters
+    ----------
+    covered, count : int
+        Successes and trials, ``0 <= covered <= count``, ``count >= 1``.
+    z : float
+        The normal quantile: 1.96 for a 95 % interval.
+
+    Returns
+    -------
+    tuple of float
+        ``(low, high)`` within [0, 1].
+
+    Raises
+    ------
+    ValueError
+        If ``count < 1`` or ``covered`` lies outside ``[0, count]``.
+
+    References
+    ----------
+    E. B. Wilson, "Probable inference, the law of succession, and statistical inference", JASA
+    22 (1927); L. D. Brown, T. T. Cai and A. DasGupta, Statistical Science 16 (2001), eq. (4).
+    """
+    if count < 1 or not 0 <= covered <= count:
+        raise ValueError(f"need 0 <= covered <= count and count >= 1, got {covered} of {count}")
+    p = covered / count
+    denom = 1.0 + z * z / count
+    centre = (p + z * z / (2 * count)) / denom
+    half = z * math.sqrt(p * (1.0 - p) / count + z * z / (4 * count * count)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def band_verdict(covered: int, count: int) -> str:
+    """Issue 28's per-coefficient test of a coverage proportion against 95 +- 3 points.
+
+    ``"pass"`` when the Wilson interval of ``covered / count`` contains 0.95 and lies within
+    :data:`BAND`; ``"too few"`` when it contains 0.95 but reaches outside the band (the count
+    cannot tell, e.g. below about 350 at an observed 95 %); ``"above"`` or ``"below"`` when it
+    excludes 0.95; ``"none"`` when ``count`` is 0.
+
+    Parameters
+    ----------
+    covered, count : int
+        Intervals that covered the truth, and intervals, ``0 <= covered <= count``.
+
+    Returns
+    -------
+    str
+    """
+    if count == 0:
+        return "none"
+    low, high = wilson_interval(covered, count)
+    if low > NOMINAL:
+        return "above"
+    if high < NOMINAL:
+        return "below"
+    return "pass" if BAND[0] <= low and high <= BAND[1] else "too few"
+
+
+@dataclass(frozen=True)
+class FlagCoverage:
+    """Coverage per answer among the repetitions whose answer falls in one flag group.
+
+    Attributes
+    ----------
+    group : str
+        One of :data:`FLAG_GROUPS`.
+    count : tuple of int, length K
+        Per answer, the repetitions whose answer is in the group.
+    covered : tuple of int, length K
+        Per answer, how many of those intervals contain the truth.
+    """
+
+    group: str
+    count: tuple[int, ...]
+    covered: tuple[int, ...]
+
+    def coverage(self) -> list[float | None]:
+        """Per answer, ``covered / count`` (``None`` where the count is 0)."""
+        return [k / n if n else None for k, n in zip(self.covered, self.count, strict=True)]
+
+    def wilson(self) -> list[tuple[float, float] | None]:
+        """Per answer, the 95 % Wilson interval of :meth:`coverage` (``None`` where the count
+        is 0)."""
+        return [
+            wilson_interval(k, n) if n else None
+            for k, n in zip(self.covered, self.count, strict=True)
+        ]
+
+    def verdicts(self) -> list[str]:
+        """Per answer, :func:`band_verdict`."""
+        return [band_verdict(k, n) for k, n in zip(self.covered, self.count, strict=True)]
+
+    def to_json(self) -> dict[str, Any]:
+        """``count``, ``covered``, ``coverage``, ``wilson`` (``[low, high]`` or ``null``) and
+        ``verdict``, each a list over the answers."""
+        return {
+            "count": list(self.count),
+            "covered": list(self.covered),
+            "coverage": self.coverage(),
+            "wilson": [None if w is None else list(w) for w in self.wilson()],
+            "verdict": self.verdicts(),
+        }
+
+
+def split_by_flag(
+    groups: Sequence[Sequence[str | None]], covered: NDArray[np.bool_]
+) -> dict[str, FlagCoverage]:
+    """Coverage per answer conditional on the flag group of each repetition's answer.
+
+    Parameters
+    ----------
+    groups : sequence of shape (reps, K)
+        Each answer's :func:`flag_group` (``None``: in no group).
+    covered : ndarray of shape (reps, K), bool
+        Whether each answer's interval contains its truth.
+
+    Returns
+    -------
+    dict of str to FlagCoverage
+        One per group of :data:`FLAG_GROUPS`, every one present (counts 0 where none fell in it).
+
+    Raises
+    ------
+    ValueError
+        If the shapes differ or a group is not one of :data:`FLAG_GROUPS` or ``None``.
+    """
+    names = np.array([[g if g is not None else "" for g in row] for row in groups], dtype=object)
+    covered = np.asarray(covered, dtype=bool)
+    if names.shape != covered.shape:
+        raise ValueError(f"groups {names.shape} and covered {covered.shape} differ in shape")
+    unknown = set(names.ravel()) - {"", *FLAG_GROUPS}
+    if unknown:
+        raise ValueError(f"unknown flag groups {sorted(unknown)}; expected {FLAG_GROUPS}")
+    out = {}
+    for group in FLAG_GROUPS:
+        mask = names == group
+        out[group] = FlagCoverage(
+            group,
+            tuple(int(n) for n in mask.sum(axis=0)),
+            tuple(int(n) for n in (mask & covered).sum(axis=0)),
+        )
+    return out
+
+
+def split_cell(split: FlagCoverage, answer: int) -> str:
+    """One answer's conditional coverage as tables print it: ``"n: covered % [Wilson]
+    verdict"`` (percent), or ``"0: -"`` when no repetition fell in the group."""
+    n, k = split.count[answer], split.covered[answer]
+    if n == 0:
+        return "0: -"
+    low, high = wilson_interval(k, n)
+    return f"{n}: {100 * k / n:.1f} [{100 * low:.1f}-{100 * high:.1f}] {band_verdict(k, n)}"
+
+
 def _tally(rows: list[tuple[Estimate, ...]], truth: Array) -> dict[str, Any]:
-    """Coverage over every answer of every repetition, and over the reliable ones."""
+    """Coverage over every answer of every repetition, over the reliable ones, and per answer
+    conditional on its flag group (:func:`split_by_flag`)."""
     covered = np.array(
         [[e.contains(float(t)) for e, t in zip(r, truth, strict=True)] for r in rows]
     )
+    split = split_by_flag([[flag_group(e) for e in r] for r in rows], covered)
     reliable = np.array([[e.reliable for e in r] for r in rows])
     codes: dict[str, int] = {}
     for r in rows:
@@ -387,6 +592,7 @@ def _tally(rows: list[tuple[Estimate, ...]], truth: Array) -> dict[str, Any]:
         "coverage_reliable": float(covered[reliable].mean()) if reliable.any() else None,
         "unreliable_fraction": float(1.0 - reliable.mean()),
         "flag_fractions": {c: n / answers for c, n in sorted(codes.items())},
+        "by_flag": {group: split[group].to_json() for group in FLAG_GROUPS},
     }
 
 
@@ -469,6 +675,25 @@ def cape_coverage(
                 _pct(tally["unreliable_fraction"]),
             )
     console.print(table)
+    split_table = RichTable(
+        title="reported intervals per answer, conditional on the flag (count: covered % "
+        "[Wilson 95 %] verdict against 95 +- 3)"
+    )
+    for header in ("case", "answer", *FLAG_GROUPS):
+        split_table.add_column(header, justify="left" if header in ("case", "answer") else "right")
+    for result in results:
+        by_flag = result["reported"]["by_flag"]
+        splits = {
+            g: FlagCoverage(g, tuple(by_flag[g]["count"]), tuple(by_flag[g]["covered"]))
+            for g in FLAG_GROUPS
+        }
+        for j, label in enumerate(result["labels"]):
+            split_table.add_row(
+                result["case"] if j == 0 else "",
+                label,
+                *(split_cell(splits[g], j) for g in FLAG_GROUPS),
+            )
+    Console(width=120).print(split_table)
     if out_path is not None:
         path = Path(out_path)
         path.parent.mkdir(parents=True, exist_ok=True)

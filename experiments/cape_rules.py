@@ -51,9 +51,16 @@ from dpmarket.common.cape.functional_mechanism import (
 )
 from dpmarket.common.cape.spec import CapeJobSpec
 from dpmarket.experiments.cape_ar import ar_intervals
-from dpmarket.experiments.cape_coverage import CASES
+from dpmarket.experiments.cape_coverage import (
+    CASES,
+    FLAG_GROUPS,
+    FlagCoverage,
+    flag_group,
+    split_by_flag,
+    split_cell,
+)
 
-__all__ = ["RULES", "simulate"]
+__all__ = ["RULES", "flag_split", "simulate"]
 
 Array = NDArray[np.float64]
 RULES = (
@@ -131,11 +138,15 @@ def _levels(setup: Setup, solve: FMRelease, fit: FMRelease, rng: np.random.Gener
 
 def _intervals(
     setup: Setup, fit: FMRelease, seed: int, rules: frozenset[str] = frozenset(RULES)
-) -> dict[str, tuple[Array, Array]]:
+) -> tuple[dict[str, tuple[Array, Array]], list[str | None]]:
+    """Per rule, the intervals ``(low, high)`` of every raw coefficient; and each coefficient's
+    flag group (:func:`~dpmarket.experiments.cape_coverage.flag_group`) as the curator reports
+    it."""
     s = setup.plan.aggregator_scales(None)
     m, c = setup.raw_map
     labels = [str(i) for i in range(len(setup.truth))]
     out: dict[str, tuple[Array, Array]] = {}
+    groups: list[str | None] = []
     if rules & {"ar_joint", "ar_profile", "ar_undetermined"}:
         from scipy.stats import chi2
 
@@ -148,13 +159,15 @@ def _intervals(
             task_covers="", hull=hull,
         )  # fmt: skip
         out[rule] = (np.array([e.low for e in est]), np.array([e.high for e in est]))
+        if hull:
+            groups = [flag_group(e) for e in est]
     solve = fit_coefficients(
         fit.coefficients, noise_std2=s[2], floor=unc.INTERVAL_FLOOR_SIGMAS * s[2], scales=s
     )
     sym = 0.5 * (fit.coefficients.lam2 + fit.coefficients.lam2.T)
     if not np.any(np.linalg.eigvalsh(sym) < unc.UNRESOLVED_SIGMAS * s[2]):
         same = ("psd", "mixture", "calibrated", "ar_undetermined")
-        return {**out, **{rule: out["floored"] for rule in same}}
+        return {**out, **{rule: out["floored"] for rule in same}}, groups
     if "ar_profile" in out:
         out["ar_undetermined"] = out["ar_profile"]
     rng = np.random.default_rng([seed, 3])
@@ -166,13 +179,13 @@ def _intervals(
         out[rule] = tuple(np.quantile(w @ m.T + c, [0.025, 0.975], axis=0))
     if "calibrated" not in rules:
         out["calibrated"] = out["mixture"]
-        return out
+        return out, groups
     level = _levels(setup, solve, fit, rng)
     raw = draws["mixture"] @ m.T + c
     lows = [np.quantile(raw[:, j], (1.0 - q) / 2.0) for j, q in enumerate(level)]
     highs = [np.quantile(raw[:, j], (1.0 + q) / 2.0) for j, q in enumerate(level)]
     out["calibrated"] = (np.asarray(lows), np.asarray(highs))
-    return out
+    return out, groups
 
 
 def simulate(
@@ -180,19 +193,28 @@ def simulate(
 ) -> dict[str, Array]:
     """Per rule, the fraction of ``reps`` releases whose interval covers each raw coefficient's
     truth (shape ``(K,)``), ``"undetermined"``: the fraction of undetermined fits, and
-    ``"<rule>_unbounded"`` for the Anderson-Rubin rules: the fraction of infinite intervals."""
+    ``"<rule>_unbounded"`` for the Anderson-Rubin rules: the fraction of infinite intervals, and
+    per rule and flag group ``g`` of :data:`~dpmarket.experiments.cape_coverage.FLAG_GROUPS`
+    (the group of each coefficient as the curator reports it), ``"<rule>_<g>_count"`` and
+    ``"<rule>_<g>_covered"`` (shape ``(K,)``, integer-valued): the releases in the group and how
+    many of their intervals cover (:func:`flag_split`)."""
     setup = _setup(name)
     wanted = frozenset(rules)
     covered = {rule: np.zeros(len(setup.truth)) for rule in RULES}
     infinite = {rule: 0.0 for rule in RULES}
     finite_covered = {rule: np.zeros(len(setup.truth)) for rule in RULES}
     undetermined = 0.0
+    groups: list[list[str | None]] = []
+    hits: dict[str, list[NDArray[np.bool_]]] = {rule: [] for rule in RULES}
     for r in range(seed, seed + reps):
         fit = _release(setup, np.random.default_rng([r, 1]))
-        intervals = _intervals(setup, fit, r, wanted)
+        intervals, release_groups = _intervals(setup, fit, r, wanted)
+        groups.append(release_groups)
         undetermined += intervals["psd"] is not intervals["floored"]
         for rule, (low, high) in intervals.items():
-            covered[rule] += (low <= setup.truth) & (setup.truth <= high)
+            hit = (low <= setup.truth) & (setup.truth <= high)
+            hits[rule].append(hit)
+            covered[rule] += hit
             infinite[rule] += float(np.isinf(high).any())
             if np.isfinite(high).all():
                 finite_covered[rule] += (low <= setup.truth) & (setup.truth <= high)
@@ -205,6 +227,33 @@ def simulate(
             if k in wanted
         },
         "undetermined": np.array(undetermined / reps),
+        **{
+            f"{rule}_{g}_{field}": np.asarray(getattr(split[g], field), dtype=np.float64)
+            for rule in RULES
+            if rule in wanted
+            for split in (split_by_flag(groups, np.array(hits[rule])),)
+            for g in FLAG_GROUPS
+            for field in ("count", "covered")
+        },
+    }
+
+
+def flag_split(result: dict[str, Array], rule: str) -> dict[str, FlagCoverage]:
+    """A rule's per-coefficient coverage conditional on the flag group, from :func:`simulate`'s
+    result (its ``"<rule>_<group>_count"`` and ``"_covered"`` entries).
+
+    Raises
+    ------
+    KeyError
+        If ``rule`` was not scored.
+    """
+    return {
+        g: FlagCoverage(
+            g,
+            tuple(int(n) for n in result[f"{rule}_{g}_count"]),
+            tuple(int(n) for n in result[f"{rule}_{g}_covered"]),
+        )
+        for g in FLAG_GROUPS
     }
 
 
@@ -223,6 +272,8 @@ def main(reps: int, cases: tuple[str, ...], seed: int, rules: tuple[str, ...]) -
         result = simulate(name, reps, seed, chosen)
         click.echo(
             f"{name}: {reps} releases, undetermined {100 * float(result['undetermined']):.0f} %"
+            "; per coefficient (index), conditional on its flag: count: covered % "
+            "[Wilson 95 %] verdict against 95 +- 3"
         )
         for rule in chosen:
             per = " ".join(f"{100 * v:5.1f}" for v in result[rule])
@@ -235,6 +286,10 @@ def main(reps: int, cases: tuple[str, ...], seed: int, rules: tuple[str, ...]) -
                     f"; the {finite} bounded cover {bounded})" if finite else ")"
                 )
             click.echo(f"  {rule:16s} {per}{extra}")
+            split = flag_split(result, rule)
+            for j in range(len(result[rule])):
+                cells = "   ".join(f"{g} {split_cell(split[g], j)}" for g in FLAG_GROUPS)
+                click.echo(f"    {j:<3d} {cells}")
 
 
 if __name__ == "__main__":  # python -m dpmarket.experiments.cape_rules --case nmes-linreg

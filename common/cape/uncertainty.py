@@ -53,10 +53,13 @@ Flags (:class:`dpmarket.common.uncertainty.Flag`), per value, on the value or on
 * ``undetermined`` (on the value, capeFM): an eigenvalue of the released Gram matrix lies
   within one noise standard deviation of 0, so the data do not determine the fit along it; the
   interval (the hull of two bootstraps) is wide along it, and its coverage depends on the
-  noise-free eigenvalue, which the release does not determine: measured at 92-100 % per
-  coefficient on real tables, mostly above the level (95-100 % on Computers' and NMES1988's
-  linear regressions; docs/results.md, "CAPE intervals on undetermined fits"), lower on some
-  synthetic ones (:func:`capefm_estimates`, Notes).
+  noise-free eigenvalue, which the release does not determine: measured on real tables, among
+  the releases so flagged, at 89.9-100 % per coefficient, mostly above the level (97-100 % on
+  Computers' and NMES1988's regressions), below it on two (diamonds' carat, spam7's make;
+  docs/results.md, "CAPE intervals conditional on the undetermined flag"), lower on some
+  synthetic geometries (:func:`capefm_estimates`, Notes). The flag promises no direction of
+  error: where the data leave the fit undetermined, any interval with guaranteed coverage is
+  unbounded with positive probability (J.-M. Dufour, Econometrica 65, 1997).
 * ``no_interval`` (on the interval, network): as above.
 
 A flag on the value leaves the interval meaning what it says; a flag on the interval says it does
@@ -669,7 +672,7 @@ def _capefm_flags(
                 "noise std of 0: the data do not determine the fit along them; the interval is "
                 "wide along them and its coverage depends on what the noise hides (measured, "
                 "not guaranteed: mostly above its level on real tables, up to 100 % per "
-                "coefficient, and lower on some synthetic ones)",
+                "coefficient, and below it on a few coefficients and on some synthetic ones)",
             )
         )
     return tuple(flags)

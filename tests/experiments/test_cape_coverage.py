@@ -39,6 +39,12 @@ def test_coverage_runs_the_curators_jobs_and_tallies_every_answer(tmp_path: Path
     assert linreg["reported"]["unreliable_fraction"] == 0.0
     assert 0.0 <= mean["reported"]["coverage"] <= 1.0
     assert "coverage of 95 % intervals" in result.output
+    # The split by flag: every diabetes fit is undetermined, no mean is.
+    by_flag = linreg["reported"]["by_flag"]
+    assert by_flag["undetermined"]["count"] == [2] * 11
+    assert by_flag["unflagged"]["count"] == [0] * 11
+    assert mean["reported"]["by_flag"]["unflagged"]["count"] == [2] * 11
+    assert "conditional on the flag" in result.output
 
 
 def test_the_undetermined_linear_cases_split_their_owners_and_state_the_pooled_fit() -> None:
