@@ -1066,7 +1066,11 @@ class Explorer:
         A logistic regression is fitted by implicit M2M with the explorer's lambda rule and
         intercept; its errors are the spread over :data:`M2M_BOOTSTRAP` // 2 refits to the
         sketch with its noise drawn again; its bias is not bounded, so every coefficient is
-        flagged ``unbounded``.
+        flagged ``unbounded``. Its fit and its refits divide by the noisy count alone
+        (:class:`~dpmarket.common.sketches.m2m.M2MEstimator`, whose embedding, ridge parameter
+        and weights' total read ``sketch.count_estimate``): one ``n`` for the value and its
+        errors, which for a RACE release is not the combined estimate the other answers and
+        the stated record count take (:func:`record_count`).
 
         Parameters
         ----------
