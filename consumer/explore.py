@@ -1066,7 +1066,11 @@ class Explorer:
         A logistic regression is fitted by implicit M2M with the explorer's lambda rule and
         intercept; its errors are the spread over :data:`M2M_BOOTSTRAP` // 2 refits to the
         sketch with its noise drawn again; its bias is not bounded, so every coefficient is
-        flagged ``unbounded``.
+        flagged ``unbounded``. Its fit and its refits divide by the noisy count alone
+        (:class:`~dpmarket.common.sketches.m2m.M2MEstimator`, whose embedding, ridge parameter
+        and weights' total read ``sketch.count_estimate``): one ``n`` for the value and its
+        errors, which for a RACE release is not the combined estimate the other answers and
+        the stated record count take (:func:`record_count`).
 
         Parameters
         ----------
@@ -1305,32 +1309,25 @@ class Explorer:
         return [interval_basis(self.spec.kind, query.kind, n_columns)] * k
 
     def _estimate(self, query: Query, est: M2MEstimator) -> Answer:
+        """A logistic regression's coefficients by implicit M2M (the one query kind that
+        reaches an estimator: :meth:`answer` reads every other kind through :meth:`_bounded`).
+
+        Raises
+        ------
+        ValueError
+            For a query that is not ``logreg`` (a programming error: no caller passes one), or
+            weights that cannot fit a model.
+        """
+        if query.kind != "logreg":
+            raise ValueError(f"only a logreg query is fitted here, got {query.kind!r}")
         domain = self.domain
-        labels = _labels(query, domain)
-        extra: dict[str, Any] = {}
-        if query.kind in ("mean", "moment2"):
-            order = 1 if query.kind == "mean" else 2
-            values = tasks.moments(est, order, _columns(query, domain))
-        elif query.kind == "cdf":
-            idx = _columns(query, domain)
-            values = tasks.cdf(est, _thresholds(query, domain, idx), idx).reshape(-1)
-        elif query.kind == "covariance":
-            idx = _columns(query, domain)
-            full = tasks.covariance(est)[np.ix_(idx, idx)]
-            values = full[np.triu_indices(idx.size)]
-        elif query.kind == "count":
-            lower, upper = _bounds(query, domain)
-            values = tasks.counting_queries(est, lower, upper)
-            n_hat = float(est.sketch.count_estimate)
-            extra = {"count": float(values[0]) * n_hat, "n": n_hat}
-        else:
-            fit = tasks.implicit_logistic_regression(
-                est,
-                _check_target(query, domain),
-                feature_attributes=_features(query, domain).tolist(),
-            )
-            values = np.concatenate([fit.model.coef_[0], fit.model.intercept_])
-        return Answer(query, labels, np.asarray(values, dtype=np.float64), extra)
+        fit = tasks.implicit_logistic_regression(
+            est,
+            _check_target(query, domain),
+            feature_attributes=_features(query, domain).tolist(),
+        )
+        values = np.concatenate([fit.model.coef_[0], fit.model.intercept_])
+        return Answer(query, _labels(query, domain), np.asarray(values, dtype=np.float64), {})
 
 
 def record_count(sketch: SketchLike, seed: int = 0) -> tuple[float, float, float]:

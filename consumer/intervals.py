@@ -33,7 +33,8 @@ estimate, :func:`~dpmarket.common.sketches.intervals.count_estimate`)
     before the product: a noisy release whose variance bound falls below 0 would otherwise
     give the interval ``[0, 0]`` in every noise replicate too.
 RFF and RACE (M2M with an unpenalized intercept; the ridge parameter per value from the rule's
-value times 10^-3 .. 10, the one giving the narrowest expected interval)
+value times 10^-3 .. 10, the one giving the narrowest expected interval; the rule's ``n``, the
+point's and the interval's are one estimate, the combined count)
     *mean, moment2, cdf, count*: ``[estimate + min r, estimate + max r]``, ``r`` M2M's residual
     over the design (:func:`~dpmarket.common.sketches.intervals.m2m_residual_range`), which
     holds the fit's approximation error and its shrinkage; for a set of measure 0 under the
@@ -393,14 +394,13 @@ class _M2MLinear:
         k = values.shape[1]
         probe_matrix = None if probes is None else design.feature_map.design_matrix(probes[0])
         tm = design.target_moments(values)
-        n_hat, _ = count_estimate(
-            sketch,
-            *release_totals(sketch),
-        )
+        n_hat, _ = count_estimate(sketch, *release_totals(sketch))
         n = float(n_hat[0])
         var_sum = float(sketch.sum_noise_variance)
         if isinstance(lambda_rule, str):
-            base = regularization(sketch, lambda_rule)  # type: ignore[arg-type]
+            # The rule's n is the point's and the interval's (the combined estimate), not the
+            # noisy count alone: one n per release (a RACE map's differ).
+            base = regularization(sketch, lambda_rule, n_hat=n)  # type: ignore[arg-type]
             grid = [base * f for f in LAMBDA_FACTORS]
         else:
             grid = [float(lambda_rule)]

@@ -18,7 +18,7 @@ import json
 import logging
 import sqlite3
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -1302,7 +1302,8 @@ def publish_command(
     stored, charging nothing (with an --epsilon other than its own the run is refused: the
     stored sketch is not at the epsilon asked). Name the specs (--spec) or take every one
     (--all); with neither, the specs and their cost are listed and the curator's allocation
-    spec is offered.
+    spec is offered (a spec released at another epsilon than --epsilon is listed as refused and
+    not offered).
     """
     from dpmarket.owner.publishing import publish_sketches
 
@@ -1379,15 +1380,33 @@ def _interactive() -> bool:
 
 
 def _choose_specs(
-    client: Any, catalogue: list[Any], allocation: str | None, epsilon: float | None
+    client: Any,
+    catalogue: list[Any],
+    allocation: str | None,
+    epsilon: float | None,
+    stored: Mapping[str, float],
 ) -> list[str]:
     """List the catalogue's specs with what publishing each costs this owner, then offer the
     allocation spec (or every spec) for confirmation on a terminal; refuse to guess otherwise.
 
+    Parameters
+    ----------
+    client : CatalogEndpoint
+    catalogue : list of SketchSpec
+    allocation : str or None
+        The spec the curator's allocation reads.
+    epsilon : float or None
+        The ``--epsilon`` asked (None: each spec's own).
+    stored : mapping of str to float
+        The epsilon of this owner's stored release under each spec's map (its ledger's; absent:
+        none). Such a spec is sent again free, and refused under another ``--epsilon``
+        (:func:`dpmarket.owner.sketches.check_stored_epsilon`): the list says so, and it is not
+        offered.
+
     Returns
     -------
     list of str
-        The specs to publish (empty: the person declined).
+        The specs to publish (empty: the person declined, or every spec offered is refused).
 
     Raises
     ------
@@ -1398,27 +1417,37 @@ def _choose_specs(
     for column in ("spec", "kind", "epsilon", "delta", "published", "note"):
         table.add_column(column, justify="right" if column in ("epsilon", "delta") else "left")
     cost: dict[str, tuple[float, float]] = {}
+    refused: set[str] = set()
     for spec in catalogue:
-        published = client.spec(spec.name).published
+        released = stored.get(spec.name)
+        published = released is not None or client.spec(spec.name).published
         eps = 0.0 if published else (epsilon if epsilon is not None else spec.epsilon)
         dlt = 0.0 if published or spec.noise != "gaussian" else spec.delta
         cost[spec.name] = (eps, dlt)
+        if released is not None and epsilon is not None and float(epsilon) != released:
+            refused.add(spec.name)
+            status = f"yes at epsilon {released:g}: --epsilon {float(epsilon):g} refused"
+        else:
+            status = "yes (sent again, free)" if published else "no"
         table.add_row(
             spec.name,
             spec.kind,
             f"{eps:g}",
             f"{dlt:g}",
-            "yes (sent again, free)" if published else "no",
+            status,
             "the curator's allocation reads it" if spec.name == allocation else "",
         )
     console.print(table)
-    offer = [allocation] if allocation is not None else [s.name for s in catalogue]
+    listed = [allocation] if allocation is not None else [s.name for s in catalogue]
+    offer = [n for n in listed if n not in refused]
     total_eps = sum(cost[n][0] for n in offer)
     total_delta = sum(cost[n][1] for n in offer)
     what = (
         f"{allocation} (the spec the curator's allocation reads)"
         if allocation is not None
         else f"every spec ({len(offer)})"
+        if len(offer) == len(listed)
+        else f"every spec but the refused ({len(offer)} of {len(listed)})"
     )
     if not _interactive():
         hint = f"; the curator's allocation reads {allocation}" if allocation else ""
@@ -1426,6 +1455,13 @@ def _choose_specs(
             f"choose the specs to publish: --spec NAME (repeat) or --all (every spec: epsilon "
             f"{sum(c[0] for c in cost.values()):g} in all){hint}"
         )
+    if not offer:
+        console.print(
+            f"nothing to offer: this owner released {', '.join(listed)} at another epsilon "
+            "than --epsilon asks (a map is published once); publish without --epsilon to send "
+            "the stored sketch again at no cost"
+        )
+        return []
     if click.confirm(
         f"Publish {what}, charging this owner's ledger epsilon {total_eps:g}, delta "
         f"{total_delta:g}?",

@@ -10,7 +10,7 @@ together with the sketch before anything is sent (:func:`dpmarket.owner.sketches
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,8 +32,11 @@ __all__ = ["Publishing", "open_owner_ledger", "publish_sketches"]
 logger = logging.getLogger("dpmarket")
 
 #: Chooses the specs to publish when none are named: ``choose(client, catalogue, allocation
-#: spec or None, epsilon)`` -> spec names (empty: publish nothing).
-Chooser = Callable[[Any, list[Any], str | None, float | None], list[str]]
+#: spec or None, epsilon, stored)`` -> spec names (empty: publish nothing). ``stored`` maps the
+#: name of each catalogue spec whose map this owner has released to the release's epsilon
+#: (from its ledger): such a spec is sent again free, or refused under another ``epsilon``
+#: (:func:`dpmarket.owner.sketches.check_stored_epsilon`).
+Chooser = Callable[[Any, list[Any], str | None, float | None, Mapping[str, float]], list[str]]
 
 
 @dataclass(frozen=True)
@@ -140,7 +143,8 @@ def publish_sketches(
     specs : sequence of str
         The specs to publish; empty: ``choose``'s, or every spec of the catalogue.
     choose : callable, optional
-        Picks the specs when none are named (``dpmarket owner publish`` asks a person).
+        Picks the specs when none are named (``dpmarket owner publish`` asks a person), told
+        the epsilon of each spec this owner's ledger holds a release of (``Chooser``).
     epsilon : float, optional
         Each sketch's epsilon (default: its spec's), within the spec's range.
     seed : int, optional
@@ -198,12 +202,18 @@ def publish_sketches(
     found = None
     try:
         with CatalogClient(curator, security, curator=Identity("curator", curator_name)) as client:
+            publisher = SketchPublisher(
+                ledger,
+                noise=noise,
+                rng=None if seed is None else np.random.default_rng(seed + 1),
+            )
             names = list(specs)
             if not names:
                 catalogue, allocation = client.catalogue()
                 names = [s.name for s in catalogue]
                 if choose is not None:
-                    names = choose(client, catalogue, allocation, epsilon)
+                    stored = publisher.stored_epsilons(catalogue)
+                    names = choose(client, catalogue, allocation, epsilon, stored)
             deliveries: list[Delivery] = []
             if names:  # the table is read only when there is something to publish
                 found = load_owner_data(
@@ -212,11 +222,6 @@ def publish_sketches(
                 )  # fmt: skip
                 table = found.table
                 assert table is not None
-                publisher = SketchPublisher(
-                    ledger,
-                    noise=noise,
-                    rng=None if seed is None else np.random.default_rng(seed + 1),
-                )
                 deliveries = publish_to(client, publisher, table, names, epsilon=epsilon)
         left = ledger.remaining()
     finally:

@@ -44,7 +44,7 @@ import hashlib
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -278,6 +278,17 @@ class SketchPublisher:
             data_digest=digest,
             delivered_to=curators,
         )
+
+    def stored_epsilons(self, specs: Iterable[SketchSpec]) -> dict[str, float]:
+        """The epsilon of this owner's stored release under each spec's map (by its key), for
+        the specs that have one: ``{spec name: epsilon}``. A spec listed here is sent again
+        free, and refused under another epsilon (:func:`check_stored_epsilon`)."""
+        out = {}
+        for spec in specs:
+            release = self.stored(spec)
+            if release is not None:
+                out[spec.name] = float(release.sketch.mechanism.epsilon)
+        return out
 
     def published(self) -> list[tuple[str, str, float, tuple[str, ...]]]:
         """Every stored sketch: ``(spec, key, epsilon, curators it was delivered to)``."""

@@ -82,6 +82,7 @@ def regularization(
     rule: LambdaRule | float = DEFAULT_LAMBDA_RULE,
     *,
     min_lambda: float = MIN_LAMBDA,
+    n_hat: float | None = None,
 ) -> float:
     """The ridge parameter ``lambda`` for a sketch (Appendix B, step 2).
 
@@ -97,6 +98,12 @@ def regularization(
         (finite, ``>= 0``).
     min_lambda : float
         Floor applied to a rule's value (not to an explicit float), ``>= 0``.
+    n_hat : float, optional
+        The record count estimate the fit divides the sum by, ``>= 1`` (default
+        ``sketch.count_estimate``, the noisy count alone). ``explore``'s bounded M2M answers
+        pass the combined estimate their point and interval use
+        (:func:`dpmarket.common.sketches.intervals.count_estimate`), so that one ``n`` serves
+        the whole answer.
 
     Returns
     -------
@@ -105,7 +112,8 @@ def regularization(
     Raises
     ------
     ValueError
-        On an unknown rule, a negative or non-finite float, or a negative ``min_lambda``.
+        On an unknown rule, a negative or non-finite float, a negative ``min_lambda``, or an
+        ``n_hat`` below 1 or not finite.
 
     Notes
     -----
@@ -122,11 +130,13 @@ def regularization(
         raise ValueError(f"min_lambda must be a finite number >= 0, got {min_lambda!r}")
     if isinstance(rule, str):
         variance = float(sketch.sum_noise_variance)
-        n_hat = float(sketch.count_estimate)
+        n = float(sketch.count_estimate) if n_hat is None else float(n_hat)
+        if not (math.isfinite(n) and n >= 1.0):
+            raise ValueError(f"n_hat must be a finite number >= 1, got {n_hat!r}")
         if rule == "theorem":
-            value = variance / (n_hat * n_hat)
+            value = variance / (n * n)
         elif rule == "paper":
-            value = variance / n_hat
+            value = variance / n
         else:
             raise ValueError(f"lambda rule must be one of {LAMBDA_RULES} or a number, got {rule!r}")
         return max(value, floor)

@@ -694,3 +694,55 @@ def test_a_sketch_carrying_its_owners_fit_is_answered_without_fitting(
     checked = _Refits(spec, bootstrap=3, seed=0, cache=None, fitted=fitted)
     checked.models(broken)
     assert checked.fits == 1
+
+
+@pytest.mark.parametrize("kind", ["rff", "hist"])
+def test_every_query_kind_reaches_its_path(
+    specs: dict[str, SketchSpec], kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Means, moments, CDFs, counts and covariances are read with bounded intervals
+    (``Explorer._bounded``), whether given a sketch or an estimator; a logistic regression alone
+    is fitted by implicit M2M (``Explorer._estimate``, once for the value and once per
+    bootstrap refit); marginals and synthetic queries are refused. ``_estimate`` refuses any
+    other kind. Control: the old ``_estimate`` also answered a count (its ``n`` the noisy count
+    alone), which no caller reached."""
+    spec = specs[kind]
+    sketch = sketch_mechanism(spec, 1.0).release(
+        _records(2000), SeededNoise(np.random.default_rng(0))
+    )
+    explorer = Explorer(spec, n_synthetic=2000, seed=1)
+    calls: list[tuple[str, str]] = []
+    bounded, estimate = Explorer._bounded, Explorer._estimate
+
+    def spy_bounded(self: Explorer, query: Query, *args: Any, **kwargs: Any) -> Answer:
+        calls.append(("bounded", query.kind))
+        return bounded(self, query, *args, **kwargs)
+
+    def spy_estimate(self: Explorer, query: Query, est: M2MEstimator) -> Answer:
+        calls.append(("estimate", query.kind))
+        return estimate(self, query, est)
+
+    monkeypatch.setattr(Explorer, "_bounded", spy_bounded)
+    monkeypatch.setattr(Explorer, "_estimate", spy_estimate)
+    queries = [
+        Query("mean", columns=("a",)),
+        Query("moment2", columns=("a",)),
+        Query("cdf", columns=("a",), points=(0.5,)),
+        Query("count", where=(("a", 0.3, math.inf),)),
+        Query("covariance", columns=("a", "b")),
+    ]
+    for query in queries:
+        for given in (sketch, explorer.estimator(sketch)):
+            calls.clear()
+            explorer.answer(query, given, replicates=20)
+            assert calls == [("bounded", query.kind)], (query.kind, calls)
+    calls.clear()
+    logreg = Query("logreg", target="y", columns=("a",))
+    explorer.answer(logreg, sketch, errors=False)
+    assert calls == [("estimate", "logreg")], calls
+    for other in (Query("marginal", columns=("a",)), Query("synthetic", rows=10)):
+        with pytest.raises(InvalidArgumentError, match="needs a marginals sketch"):
+            explorer.answer(other, sketch)
+    assert calls == [("estimate", "logreg")], calls  # refused before any path
+    with pytest.raises(ValueError, match="only a logreg query"):
+        estimate(explorer, queries[3], explorer.estimator(sketch))

@@ -976,3 +976,32 @@ def test_bounds_both_the_same_on_every_bin_are_both_read_exactly() -> None:
         for query in queries:
             low, high = explorer.answer(query, sketch, replicates=REPLICATES).interval()
             assert (low[0], high[0]) == (0.0, 1.0), (seed, query, low, high)
+
+
+def test_a_race_fit_takes_the_one_record_count_its_point_and_interval_take() -> None:
+    """A RACE release's M2M fit (its ridge parameter ``sigma_xi^2 / n^2``, rule ``theorem``)
+    takes the combined count estimate, the ``n`` its point estimate divides by and the record
+    count every answer states (``record_count``): one ``n`` per release. Here the noisy count is
+    set to 40 beside block totals near 600 (the combined estimate about 600). Control: the old
+    fit's lambda came from the noisy count alone, ``sigma_xi^2 / 40^2`` times a grid factor
+    (1.17e-3 here, outside the combined grid, whose largest is 5.4e-4)."""
+    spec = next(s for s in POINT_MASSES.draw(np.random.default_rng(0)) if s.kind == "race")
+    records = _point_masses(600)
+    released = sketch_mechanism(spec, 1.0).release(records, SeededNoise(np.random.default_rng(0)))
+    assert isinstance(released, PrivateSketch)
+    sketch = PrivateSketch(released.mechanism, released.noisy_sum, 40.0)
+    explorer = Explorer(spec, n_synthetic=1000, seed=0)
+    n_combined, _ = count_estimate(sketch, *release_totals(sketch))
+    n = float(n_combined[0])
+    assert n == pytest.approx(explore_module.record_count(sketch, 0)[0])
+    assert abs(n - 600) < 60 and sketch.count_estimate == 40.0, (n, sketch.count_estimate)
+    values = np.asarray(explorer.design.points[:, :1], dtype=np.float64)
+    fit = _M2MLinear(explorer.design, sketch, values, lambda_rule="theorem", intercept=True)
+    variance = float(sketch.sum_noise_variance)
+    grid = [variance / n**2 * f for f in intervals_module.LAMBDA_FACTORS]
+    old_grid = [variance / 40.0**2 * f for f in intervals_module.LAMBDA_FACTORS]
+    assert any(math.isclose(fit.lam[0], g, rel_tol=1e-9) for g in grid), (fit.lam, grid)
+    assert not any(math.isclose(fit.lam[0], g, rel_tol=1e-3) for g in old_grid), fit.lam
+    # The answer's lambda is the fit's, and its n the one record count.
+    answer = explorer.answer(Query("mean", columns=("hours",)), sketch, replicates=50)
+    assert answer.extra["lambda"][0] in [pytest.approx(g) for g in grid], answer.extra["lambda"]

@@ -335,3 +335,63 @@ def test_a_marginals_sketch_is_published_like_any_sketch(tmp_path: Path) -> None
             assert not again.publication.charged_now and again.already_in_catalogue
             assert len(ledger.entries()) == 1
     assert marginals_mechanism(spec).rho == pytest.approx(0.0243559703595, rel=1e-9)
+
+
+def test_the_publish_list_says_a_stored_map_under_another_epsilon_is_refused(
+    tmp_path: Path, specs: dict[str, SketchSpec], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``owner publish --epsilon 0.3`` without --spec, where toy/rff's map was released at
+    epsilon 1: the list reads the stored epsilon from the owner's ledger, says toy/rff is
+    refused, and offers the other specs only (the allocation's spec being the refused one,
+    nothing: no prompt). Without --epsilon it is sent again, free. Control: the old list said
+    ``yes (sent again, free)`` and offered toy/rff, and the run it started was refused
+    (AnotherEpsilonError, ``ALREADY_EXISTS``)."""
+    import io
+
+    from rich.console import Console
+
+    from dpmarket.owner import cli as owner_cli
+
+    prompts: list[str] = []
+
+    def confirm(text: str, **kwargs: Any) -> bool:
+        prompts.append(text)
+        return True
+
+    monkeypatch.setattr(owner_cli, "_interactive", lambda: True)
+    monkeypatch.setattr(owner_cli.click, "confirm", confirm)
+
+    def choose(*args: Any) -> tuple[list[str], str]:
+        out = io.StringIO()
+        monkeypatch.setattr(owner_cli, "console", Console(file=out, width=200))
+        return owner_cli._choose_specs(*args), out.getvalue()
+
+    with SketchCatalog(tmp_path / "curator", [DECLARATION], seed=0) as catalog:
+        endpoint = catalog.endpoint("owner-0")
+        catalogue = catalog.specs()
+        with OwnerLedger.create(tmp_path / "a", OwnerPolicy()) as ledger:
+            publisher = SketchPublisher(ledger, noise=SeededNoise(np.random.default_rng(0)))
+            assert publisher.stored_epsilons(catalogue) == {}
+            publish_to(endpoint, publisher, _table(), ["toy/rff"])  # epsilon 1, the default
+            stored = publisher.stored_epsilons(catalogue)
+            assert stored == {"toy/rff": 1.0}
+
+            names, text = choose(endpoint, catalogue, None, 0.3, stored)
+            rff = next(line for line in text.splitlines() if "toy/rff" in line)
+            assert "yes at epsilon 1: --epsilon 0.3 refused" in rff, text
+            assert "sent again" not in rff, text
+            assert sorted(names) == ["toy/hist", "toy/race"]
+            assert prompts[-1].startswith("Publish every spec but the refused (2 of 3), charging")
+            assert "epsilon 0.6," in prompts[-1], prompts[-1]  # 0.3 for each of the two
+            with pytest.raises(AnotherEpsilonError):  # what the old offer led to
+                publish_to(endpoint, publisher, _table(), ["toy/rff"], epsilon=0.3)
+
+            count = len(prompts)
+            names, text = choose(endpoint, catalogue, "toy/rff", 0.3, stored)
+            assert names == [] and len(prompts) == count, prompts
+            assert "nothing to offer: this owner released toy/rff at another epsilon" in text
+
+            names, text = choose(endpoint, catalogue, "toy/rff", None, stored)
+            rff = next(line for line in text.splitlines() if "toy/rff" in line)
+            assert "yes (sent again, free)" in rff, text
+            assert names == ["toy/rff"] and "epsilon 0, delta 0?" in prompts[-1], prompts
