@@ -23,6 +23,7 @@ import click
 import numpy as np
 from numpy.typing import NDArray
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table as RichTable
 
 from dpmarket.common.errors import DPMarketError, InvalidArgumentError
@@ -1154,13 +1155,15 @@ def _print_flags(estimates: Sequence[Estimate]) -> None:
         style = "red" if flag.on == "interval" else "yellow"
         where = ", ".join(labels) if len(labels) <= 6 else f"{len(labels)} values"
         console.print(
-            f"[{style}]{_FLAG_NAMES.get(code, code)}[/{style}] ({where}): "
-            + _FLAG_LEGEND.get(code, flag.reason),
+            f"[{style}]{_FLAG_NAMES.get(code, code)}[/{style}] "
+            + escape(f"({where}): {_FLAG_LEGEND.get(code, flag.reason)}"),
             highlight=False,
         )
     if estimates and estimates[0].low is not None:
         console.print(
-            f"intervals: {estimates[0].method}; they cover {estimates[0].covers}", highlight=False
+            f"intervals: {estimates[0].method}; they cover {estimates[0].covers}",
+            markup=False,
+            highlight=False,
         )
 
 
@@ -1228,7 +1231,7 @@ def _fit_command(task: str) -> Callable[..., None]:
             print_json(model)
         else:
             shown = estimates if spec.fit_intercept else estimates[:-1]
-            Console().print(
+            Console(markup=False).print(
                 _estimates_table(
                     f"{task} regression of {spec.target[0]} over {len(r.sites)} owners",
                     "weight" if task == "linear" else "log-odds",
@@ -1316,7 +1319,9 @@ def cape_mean_command(
     if as_json:
         print_json(document)
     else:
-        Console().print(_estimates_table(f"mean over {len(r.sites)} owners", "mean", estimates))
+        Console(markup=False).print(
+            _estimates_table(f"mean over {len(r.sites)} owners", "mean", estimates)
+        )
         _print_flags(estimates)
     console.print(
         f"mean of {len(columns)} column(s) over {len(r.sites)} owners "
@@ -1820,7 +1825,9 @@ def _print_answer(answer: Any, title: str) -> None:
                 f["code"].upper() if f["on"] == "interval" else f["code"] for f in row["flags"]
             ),
         )
-    out = Console()
+    # No console markup: a label such as "P[price <= 0]" is data, and rich would read its
+    # "[price <= 0]" as a style tag and print "P".
+    out = Console(markup=False)
     out.print(table)
     for basis, covers in dict.fromkeys((row["basis"], row["covers"]) for row in rows):
         out.print(f"interval ({basis}): {covers}", highlight=False)
@@ -1993,15 +2000,15 @@ def _print_ranking(document: dict[str, Any], title: str, resolution: str) -> Non
             f"{r['n']:.0f} [{r['n_interval'][0]:.0f}, {r['n_interval'][1]:.0f}]",
             ", ".join(RANK_FLAG_NAMES[f["code"]] for f in r["flags"]),
         )
-    Console().print(table)
+    Console(markup=False).print(table)  # owners' names are data, never style tags
     for code, name in RANK_FLAG_NAMES.items():
         reasons = [
             f"{r['owner']}: {f['reason']}" for r in rows for f in r["flags"] if f["code"] == code
         ]
         if reasons:
-            console.print(f"[yellow]{name}[/yellow] " + "; ".join(reasons), highlight=False)
+            console.print(f"[yellow]{name}[/yellow] " + escape("; ".join(reasons)), highlight=False)
     if rows:
-        console.print(resolution, highlight=False)
+        console.print(resolution, markup=False, highlight=False)
         console.print(f"intervals: {RANK_COVERS}", highlight=False)
 
 

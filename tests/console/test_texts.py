@@ -173,3 +173,33 @@ def test_a_guessed_counts_headline_shows_no_plus_minus(
         assert ("±" not in headline) == guessed, headline
         assert ("model-guess" in headline) == guessed, headline
         assert "95 % interval [0.0, 120.0]" in headline, headline
+
+
+def test_explore_and_rank_owners_print_bracketed_labels_as_they_are(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A CDF's label ``P[price <= 0]`` printed as ``P`` in ``consumer explore``'s table (a
+    stranger's report: rich read ``[price <= 0]`` as a style tag, so thresholds and counts could
+    not be told apart), and an owner named ``[b]`` vanished from ``rank-owners``. The control:
+    rich's default console drops the same label."""
+    from rich.console import Console
+
+    from dpmarket.consumer.cli import _print_ranking
+
+    query = Query("cdf", columns=("price",), points=(0.0, 60000.0))
+    labels = ("P[price <= 0]", "P[price <= 60000]")
+    answer = Answer(query, labels, np.array([0.0, 0.1]), {}, errors=np.array([0.01, 0.02]),
+                    columns=(("price",), ("price",)), flags=((), ()),
+                    low=np.array([0.0, 0.05]), high=np.array([0.02, 0.15]))  # fmt: skip
+    _print_answer(answer, "cdf of price")
+    printed = capsys.readouterr().out
+    assert all(label in printed for label in labels), printed
+
+    flag = {"code": "order_not_resolved", "reason": "within [the] noise", "on": "value"}
+    rows = [{**_row("[b]", 1, [flag]), "n_interval": [380.0, 420.0], "rank_interval": [1, 1]}]
+    _print_ranking({"ranking": rows}, "ranking", "no pair of owners is resolved (0 of 0)")
+    printed = "".join(capsys.readouterr())  # the table on stdout, the reasons on stderr
+    assert "│ [b]" in printed and "[b]: within [the] noise" in printed, printed
+
+    Console(width=80).print("P[price <= 0]")
+    assert capsys.readouterr().out.strip() == "P"  # the control
