@@ -709,8 +709,12 @@ def bounded_answer(
     # and on the interval shown, when the noise's width made it wider ([0, 20] from [12.68,
     # 20] passed unflagged): _uninformative.
     raw_width = raw_high - raw_low
+    # Round-off is not an impossible estimate: a marginal's cell fractions that sum to 1 read
+    # 1 + 2e-16, flagged ``clipped`` beside an interval that held the truth (a stranger's
+    # P[price <= 300000] at the column's upper bound).
+    slack = 1e-9 * np.where(np.isfinite(span), np.maximum(span, 1.0), 1.0)
     for j in range(k):
-        if raw_high[j] < low[j] or raw_low[j] > high[j]:
+        if raw_high[j] < low[j] - slack[j] or raw_low[j] > high[j] + slack[j]:
             flag = _flag(
                 "clipped",
                 f"clipped to {what[j]}: the raw estimate {raw[j]:.6g} and its whole interval "

@@ -1005,3 +1005,22 @@ def test_a_race_fit_takes_the_one_record_count_its_point_and_interval_take() -> 
     # The answer's lambda is the fit's, and its n the one record count.
     answer = explorer.answer(Query("mean", columns=("hours",)), sketch, replicates=50)
     assert answer.extra["lambda"][0] in [pytest.approx(g) for g in grid], answer.extra["lambda"]
+
+
+def test_round_off_above_a_fraction_is_not_flagged_clipped() -> None:
+    """A marginals answer whose cell fractions sum to 1 read ``1.0000000000000002``, and the
+    whole (zero-width) raw interval lay above 1: ``clipped`` went on an interval that held the
+    truth 1 (a stranger's ``P[price <= 300000]``, 20 of 480 answers). Round-off within 1e-9 of
+    the range is the bound itself; the control, an estimate 0.01 above, is still flagged.
+    Deterministic."""
+    one = np.array([1.0 + 2e-16])
+    values, lo, hi, flags = explore_module.bounded_answer(
+        one, one, one, np.zeros(1), np.ones(1), ["[0, 1] (a fraction)"], 0.0
+    )
+    assert values[0] == 1.0 and lo[0] <= 1.0 <= hi[0]
+    assert not any(f.code == "clipped" for f in flags[0]), flags
+    above = np.array([1.01])
+    *_, flags = explore_module.bounded_answer(
+        above, above, above, np.zeros(1), np.ones(1), ["[0, 1] (a fraction)"], 0.0
+    )
+    assert [f.code for f in flags[0]] == ["clipped"]  # the control
