@@ -656,8 +656,9 @@ def test_measured_estimates_lie_inside_their_intervals_with_their_noise_s_sd() -
     it fell below 0, where that owner's lower bound is cut at 0), and ``value -+ 1.96 sd``
     covers the truth at the nominal rate: between 365 and 392 of 400, each of the five values
     failing with probability 1.2e-3 if the sd is right (Binomial(400, 0.95); the record count's
-    noise enters to first order: its sd is 1.6 % of n here). The control, the graphical model's value
-    that ``explore`` printed before, needs a fit: it is in ``tests/consumer/test_explore.py``.
+    noise enters to first order: its sd is 1.6 % of n here). The control, the graphical
+    model's value that ``explore`` printed before, needs a fit: it is in
+    ``tests/consumer/test_explore.py``.
     """
     rng = np.random.default_rng(11)
     sizes = [6, 2]
