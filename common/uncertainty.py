@@ -58,8 +58,8 @@ BASES: dict[str, str] = {
     "a flag on the interval says so)",
     "noise+bias": "the release's noise and a bound on the estimator's bias (bias_bound), whatever "
     "the records",
-    "measured": "the noise of a measured marginal's unbiased estimate (widened to hold the "
-    "model's value where it lies outside)",
+    "measured": "the noise of the estimate from the measured marginals that hold the value's "
+    "columns, which is the value (unbiased count over the measured record count)",
     "bounds": "bounds that hold whatever the joint distribution (Fréchet bounds from what was "
     "measured), widened by the noise; the value inside them is a guess",
     "none": "no interval can be stated",

@@ -31,17 +31,20 @@ bias (the binning of a histogram, M2M's residual range for its fit and shrinkage
 or holds whatever the joint (Fréchet or Cauchy-Schwarz bounds for what one histogram per column
 does not identify: ``bounds``, the independence guess flagged on the value), widened by the 95 %
 quantile of the noise (:mod:`dpmarket.consumer.intervals` states each construction). The
-graphical model's counts, CDFs, cells and moments get a measured marginal's unbiased interval
-(``measured``) or Fréchet bounds from the measured marginals (``bounds``, the model's guess
-flagged on the value: :mod:`dpmarket.common.sketches.marginals_bounds`); its covariances of
-a pair every owner measured together, bounds from the measured sums (``measured``), of any other
-pair Cauchy-Schwarz bounds from the two variances (``bounds``). A logistic regression's bias is
+marginals kind's counts, CDFs, cells, moments and covariances whose columns every owner measured
+together are the measured marginals' own estimate, with its noise's standard error and the
+interval built around it (``measured``; the graphical model's value is not printed there: it is
+biased where the noise is large against a cell); the others are the graphical model's guess
+(flagged ``model-guess`` on the value) inside bounds that hold whatever the joint: Fréchet bounds
+from the measured marginals, Cauchy-Schwarz bounds from the two variances for a covariance
+(``bounds``; :mod:`dpmarket.common.sketches.marginals_bounds`). A logistic regression's bias is
 not bounded: its intervals cover the noise only and are flagged ``unbounded`` on the interval.
 Where the record count is known within 20 % or worse, the means, moments, CDFs and counts whose
 bounds are ratios over the count get an interval exact in the count's noise (Fieller's test
 inversion: :func:`dpmarket.common.sketches.intervals.ratio_interval`); the others are flagged
-``few-records``. Values and intervals are cut to what the quantity can be — a mean to its
-column's public bounds, a fraction to [0, 1], a variance to [0, w^2/4] — the raw estimate kept
+``few-records``. Values and intervals of every sketch kind are cut to what the quantity can be —
+a mean to its column's public bounds, a fraction to [0, 1], a variance to [0, w^2/4]
+(Popoviciu), a covariance to [-w_a w_b/4, w_a w_b/4] — the raw estimate kept
 beside them; an interval the cut leaves narrower than the noise alone spreads its value over (the
 larger of the noise's quantile and 1.96 standard errors) keeps that width, from the edge inwards
 (:func:`_cut_keeping_noise`: no CDF ``[0.9999, 1]`` narrower than its standard error, no count
@@ -98,8 +101,11 @@ from dpmarket.common.sketches.marginals import (
     free_compiled,
 )
 from dpmarket.common.sketches.marginals_bounds import (
+    MeasuredEstimate,
     covariance_bounds,
+    covariance_estimate,
     fraction_bounds,
+    fraction_estimate,
     record_count_bounds,
     total_count,
     union_count_bounds,
@@ -273,9 +279,11 @@ class Answer:
     values : ndarray of shape (len(labels),), float64
         Clipped to what the quantity can be (module docstring); see :attr:`raw`.
     extra : dict
-        ``count``: ``count`` (the fraction times the count estimate), ``n``,
+        ``count``: ``count`` (the fraction times the count estimate; a marginals count whose
+        columns were measured together, the measured count itself), ``n``,
         ``count_standard_error`` (``None`` where there is none: a graphical model's guess over
-        columns no measurement holds together) and ``count_interval`` (the interval times ``n``);
+        columns no measurement holds together) and ``count_interval`` (the count's own
+        interval, holding ``count``);
         ``synthetic``: ``records`` (rows of values in the spec's column order) and ``columns``.
     errors : ndarray of shape (len(labels),), float64
         Standard error of each value from the release's noise (NaN when none is available, and
@@ -801,6 +809,52 @@ def _uninformative(
             f"the interval, {width:.4g} wide before it is cut to {what}{after}, spans more "
             f"than {100 * UNINFORMATIVE:.0f} % of it: the sketch barely constrains this value",
         ),
+    )
+
+
+def _outside(
+    raw: float, interval: NDArray[np.float64], low: float, high: float, what: str
+) -> tuple[Flag, ...]:
+    """``(clipped,)`` when a value's whole interval, ``[interval[0], interval[1]]`` before
+    the cut, lies outside what the value can be, ``[low, high]`` (``what``): it has missed;
+    ``()`` otherwise (a raw estimate outside the range whose interval reaches it is clipped
+    silently, as :func:`_bounded_flags` does)."""
+    if interval[1] >= low and interval[0] <= high:
+        return ()
+    return (
+        _flag(
+            "clipped",
+            f"clipped to {what}: the raw estimate {raw:.6g} and its whole interval "
+            f"[{interval[0]:.4g}, {interval[1]:.4g}] are impossible",
+        ),
+    )
+
+
+def _cut_flags(
+    flags: Sequence[tuple[Flag, ...]],
+    raw: NDArray[np.float64],
+    bounds: NDArray[np.float64],
+    low: NDArray[np.float64],
+    high: NDArray[np.float64],
+    possible: tuple[NDArray[np.float64], NDArray[np.float64], list[str]],
+) -> tuple[tuple[Flag, ...], ...]:
+    """``flags`` with, per value, ``clipped`` where its whole interval ``bounds[v]`` (shape
+    (k, 2), before the cut) lies outside what it can be (:func:`_outside`; ``possible`` as
+    :func:`_possible` returns it) and ``uninformative`` judged on that interval and on the one
+    shown, ``[low, high]`` (:func:`_uninformative`)."""
+    p_low, p_high, what = possible
+    return tuple(
+        (
+            *f,
+            *_outside(float(raw[v]), bounds[v], float(p_low[v]), float(p_high[v]), what[v]),
+            *_uninformative(
+                float(bounds[v, 1] - bounds[v, 0]),
+                float(p_high[v] - p_low[v]),
+                what[v],
+                float(high[v] - low[v]),
+            ),
+        )
+        for v, f in enumerate(flags)
     )
 
 
@@ -1730,10 +1784,19 @@ class MarginalsExplorer:
         Returns
         -------
         Answer
-            Values, bootstrap standard errors, the columns of each value, and each value's
-            interval, basis and flags (:meth:`_intervals`; an interval spanning more than
-            :data:`UNINFORMATIVE` of what the value can be is flagged ``uninformative`` on the
-            value, as an M2M or histogram answer's is).
+            Values, standard errors, the columns of each value, and each value's interval,
+            basis and flags (:meth:`_intervals`). Where every owner measured a marginal holding
+            the value's columns (basis ``measured``) the value is the measured marginals' own
+            estimate and its standard error that estimate's noise sd (:meth:`_measured`), the
+            estimate the interval is built around; elsewhere it is the graphical model's guess,
+            with no standard error, inside bounds that hold whatever the joint (``bounds``,
+            flagged ``model-guess`` on the value). Intervals are cut to what the value can be
+            (:func:`_possible`: a fraction to [0, 1], a mean to the column's bounds, a variance
+            to [0, w^2/4], a covariance to -+ w_a w_b/4), keeping at least 1.96 standard errors
+            of width from the edge (:func:`_cut_keeping_noise`); a value outside its interval
+            is moved to its nearest end, the estimate kept in ``raw``. An interval spanning
+            more than :data:`UNINFORMATIVE` of what the value can be is flagged
+            ``uninformative`` on the value, as an M2M or histogram answer's is.
 
         Raises
         ------
@@ -1762,34 +1825,36 @@ class MarginalsExplorer:
             if replicates > 1
             else np.full(main.shape, np.nan)
         )
-        values, clip_flags = _clip(query, domain, main)
+        # Where every owner measured the value's columns together, the value is the measured
+        # marginals' own estimate, with its noise's standard error: the estimate the interval
+        # is built around (the model's value there is biased where the noise is large against
+        # a cell, and its bootstrap spread is not its error).
+        measured = self._measured(query, sketches)
+        raw = np.array([main[v] if m is None else m.value for v, m in enumerate(measured)])
+        se = np.array([se[v] if m is None else m.sd for v, m in enumerate(measured)])
+        k = raw.shape[0]
+        possible_low, possible_high, what = _possible(query, domain, k)
+        values = np.clip(raw, possible_low, possible_high)
         bounds, basis, covers, flags = self._intervals(query, sketches, values)
         noise = np.isnan(bounds).any(axis=1)
         bounds[noise, 0] = values[noise] - Z95 * se[noise]
         bounds[noise, 1] = values[noise] + Z95 * se[noise]
-        values = np.where(noise, values, np.clip(values, bounds[:, 0], bounds[:, 1]))
         # The model's guess over columns no measurement holds together has no standard error:
         # its error is the independence guess's bias, which only its Fréchet bounds hold (the
         # bootstrap's spread of the guess, as small as 1e-46, read as a near-exact value).
         se = np.where(np.array(basis) == "bounds", np.nan, se)
-        low, high, what = _possible(query, domain, len(values))
-        flags = tuple(
-            (*f, *c, *_uninformative(float(b[1] - b[0]), float(h - lo), w))
-            for f, c, b, lo, h, w in zip(flags, clip_flags, bounds, low, high, what, strict=True)
+        # Cut to what the value can be (a variance to [0, w^2/4], a covariance to -+ w_a w_b/4,
+        # a mean to the column's bounds), keeping the noise's width at the edge, as every
+        # other kind's interval is (_bounded_flags).
+        low, high = _cut_keeping_noise(
+            bounds[:, 0], bounds[:, 1], possible_low, possible_high, _noise_floor(se, np.zeros(k))
         )
+        values = np.clip(values, low, high)
+        flags = _cut_flags(flags, raw, bounds, low, high, (possible_low, possible_high, what))
         total = math.fsum(m.total for m, _ in fitted)
         extra: dict[str, Any] = {}
         if query.kind == "count":
-            count = float(values[0]) * total
-            c_low, c_high = self._count_interval(query, sketches)
-            n_low, n_high = self._record_count_interval(sketches)
-            extra = {
-                "count": count,
-                "n": total,
-                "n_interval": [min(n_low, total), max(n_high, total)],
-                "count_standard_error": None if np.isnan(se[0]) else float(se[0]) * total,
-                "count_interval": [min(c_low, count), max(c_high, count)],
-            }
+            extra = self._count_extra(query, sketches, measured[0], float(values[0]), total)
         if query.kind == "marginal":
             idx = _index(domain, query.columns).tolist()
             labels = _marginal_labels(self.feature_map, domain, idx)
@@ -1805,13 +1870,40 @@ class MarginalsExplorer:
             errors=se,
             columns=columns,
             flags=flags,
-            raw=main,
+            raw=raw,
             source=f"{self.spec.name} (graphical model)",
-            low=bounds[:, 0].copy(),
-            high=bounds[:, 1].copy(),
+            low=low,
+            high=high,
             basis=basis,
             covers=covers,
         )
+
+    def _count_extra(
+        self,
+        query: Query,
+        sketches: Sequence[MarginalsSketch],
+        measured: MeasuredEstimate | None,
+        fraction: float,
+        total: float,
+    ) -> dict[str, Any]:
+        """A count answer's ``count``, ``n`` (the models' ``total``), ``n_interval``,
+        ``count_standard_error`` and ``count_interval``: the measured count itself, unbiased
+        (cut at 0), with its sd, where every owner measured the count's columns together
+        (``measured``); elsewhere the model's guess, its ``fraction`` times ``total``, with no
+        standard error. Each interval is widened to hold its value."""
+        c_low, c_high = self._count_interval(query, sketches)
+        n_low, n_high = self._record_count_interval(sketches)
+        if measured is None:
+            count, count_se = fraction * total, None
+        else:
+            count, count_se = max(measured.count, 0.0), measured.count_sd
+        return {
+            "count": count,
+            "n": total,
+            "n_interval": [min(n_low, total), max(n_high, total)],
+            "count_standard_error": count_se,
+            "count_interval": [min(c_low, count), max(c_high, count)],
+        }
 
     def _count_interval(
         self, query: Query, sketches: Sequence[MarginalsSketch]
@@ -1872,6 +1964,28 @@ class MarginalsExplorer:
             out.append({int(j): levels**order})
         return out
 
+    def _measured(
+        self, query: Query, sketches: Sequence[MarginalsSketch]
+    ) -> list[MeasuredEstimate | None]:
+        """Per value, its estimate from the measured marginals alone where every owner measured
+        a marginal holding the value's columns (None elsewhere): a fraction, mean or second
+        moment ``C / N`` (:func:`~dpmarket.common.sketches.marginals_bounds.fraction_estimate`),
+        a covariance from the four measured sums
+        (:func:`~dpmarket.common.sketches.marginals_bounds.covariance_estimate`); each with its
+        noise's standard deviation."""
+        parts = [s.measurements for s in sketches]
+        cells = [int(c) for c in self.feature_map.cells]
+        if query.kind != "covariance":
+            return [fraction_estimate(parts, cells, w) for w in self._value_weights(query)]
+        idx = _columns(query, self.domain)
+        out: list[MeasuredEstimate | None] = []
+        for a, b in zip(*np.triu_indices(idx.size), strict=True):
+            ja, jb = int(idx[a]), int(idx[b])
+            la, lb = self.domain.level_values(ja), self.domain.level_values(jb)
+            assert la is not None and lb is not None  # expresses(): discrete columns only
+            out.append(covariance_estimate(parts, cells, (ja, jb), (la, lb)))
+        return out
+
     def _intervals(
         self,
         query: Query,
@@ -1882,18 +1996,20 @@ class MarginalsExplorer:
 
         Counts, CDFs, marginal cells, means and second moments:
         :func:`dpmarket.common.sketches.marginals_bounds.fraction_bounds` from the owners'
-        measurements — the unbiased estimate's interval where one measured marginal holds the
-        value's columns (``"measured"``; widened to hold the model's value if it lies outside),
-        Fréchet bounds that hold whatever the joint otherwise (``"bounds"``; the model's value,
-        an independence guess there, is flagged ``model-guess`` on the value and moved inside
-        them when outside). Covariances: bounds from the measured sums where every owner
-        measured the pair together (``"measured"``), Cauchy-Schwarz bounds otherwise
-        (``"bounds"``, the model's guess flagged ``model-guess`` on the value):
-        :meth:`_covariance_intervals`.
+        measurements — where one measured marginal holds the value's columns (``"measured"``),
+        the interval of the measured estimate ``C / N`` that ``values`` holds there
+        (:meth:`_measured`): the unbiased count ``-+ z sd`` over the record count's interval,
+        Bonferroni; Fréchet bounds that hold whatever the joint otherwise (``"bounds"``; the
+        model's value, an independence guess there, is flagged ``model-guess`` on the value and
+        moved inside them when outside). Covariances: bounds from the measured sums where
+        every owner measured the pair together (``"measured"``), Cauchy-Schwarz bounds
+        otherwise (``"bounds"``, the model's guess flagged ``model-guess`` on the value):
+        :meth:`_covariance_intervals`. No interval depends on the model's fit.
 
         Returns
         -------
         (ndarray of shape (k, 2), tuple of str, tuple of str, tuple of tuple of Flag)
+            Intervals before the cut to what the values can be (the caller's).
         """
         k = values.shape[0]
         parts = [s.measurements for s in sketches]
@@ -1909,12 +2025,12 @@ class MarginalsExplorer:
         for v, w in enumerate(per_value):
             low, high, measured = fraction_bounds(parts, cells, w, record_counts=record_counts)
             if measured:
-                low, high = min(low, float(values[v])), max(high, float(values[v]))
                 basis.append("measured")
                 covers.append(
-                    "the unbiased estimate from the measured marginals that hold these columns "
-                    "(inverse-variance weighted), ± 1.96 sd of its Gaussian noise; widened to "
-                    "hold the model's value"
+                    "the value is the unbiased count from the measured marginals that hold "
+                    "these columns (inverse-variance weighted) over the measured record count; "
+                    "the interval is that count ± z sd over the record count's interval "
+                    "(Bonferroni), which holds the truth with probability 95 % or more"
                 )
                 flags.append(())
             else:
@@ -1943,11 +2059,13 @@ class MarginalsExplorer:
     ) -> tuple[NDArray[np.float64], tuple[str, ...], tuple[str, ...], tuple[tuple[Flag, ...], ...]]:
         """Covariances (and variances) of discrete columns: where every owner measured a
         marginal holding the pair, bounds from four measured sums
-        (:func:`~dpmarket.common.sketches.marginals_bounds.covariance_bounds`; ``"measured"``);
-        otherwise Cauchy-Schwarz bounds from the two variances' intervals, which hold whatever
-        the joint (:func:`~dpmarket.common.sketches.marginals_bounds.
-        unmeasured_covariance_bounds`; ``"bounds"``), the model's independence guess flagged
-        ``model-guess`` on the value. Either is widened to hold the model's value."""
+        (:func:`~dpmarket.common.sketches.marginals_bounds.covariance_bounds`; ``"measured"``),
+        around the plug-in estimate from the same sums that ``values`` holds there
+        (:meth:`_measured`); otherwise Cauchy-Schwarz
+        bounds from the two variances' intervals, which hold whatever the joint
+        (:func:`~dpmarket.common.sketches.marginals_bounds.unmeasured_covariance_bounds`;
+        ``"bounds"``), the model's independence guess flagged ``model-guess`` on the value
+        (moved inside them by the caller where outside). No interval depends on the fit."""
         idx = _columns(query, self.domain)
         rows, cols = np.triu_indices(idx.size)
         cells = [int(c) for c in self.feature_map.cells]
@@ -1962,31 +2080,29 @@ class MarginalsExplorer:
             assert levels[0] is not None and levels[1] is not None  # expresses()
             found = covariance_bounds(parts, cells, (ja, jb), (levels[0], levels[1]))
             if found is not None:
-                bounds[v] = (min(found[0], values[v]), max(found[1], values[v]))
+                bounds[v] = found
                 basis.append("measured")
                 covers.append(
-                    "E xy, E x, E y and n from the measured marginals that hold the pair "
-                    "(unbiased, each ± z sd at alpha/8 a side: union bound), combined by "
-                    "interval arithmetic; widened to hold the model's value"
+                    "the value is S_xy/n - S_x S_y/n^2 from the measured marginals that hold "
+                    "the pair (each sum unbiased); the interval is each sum ± z sd at alpha/8 a "
+                    "side (union bound), combined by interval arithmetic"
                 )
                 flags.append(())
                 continue
             low, high = unmeasured_covariance_bounds(parts, cells, (ja, jb), (levels[0], levels[1]))
-            bounds[v] = (min(low, values[v]), max(high, values[v]))
+            bounds[v] = (low, high)
             basis.append("bounds")
             covers.append(
                 "|cov| <= sd_a sd_b (Cauchy-Schwarz), each variance at the upper end of its "
                 "measured interval at 97.5 %: holds whatever the joint"
             )
-            flags.append(
-                (
-                    _flag(
-                        "model-guess",
-                        "the graphical model's independence guess: the pair was never measured "
-                        "together; the interval holds whatever the joint",
-                    ),
-                )
+            reason = (
+                "the graphical model's independence guess: the pair was never measured "
+                "together; the interval holds whatever the joint"
             )
+            if not low <= values[v] <= high:
+                reason += f" (the model's {values[v]:.6g} lay outside it: moved inside)"
+            flags.append((_flag("model-guess", reason),))
         return bounds, tuple(basis), tuple(covers), tuple(flags)
 
     def _weights(

@@ -33,11 +33,13 @@ tree covering the release's measured cliques, with no negative count
 (:meth:`~dpmarket.common.sketches.marginals.MarginalsModel.from_beliefs`), and the model's total
 is the release's minimum-variance total, recomputed. These establish that the trees are a
 genuine model of the release's structure, not that they are the optimum of the fit: a dishonest
-owner (or curator) could move a point estimate, or shrink a bootstrap standard error. The
-intervals of counts, CDFs, marginal cells, means and second moments do not depend on it (they are
-computed by the consumer from the measurements:
-:func:`dpmarket.common.sketches.marginals_bounds.fraction_bounds`, and the model's value is moved
-inside them); a covariance's interval and every standard error do. A consumer that does not
+owner (or curator) could move a point estimate, or shrink a bootstrap standard error. No
+interval depends on it, nor does a value whose columns were measured together or its standard
+error (the consumer computes them from the measurements:
+:func:`dpmarket.common.sketches.marginals_bounds.fraction_bounds`,
+:func:`~dpmarket.common.sketches.marginals_bounds.fraction_estimate`,
+:func:`~dpmarket.common.sketches.marginals_bounds.covariance_bounds`); the model's guess over
+columns never measured together does, and is moved inside its bounds. A consumer that does not
 take the publisher's word refits (``dpmarket consumer explore --refit``; the console refits
 every published fit in its background warm-up and answers from its own fit once done), and
 the same procedure on the same platform gives the same model bit for bit (tested).

@@ -147,7 +147,8 @@ def test_verifying_replaces_a_published_fit_that_shrinks_the_errors(
 ) -> None:
     """An owner (or curator) publishes a fit whose bootstrap replicates are all its model: it
     passes the receiver's checks (each tree is a calibrated model of the release) and its
-    standard errors read 0 — the attack's effect, seen before verifying. ``verify_fits`` refits
+    standard errors read 0 — the attack's effect before a measured value's standard error came
+    from the measurements (it no longer depends on the fit). ``verify_fits`` refits
     the sketch here, logs the difference, and later answers read the consumer's own fit: its
     standard errors, bit for bit as an explorer that never saw the published fit."""
     specs = _specs("clinics", COLUMNS, {"marginals": {"bins": 4}})
@@ -168,7 +169,10 @@ def test_verifying_replaces_a_published_fit_that_shrinks_the_errors(
     count = Query("count", where=(("bmi", 30.0, 70.0), ("high", 1, 1)))
     MARGINALS_MODELS.clear()
     before = explore(catalogue, count, options=options).answer
-    assert before.errors[0] == 0.0  # the shrunk errors, read as published
+    # The count's columns were measured together: its value and standard error come from the
+    # measurements, not the fit, so the shrunk replicates no longer shrink it (before issue 28's
+    # measured values, the published fit's bootstrap read 0.0 here).
+    assert before.basis == ("measured",) and before.errors[0] > 0.0
     store = tmp_path / "models"
     fits = published_fits(catalogue, options=options)
     assert unstored_fits(fits, store, options) == fits  # answers read the published fit
@@ -187,9 +191,10 @@ def test_verifying_replaces_a_published_fit_that_shrinks_the_errors(
     MARGINALS_MODELS.clear()
     restarted = explore(catalogue, count, options=options, model_dir=store).answer
     assert np.array_equal(restarted.errors, mine.errors)
-    # The control: without the store, the published fit is what a restarted process reads.
+    # Without the store, the published fit is what a restarted process reads; the measured
+    # count's error does not depend on it (before issue 28's measured values it read 0.0).
     MARGINALS_MODELS.clear()
-    assert explore(catalogue, count, options=options).answer.errors[0] == 0.0
+    assert np.array_equal(explore(catalogue, count, options=options).answer.errors, mine.errors)
     MARGINALS_MODELS.clear()
 
 
