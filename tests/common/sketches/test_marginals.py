@@ -121,14 +121,20 @@ def test_release_is_within_budget_and_validated() -> None:
 
 
 def test_measurement_noise_has_the_stated_sigma() -> None:
-    """Residuals of every measured cell, standardised by the stated sigma, are N(0, 1) (KS,
-    p > 1e-4), and at twice the sigma they are not (the test can fail)."""
+    """Residuals of every measured cell of four two-round releases (336 cells), standardised by
+    the stated sigma, are N(0, 1) (KS, p > 1e-4: failure probability 1e-4 whatever the number
+    of cells), and at twice the sigma they are not (the test can fail: p = 3.2e-7 at these
+    seeds).
+
+    Four releases, not six: each release's cost is its between-rounds model fit (about 7 s of
+    CPU, mostly compilation), not its noise. Six releases (503 cells) gave p = 0.65 and, at
+    twice the sigma, 5.1e-11; the first three alone (254 cells) 7.0e-6, too near the bound."""
     domain = _domain()
     fmap = marginals_map(domain, 10, rounds=2, measurements=6)
     records = _records(2000, np.random.default_rng(2))
     mech = MarginalsMechanism(fmap, domain, 1.0, 1e-6)
     z, z2 = [], []
-    for seed in range(6):
+    for seed in range(4):
         rng = np.random.default_rng(100 + seed)
         sketch = mech.release(records, SeededNoise(rng), rng=rng)
         for m in sketch.measurements:
