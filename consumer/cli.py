@@ -1138,8 +1138,11 @@ def _estimates_table(title: str, header: str, estimates: Sequence[Estimate]) -> 
 _FLAG_LEGEND = {
     "sign_not_resolved": "the 95 % interval contains 0: the noise alone could give the sign",
     "noise_dominates": "the standard error exceeds the value's magnitude",
-    "outside_bounds": "the value lies outside the column's bounds, where no mean of clamped "
-    "records can be: the noise moved it there",
+    "outside_bounds": "the raw estimate lay outside the column's bounds, where no mean of "
+    "clamped records can be (the noise moved it there); the value and its interval are cut to "
+    "the bounds",
+    "uninformative": "the interval spans more than half of the column's bounds: the release "
+    "barely constrains this value",
 }
 
 
