@@ -1691,7 +1691,9 @@ def explore_command(
     Each query is answered from the best sketch available (dpmarket.consumer.explore.choose_source):
     among the sketches that express it (a marginals sketch: counts, CDFs, marginals, synthetic
     records, moments of discrete columns; HIST, RFF, RACE: all but marginals and records), the
-    one whose honest 95 % interval is narrowest."""
+    one whose honest 95 % interval is narrowest; for a logistic regression, where no sketch's
+    interval is trusted, a sketch whose fit identifies the model (RFF, RACE) with the least
+    noise, and the reason says no candidate has a trusted interval."""
     from threadpoolctl import threadpool_limits
 
     from dpmarket.consumer import model_store

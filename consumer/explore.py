@@ -131,6 +131,7 @@ __all__ = [
     "DEFAULT_EXPLORE_SYNTHETIC",
     "FLAGS",
     "MARGINALS_MODELS",
+    "NO_TRUSTED",
     "QUERIES",
     "READ_KINDS",
     "Answer",
@@ -2153,8 +2154,10 @@ def choose_source(
     moments and covariances of discrete columns; a HIST, RFF or RACE spec: everything but
     marginal tables and synthetic records), the one whose honest 95 % interval is narrowest,
     ``expected_error(spec)``: :func:`honest_half_width` of the spec's answer (for a logistic
-    regression, whose bias no sketch bounds, every interval is untrusted and the caller gives
-    the standard error of the involved columns' means instead). Intervals compare alike
+    regression, whose bias no sketch bounds, every interval is untrusted: the reason says
+    :data:`NO_TRUSTED`, and the spec is chosen among those whose fit identifies the model, RFF
+    and RACE, by the least standard error of the involved columns' means, which the caller gives
+    as ``expected_error``: :func:`_logreg_source`). Intervals compare alike
     whatever the kind, because each states what it covers: a bias bound, Fréchet bounds or a
     measured marginal's noise, and an interval flagged as untrustworthy counts as wide as what
     the value can be. A sketch whose noise is small but whose estimator cannot resolve the query
@@ -2175,7 +2178,7 @@ def choose_source(
     marginals' noise and Fréchet bounds. The rule so skips the M2M answers where they would
     rarely be the narrowest (``python -m bench.explore_choice`` counts how often on the
     tutorial's deployment, and how much wider the chosen interval then is). A logistic
-    regression's ``expected_error`` computes no answer: every spec's is compared.
+    regression's ``expected_error`` computes no answer.
 
     Parameters
     ----------
@@ -2202,7 +2205,9 @@ def choose_source(
     if expected_error is None:
         first = next((s for s in candidates if s.kind == "marginals"), candidates[0])
         return first, f"{first.name}: a sketch that expresses {query.kind} (no widths compared)"
-    read = [s for s in candidates if s.kind in READ_KINDS and query.kind != "logreg"]
+    if query.kind == "logreg":
+        return _logreg_source(candidates, expected_error)
+    read = [s for s in candidates if s.kind in READ_KINDS]
     errors = {s.name: float(expected_error(s)) for s in read}
     known = [e for e in errors.values() if not math.isnan(e)]
     uninformed = uninformed_half_width(query, candidates[0].domain)
@@ -2225,6 +2230,46 @@ def choose_source(
     return best, (
         f"{best.name}: narrowest 95 % interval, honestly compared, of every sketch that "
         f"expresses {query.kind} (mean half-width: {listed}{unasked})"
+    )
+
+
+#: What :func:`choose_source`'s reason says first where no candidate's interval can be trusted.
+NO_TRUSTED = "no candidate has a trusted interval"
+
+
+def _logreg_source(
+    candidates: Sequence[SketchSpec], expected_error: Callable[[SketchSpec], float]
+) -> tuple[SketchSpec, str]:
+    """:func:`choose_source` for a logistic regression (two or more candidates): every sketch
+    kind's fit is flagged ``unbounded`` (no sketch bounds its bias), so no width compares
+    anything honest. The rule stated instead: among the specs whose fit identifies the model
+    (RFF and RACE: M2M's fit of the released kernel sums; a HIST fit, one histogram per column,
+    is the synthetic design's independence guess whatever the records), or all of them if none
+    does, the one with the least noise, ``expected_error(spec)`` (the mean standard error of
+    the involved columns' means); ties as :func:`narrowest`. The reason starts with the spec's
+    name and says :data:`NO_TRUSTED`."""
+    identifying = [s for s in candidates if s.kind != "hist"]
+    pool = identifying or list(candidates)
+    errors = {s.name: float(expected_error(s)) for s in pool}
+    best = narrowest(pool, errors)
+    listed = ", ".join(f"{n} {e:.3g}" for n, e in errors.items())
+    left = [s.name for s in candidates if s not in pool]
+    if identifying:
+        rule = "the sketch whose fit identifies the model (an RFF or RACE fit) with the least noise"
+        if left:
+            rule += (
+                f"; {', '.join(left)} not compared: a HIST fit is the independence guess "
+                "whatever the records"
+            )
+    else:
+        rule = (
+            "the least noise; no candidate's fit identifies the model (a HIST fit is the "
+            "independence guess whatever the records)"
+        )
+    return best, (
+        f"{best.name}: {NO_TRUSTED} (every sketch's logistic regression is flagged unbounded, "
+        f"so no widths are compared); chosen by the rule: {rule} (mean standard error of the "
+        f"involved columns' means: {listed})"
     )
 
 
