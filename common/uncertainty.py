@@ -51,6 +51,8 @@ __all__ = [
     "On",
     "cut_keeping_noise",
     "interval_row",
+    "interval_text",
+    "outward",
     "trusted",
     "uninformative_flag",
 ]
@@ -237,3 +239,18 @@ def uninformative_flag(
             "value",
         ),
     )
+
+
+def outward(low: float, high: float, decimals: int = 0) -> tuple[float, float]:
+    """``[low, high]`` rounded outwards to ``decimals`` decimals: the low end down, the high end
+    up, so the interval printed holds the one stated (``[47.9, 99.3]`` as ``[47, 100]``; to the
+    nearest, ``[48, 99]``, it would claim more certainty than the release has). A difference
+    below 1e-9 of the last decimal is floating error and ignored (``0.3`` stays ``0.3``)."""
+    f = 10.0**decimals
+    return math.floor(round(low * f, 9)) / f, math.ceil(round(high * f, 9)) / f
+
+
+def interval_text(low: float, high: float, decimals: int = 0) -> str:
+    """``"[low, high]"`` with ``decimals`` decimals, rounded outwards (:func:`outward`)."""
+    lo, hi = outward(low, high, decimals)
+    return f"[{lo:.{decimals}f}, {hi:.{decimals}f}]"

@@ -36,6 +36,7 @@ from dpmarket.common.summarization.methods import (
 )
 from dpmarket.common.summarization.session_ledger import CountsAllocationReport
 from dpmarket.common.summarization.summary import OwnerSelection, SessionReport, SummaryResult
+from dpmarket.common.uncertainty import interval_text
 from dpmarket.consumer.client import SessionFailedError
 from dpmarket.consumer.options import (
     BASIC_FIELDS,
@@ -1770,7 +1771,7 @@ def _print_explored(found: Exploration, query: str, kind: str) -> None:
     )
     n_text = f"n ≈ {found.n_hat:.0f}"
     if found.n_interval is not None:
-        n_text += f", 95 % [{found.n_interval[0]:.0f}, {found.n_interval[1]:.0f}]"
+        n_text += f", 95 % {interval_text(*found.n_interval)}"
     _print_answer(answer, f"{query} of {who} ({answer.source}, {n_text})")
     console.print(f"answered from {found.reason}")
     if "count" in answer.extra:
@@ -1788,9 +1789,9 @@ def _print_explored(found: Exploration, query: str, kind: str) -> None:
         )
         console.print(
             f"count ≈ {answer.extra['count']:.1f}{spread}"
-            + (f", 95 % interval [{interval[0]:.1f}, {interval[1]:.1f}]" if interval else "")
+            + (f", 95 % interval {interval_text(*interval, 1)}" if interval else "")
             + f" of n ≈ {answer.extra['n']:.0f}"
-            + (f" (95 % [{n_interval[0]:.0f}, {n_interval[1]:.0f}])" if n_interval else "")
+            + (f" (95 % {interval_text(*n_interval)})" if n_interval else "")
         )
     if kind == "synthetic":
         console.print(f"{len(answer.extra['records'])} synthetic records (--out writes them)")
@@ -1995,7 +1996,7 @@ def _print_ranking(document: dict[str, Any], title: str, resolution: str) -> Non
             f"{r['value']:.3g}",
             f"[{low:.3g}, {high:.3g}]",
             f"{r['epsilon']:g}",
-            f"{r['n']:.0f} [{r['n_interval'][0]:.0f}, {r['n_interval'][1]:.0f}]",
+            f"{r['n']:.0f} {interval_text(*r['n_interval'])}",
             ", ".join(RANK_FLAG_NAMES[f["code"]] for f in r["flags"]),
         )
     Console().print(table)
