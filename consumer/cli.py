@@ -1789,7 +1789,7 @@ def _print_explored(found: Exploration, query: str, kind: str) -> None:
         )
         console.print(
             f"count ≈ {answer.extra['count']:.1f}{spread}"
-            + (f", 95 % interval {interval_text(*interval, 1)}" if interval else "")
+            + (f", 95 % interval {interval_text(interval[0], interval[1], 1)}" if interval else "")
             + f" of n ≈ {answer.extra['n']:.0f}"
             + (f" (95 % {interval_text(*n_interval)})" if n_interval else "")
         )
