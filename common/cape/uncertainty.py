@@ -321,8 +321,8 @@ def mean_estimates(
     ``level``; ``z = Phi^-1((1 + level) / 2)``. That mean lies inside the column's bounds, so
     the value and interval are cut to them (:func:`dpmarket.common.uncertainty.cut_keeping_noise`,
     keeping ``z sigma`` of width at the edge cut at) and the coverage is at least ``level``; the
-    raw estimate stays in the caller's ``estimate`` (:attr:`CapeMeanEstimate.mean` of
-    :mod:`dpmarket.curator.cape` keeps it, unbiased) and in ``outside_bounds``'s reason. Every
+    raw estimate (unbiased) is the caller's ``estimate`` and is quoted in ``outside_bounds``'s
+    reason (the curator's job returns the cut values as its mean: one value per column). Every
     column has the one ``sigma``, set by the bounds' diagonal (the mean's L2 sensitivity,
     :func:`dpmarket.common.cape.mean.mean_sensitivity`): a narrow column's interval can span
     its bounds, flagged ``uninformative``.
