@@ -25,7 +25,11 @@ An interval is *trusted* when it exists and no flag is on it (:func:`trusted`): 
 intervals whose coverage the project measures against its nominal rate, and the ones
 :func:`dpmarket.consumer.explore.choose_source` compares.
 
-Pure data: no I/O, no numpy beyond turning NaN into ``null``.
+One rule cuts a value's interval to what the value can be and flags a wide one, for every
+producer that knows its quantities' bounds (``explore``, ``rank-owners``, the CAPE mean):
+:func:`cut_keeping_noise` and :func:`uninformative_flag`.
+
+Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -35,18 +39,29 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+from numpy.typing import NDArray
+
 __all__ = [
     "BASES",
     "LEVEL",
+    "UNINFORMATIVE",
     "Basis",
     "Flag",
     "On",
+    "cut_keeping_noise",
     "interval_row",
+    "interval_text",
+    "outward",
     "trusted",
+    "uninformative_flag",
 ]
 
 #: Nominal coverage of every interval a consumer reads.
 LEVEL = 0.95
+
+#: The share of its possible range above which an interval is flagged ``uninformative``.
+UNINFORMATIVE = 0.5
 
 On = Literal["value", "interval"]
 Basis = Literal["noise", "noise+bias", "measured", "bounds", "none"]
@@ -156,3 +171,86 @@ def interval_row(
         "bias_bound": _number(bias_bound),
         "flags": [f.to_json() for f in flags],
     }
+
+
+def cut_keeping_noise(
+    raw_low: NDArray[np.float64],
+    raw_high: NDArray[np.float64],
+    low: NDArray[np.float64],
+    high: NDArray[np.float64],
+    noise_width: NDArray[np.float64] | None,
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Intervals ``[raw_low, raw_high]`` cut to what the values can be, ``[low, high]``, each at
+    least ``noise_width`` wide (up to the range's width), all of shape (k,), in the values' units.
+
+    An interval that reaches an edge of the range and is narrower than ``noise_width`` is
+    widened from that edge inwards to that width (at an interval reaching both edges, the range
+    itself). ``None``: the plain cut. The one cut of ``explore``, ``rank-owners``
+    (:func:`dpmarket.consumer.explore.bounded_answer`) and the CAPE mean
+    (:func:`dpmarket.common.cape.uncertainty.mean_estimates`).
+
+    Notes
+    -----
+    Cutting to the range never removes the truth, so the plain cut keeps the coverage; but it
+    can leave an interval far narrower than the noise: a HIST CDF ``[0.9999, 1]``, narrower
+    than its standard error, a count over several columns ``[0, 0]`` whose noisy upper bound,
+    widened by the noise replicates' quantile, landed on 0, a CAPE mean of a binary column
+    whose noise put it far below 0. Such an interval claims a certainty the release does not
+    have. Widening contains the cut interval, so the coverage can only rise; only intervals
+    narrower than the noise change. The marginals kind moves an interval wholly outside the
+    range inside whole (:func:`dpmarket.common.sketches.marginals_bounds.fraction_bounds`);
+    here such an interval gets the noise's width at the edge, and its producer flags it
+    (``clipped`` in ``explore``, ``outside_bounds`` in CAPE).
+    """
+    lo = np.clip(raw_low, low, high)
+    hi = np.clip(raw_high, low, high)
+    if noise_width is None:
+        return lo, hi
+    width = np.minimum(noise_width, high - low)
+    short = hi - lo < width
+    at_high = short & (hi >= high)
+    at_low = short & (lo <= low) & ~at_high
+    lo = np.where(at_high, np.maximum(hi - width, low), lo)
+    hi = np.where(at_low, np.minimum(lo + width, high), hi)
+    return lo, hi
+
+
+def uninformative_flag(
+    width: float,
+    span: float,
+    what: str,
+    shown: float | None = None,
+    share: float = UNINFORMATIVE,
+) -> tuple[Flag, ...]:
+    """``(uninformative,)``, a flag on the value, when an interval ``width`` wide (before any
+    cut to what the value can be), or ``shown`` wide as answered (after the cut kept the noise's
+    width, :func:`cut_keeping_noise`), spans more than ``share`` of ``span``, the width of
+    ``what`` (what the value can be, in words); ``()`` otherwise, and where nothing bounds the
+    value (``span`` infinite). Widths and ``span`` are in the value's units."""
+    wider = shown is not None and shown > width
+    if not (math.isfinite(span) and max(width, shown or 0.0) > share * span):
+        return ()
+    after = f" and {shown:.4g} wide as shown (the noise's width kept at the cut)" if wider else ""
+    return (
+        Flag(
+            "uninformative",
+            f"the interval, {width:.4g} wide before it is cut to {what}{after}, spans more "
+            f"than {100 * share:.0f} % of it: the release barely constrains this value",
+            "value",
+        ),
+    )
+
+
+def outward(low: float, high: float, decimals: int = 0) -> tuple[float, float]:
+    """``[low, high]`` rounded outwards to ``decimals`` decimals: the low end down, the high end
+    up, so the interval printed holds the one stated (``[47.9, 99.3]`` as ``[47, 100]``; to the
+    nearest, ``[48, 99]``, it would claim more certainty than the release has). A difference
+    below 1e-9 of the last decimal is floating error and ignored (``0.3`` stays ``0.3``)."""
+    f = 10.0**decimals
+    return math.floor(round(low * f, 9)) / f, math.ceil(round(high * f, 9)) / f
+
+
+def interval_text(low: float, high: float, decimals: int = 0) -> str:
+    """``"[low, high]"`` with ``decimals`` decimals, rounded outwards (:func:`outward`)."""
+    lo, hi = outward(low, high, decimals)
+    return f"[{lo:.{decimals}f}, {hi:.{decimals}f}]"

@@ -39,7 +39,7 @@ import math
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -67,6 +67,7 @@ from dpmarket.common.errors import DPMarketError
 from dpmarket.common.market.statement import StatementError
 from dpmarket.common.summarization.methods import METHODS
 from dpmarket.common.summarization.terms import MethodOffer
+from dpmarket.common.uncertainty import interval_text
 from dpmarket.console import plots
 from dpmarket.console.auth import ConsoleToken, TokenMiddleware, cookie_name, session_of
 from dpmarket.console.consumer import (
@@ -158,11 +159,21 @@ def _number(value: float | None, spec: str = ".4g") -> str:
     return format(value, spec)
 
 
+def _interval(pair: Sequence[float] | None, decimals: int = 0) -> str:
+    """``"[low, high]"`` rounded outwards
+    (:func:`dpmarket.common.uncertainty.interval_text`); "—" without an interval."""
+    if pair is None or isinstance(pair, jinja2.Undefined):
+        return "—"
+    return interval_text(float(pair[0]), float(pair[1]), decimals)
+
+
 def console_templates(identity: Identity, base: str) -> Jinja2Templates:
-    """The console's templates, with its filters (``num``, ``utc``) and the globals every page
+    """The console's templates, with its filters (``num``, ``interval``, ``utc``) and the
+    globals every page
     reads (``identity``, ``base``: the console's secret path, ``form_field``)."""
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.filters["num"] = _number
+    templates.env.filters["interval"] = _interval
     templates.env.filters["utc"] = _utc
     templates.env.globals["identity"] = identity
     templates.env.globals["base"] = base

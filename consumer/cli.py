@@ -37,6 +37,7 @@ from dpmarket.common.summarization.methods import (
 )
 from dpmarket.common.summarization.session_ledger import CountsAllocationReport
 from dpmarket.common.summarization.summary import OwnerSelection, SessionReport, SummaryResult
+from dpmarket.common.uncertainty import interval_text
 from dpmarket.consumer.client import SessionFailedError
 from dpmarket.consumer.options import (
     BASIC_FIELDS,
@@ -1139,8 +1140,11 @@ def _estimates_table(title: str, header: str, estimates: Sequence[Estimate]) -> 
 _FLAG_LEGEND = {
     "sign_not_resolved": "the 95 % interval contains 0: the noise alone could give the sign",
     "noise_dominates": "the standard error exceeds the value's magnitude",
-    "outside_bounds": "the value lies outside the column's bounds, where no mean of clamped "
-    "records can be: the noise moved it there",
+    "outside_bounds": "the raw estimate lay outside the column's bounds, where no mean of "
+    "clamped records can be (the noise moved it there); the value and its interval are cut to "
+    "the bounds",
+    "uninformative": "the interval spans more than half of the column's bounds: the release "
+    "barely constrains this value",
 }
 
 
@@ -1693,7 +1697,9 @@ def explore_command(
     Each query is answered from the best sketch available (dpmarket.consumer.explore.choose_source):
     among the sketches that express it (a marginals sketch: counts, CDFs, marginals, synthetic
     records, moments of discrete columns; HIST, RFF, RACE: all but marginals and records), the
-    one whose honest 95 % interval is narrowest."""
+    one whose honest 95 % interval is narrowest; for a logistic regression, where no sketch's
+    interval is trusted, a sketch whose fit identifies the model (RFF, RACE) with the least
+    noise, and the reason says no candidate has a trusted interval."""
     from threadpoolctl import threadpool_limits
 
     from dpmarket.consumer import model_store
@@ -1770,7 +1776,7 @@ def _print_explored(found: Exploration, query: str, kind: str) -> None:
     )
     n_text = f"n ≈ {found.n_hat:.0f}"
     if found.n_interval is not None:
-        n_text += f", 95 % [{found.n_interval[0]:.0f}, {found.n_interval[1]:.0f}]"
+        n_text += f", 95 % {interval_text(*found.n_interval)}"
     _print_answer(answer, f"{query} of {who} ({answer.source}, {n_text})")
     console.print(f"answered from {found.reason}")
     if "count" in answer.extra:
@@ -1788,9 +1794,9 @@ def _print_explored(found: Exploration, query: str, kind: str) -> None:
         )
         console.print(
             f"count ≈ {answer.extra['count']:.1f}{spread}"
-            + (f", 95 % interval [{interval[0]:.1f}, {interval[1]:.1f}]" if interval else "")
+            + (f", 95 % interval {interval_text(interval[0], interval[1], 1)}" if interval else "")
             + f" of n ≈ {answer.extra['n']:.0f}"
-            + (f" (95 % [{n_interval[0]:.0f}, {n_interval[1]:.0f}])" if n_interval else "")
+            + (f" (95 % {interval_text(*n_interval)})" if n_interval else "")
         )
     if kind == "synthetic":
         console.print(f"{len(answer.extra['records'])} synthetic records (--out writes them)")
@@ -1997,7 +2003,7 @@ def _print_ranking(document: dict[str, Any], title: str, resolution: str) -> Non
             f"{r['value']:.3g}",
             f"[{low:.3g}, {high:.3g}]",
             f"{r['epsilon']:g}",
-            f"{r['n']:.0f} [{r['n_interval'][0]:.0f}, {r['n_interval'][1]:.0f}]",
+            f"{r['n']:.0f} {interval_text(*r['n_interval'])}",
             ", ".join(RANK_FLAG_NAMES[f["code"]] for f in r["flags"]),
         )
     Console(markup=False).print(table)  # owners' names are data, never style tags

@@ -47,8 +47,8 @@ a mean to its column's public bounds, a fraction to [0, 1], a variance to [0, w^
 (Popoviciu), a covariance to [-w_a w_b/4, w_a w_b/4] — the raw estimate kept
 beside them; an interval the cut leaves narrower than the noise alone spreads its value over (the
 larger of the noise's quantile and 1.96 standard errors) keeps that width, from the edge inwards
-(:func:`_cut_keeping_noise`: no CDF ``[0.9999, 1]`` narrower than its standard error, no count
-``[0, 0]``, from a noisy release).
+(:func:`~dpmarket.common.uncertainty.cut_keeping_noise`: no CDF ``[0.9999, 1]`` narrower than
+its standard error, no count ``[0, 0]``, from a noisy release).
 
 The synthetic design's randomness is the consumer's own and protects nothing (the sketches are
 already private), so it is seeded (default 0): the same sketch and query give the same answer,
@@ -120,7 +120,16 @@ from dpmarket.common.sketches.sketch import (
     merge_sketches,
 )
 from dpmarket.common.sketches.spec import SketchSpec
-from dpmarket.common.uncertainty import BASES, Flag, On, interval_row, trusted
+from dpmarket.common.uncertainty import (
+    BASES,
+    Flag,
+    On,
+    cut_keeping_noise,
+    interval_row,
+    trusted,
+    uninformative_flag,
+)
+from dpmarket.common.uncertainty import UNINFORMATIVE as _UNINFORMATIVE
 from dpmarket.consumer import model_store
 from dpmarket.consumer.intervals import hist_bounded, interval_basis, m2m_bounded
 
@@ -128,6 +137,7 @@ __all__ = [
     "DEFAULT_EXPLORE_SYNTHETIC",
     "FLAGS",
     "MARGINALS_MODELS",
+    "NO_TRUSTED",
     "QUERIES",
     "READ_KINDS",
     "Answer",
@@ -571,8 +581,9 @@ FLAGS: dict[str, tuple[On, str]] = {
         "as independent); its interval holds whatever the joint",
     ),
 }
-#: The share of its possible range above which an interval is flagged ``uninformative``.
-UNINFORMATIVE = 0.5
+#: The share of its possible range above which an interval is flagged ``uninformative``
+#: (:data:`dpmarket.common.uncertainty.UNINFORMATIVE`).
+UNINFORMATIVE = _UNINFORMATIVE
 #: The count estimate's relative standard error above which a value is flagged ``few-records``.
 FEW_RECORDS = 0.2
 
@@ -682,7 +693,8 @@ def bounded_answer(
     value: a wide interval still covers, and cutting it to what the quantity can be never
     removes the truth. ``noise_width``, shape (k,), is what the noise alone spreads each value
     over (:func:`_noise_floor`): an interval the cut leaves narrower keeps that width, from
-    the edge it was cut at, inwards (:func:`_cut_keeping_noise`), and ``uninformative`` is
+    the edge it was cut at, inwards (:func:`~dpmarket.common.uncertainty.cut_keeping_noise`),
+    and ``uninformative`` is
     judged on the wider of the interval before the cut and the one returned. A value outside
     its returned interval is moved to its nearest end (the raw estimate is kept beside it).
 
@@ -705,7 +717,7 @@ def bounded_answer(
     """
     k = raw.shape[0]
     values = np.clip(raw, low, high)
-    lo, hi = _cut_keeping_noise(raw_low, raw_high, low, high, noise_width)
+    lo, hi = cut_keeping_noise(raw_low, raw_high, low, high, noise_width)
     # A value outside its own interval (a plug-in ratio over a count estimate near 1, outside
     # the test-inverted interval: a 67-record owner's mean lotSize, raw -1994, shown as 0 beside
     # [12.68, 20]) is moved to the interval's nearest end, the raw estimate kept.
@@ -752,64 +764,12 @@ def _noise_floor(se: NDArray[np.float64], noise: NDArray[np.float64]) -> NDArray
     return np.maximum(floor, 0.0)
 
 
-def _cut_keeping_noise(
-    raw_low: NDArray[np.float64],
-    raw_high: NDArray[np.float64],
-    low: NDArray[np.float64],
-    high: NDArray[np.float64],
-    noise_width: NDArray[np.float64] | None,
-) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """Intervals ``[raw_low, raw_high]`` cut to what the values can be, ``[low, high]``, each at
-    least ``noise_width`` wide (up to the range's width), all of shape (k,).
-
-    An interval that reaches an edge of the range and is narrower than ``noise_width`` is
-    widened from that edge inwards to that width (at an interval reaching both edges, the range
-    itself). ``None``: the plain cut.
-
-    Notes
-    -----
-    Cutting to the range never removes the truth, so the plain cut keeps the coverage; but it
-    can leave an interval far narrower than the noise: a HIST CDF ``[0.9999, 1]``, narrower
-    than its standard error, a count over several columns ``[0, 0]`` whose noisy upper bound,
-    widened by the noise replicates' quantile, landed on 0. Such an interval claims
-    a certainty the release does not have. Widening contains the cut interval, so the coverage
-    can only rise; only intervals narrower than the noise change. The marginals kind moves an
-    interval wholly outside the range inside whole
-    (:func:`dpmarket.common.sketches.marginals_bounds.fraction_bounds`); here such an interval
-    keeps its ``clipped`` flag (:func:`_bounded_flags`) and gets the noise's width at the edge.
-    """
-    lo = np.clip(raw_low, low, high)
-    hi = np.clip(raw_high, low, high)
-    if noise_width is None:
-        return lo, hi
-    width = np.minimum(noise_width, high - low)
-    short = hi - lo < width
-    at_high = short & (hi >= high)
-    at_low = short & (lo <= low) & ~at_high
-    lo = np.where(at_high, np.maximum(hi - width, low), lo)
-    hi = np.where(at_low, np.minimum(lo + width, high), hi)
-    return lo, hi
-
-
 def _uninformative(
     width: float, span: float, what: str, shown: float | None = None
 ) -> tuple[Flag, ...]:
-    """``(uninformative,)`` when an interval ``width`` wide (before any cut to what the value
-    can be), or ``shown`` wide as answered (after the cut kept the noise's width,
-    :func:`_cut_keeping_noise`), spans more than :data:`UNINFORMATIVE` of ``span``, the width
-    of ``what`` (what the value can be, :func:`_possible`); ``()`` otherwise, and where nothing
-    bounds the value."""
-    wider = shown is not None and shown > width
-    if not (math.isfinite(span) and max(width, shown or 0.0) > UNINFORMATIVE * span):
-        return ()
-    after = f" and {shown:.4g} wide as shown (the noise's width kept at the cut)" if wider else ""
-    return (
-        _flag(
-            "uninformative",
-            f"the interval, {width:.4g} wide before it is cut to {what}{after}, spans more "
-            f"than {100 * UNINFORMATIVE:.0f} % of it: the sketch barely constrains this value",
-        ),
-    )
+    """The one rule of ``uninformative``
+    (:func:`dpmarket.common.uncertainty.uninformative_flag`) at :data:`UNINFORMATIVE`."""
+    return uninformative_flag(width, span, what, shown, UNINFORMATIVE)
 
 
 def _outside(
@@ -2314,8 +2274,10 @@ def choose_source(
     moments and covariances of discrete columns; a HIST, RFF or RACE spec: everything but
     marginal tables and synthetic records), the one whose honest 95 % interval is narrowest,
     ``expected_error(spec)``: :func:`honest_half_width` of the spec's answer (for a logistic
-    regression, whose bias no sketch bounds, every interval is untrusted and the caller gives
-    the standard error of the involved columns' means instead). Intervals compare alike
+    regression, whose bias no sketch bounds, every interval is untrusted: the reason says
+    :data:`NO_TRUSTED`, and the spec is chosen among those whose fit identifies the model, RFF
+    and RACE, by the least standard error of the involved columns' means, which the caller gives
+    as ``expected_error``: :func:`_logreg_source`). Intervals compare alike
     whatever the kind, because each states what it covers: a bias bound, Fréchet bounds or a
     measured marginal's noise, and an interval flagged as untrustworthy counts as wide as what
     the value can be. A sketch whose noise is small but whose estimator cannot resolve the query
@@ -2336,7 +2298,7 @@ def choose_source(
     marginals' noise and Fréchet bounds. The rule so skips the M2M answers where they would
     rarely be the narrowest (``python -m bench.explore_choice`` counts how often on the
     tutorial's deployment, and how much wider the chosen interval then is). A logistic
-    regression's ``expected_error`` computes no answer: every spec's is compared.
+    regression's ``expected_error`` computes no answer.
 
     Parameters
     ----------
@@ -2363,7 +2325,9 @@ def choose_source(
     if expected_error is None:
         first = next((s for s in candidates if s.kind == "marginals"), candidates[0])
         return first, f"{first.name}: a sketch that expresses {query.kind} (no widths compared)"
-    read = [s for s in candidates if s.kind in READ_KINDS and query.kind != "logreg"]
+    if query.kind == "logreg":
+        return _logreg_source(candidates, expected_error)
+    read = [s for s in candidates if s.kind in READ_KINDS]
     errors = {s.name: float(expected_error(s)) for s in read}
     known = [e for e in errors.values() if not math.isnan(e)]
     uninformed = uninformed_half_width(query, candidates[0].domain)
@@ -2386,6 +2350,46 @@ def choose_source(
     return best, (
         f"{best.name}: narrowest 95 % interval, honestly compared, of every sketch that "
         f"expresses {query.kind} (mean half-width: {listed}{unasked})"
+    )
+
+
+#: What :func:`choose_source`'s reason says first where no candidate's interval can be trusted.
+NO_TRUSTED = "no candidate has a trusted interval"
+
+
+def _logreg_source(
+    candidates: Sequence[SketchSpec], expected_error: Callable[[SketchSpec], float]
+) -> tuple[SketchSpec, str]:
+    """:func:`choose_source` for a logistic regression (two or more candidates): every sketch
+    kind's fit is flagged ``unbounded`` (no sketch bounds its bias), so no width compares
+    anything honest. The rule stated instead: among the specs whose fit identifies the model
+    (RFF and RACE: M2M's fit of the released kernel sums; a HIST fit, one histogram per column,
+    is the synthetic design's independence guess whatever the records), or all of them if none
+    does, the one with the least noise, ``expected_error(spec)`` (the mean standard error of
+    the involved columns' means); ties as :func:`narrowest`. The reason starts with the spec's
+    name and says :data:`NO_TRUSTED`."""
+    identifying = [s for s in candidates if s.kind != "hist"]
+    pool = identifying or list(candidates)
+    errors = {s.name: float(expected_error(s)) for s in pool}
+    best = narrowest(pool, errors)
+    listed = ", ".join(f"{n} {e:.3g}" for n, e in errors.items())
+    left = [s.name for s in candidates if s not in pool]
+    if identifying:
+        rule = "the sketch whose fit identifies the model (an RFF or RACE fit) with the least noise"
+        if left:
+            rule += (
+                f"; {', '.join(left)} not compared: a HIST fit is the independence guess "
+                "whatever the records"
+            )
+    else:
+        rule = (
+            "the least noise; no candidate's fit identifies the model (a HIST fit is the "
+            "independence guess whatever the records)"
+        )
+    return best, (
+        f"{best.name}: {NO_TRUSTED} (every sketch's logistic regression is flagged unbounded, "
+        f"so no widths are compared); chosen by the rule: {rule} (mean standard error of the "
+        f"involved columns' means: {listed})"
     )
 
 

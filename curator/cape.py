@@ -198,7 +198,9 @@ class CapeMeanEstimate:
     Attributes
     ----------
     mean : ndarray of shape (D,), float64
-        The mean of each column, in the spec's order and the columns' units.
+        The mean of each column, in the spec's order and the columns' units: each estimate's
+        value, cut to the column's bounds (the raw aggregate outside them is in the
+        ``outside_bounds`` flag's reason).
     report : dict
         As :attr:`CapeResult.report`, with the noise std of the baselines.
     estimates : tuple of Estimate
@@ -735,7 +737,9 @@ class CapeMeanJob(_OneReleaseJob[CapeMeanSpec, CapeMeanPlan, CapeMeanEstimate]):
         report["site_noise_std"] = list(plan.site_scales)
         report["baseline_noise_std"] = plan.baseline_stds()
         report["estimates"] = [e.to_json() for e in estimates]
-        return CapeMeanEstimate(mean, report, estimates)
+        # One value per column: the estimate's, cut to the column's bounds (mean_estimates).
+        values = np.array([e.value for e in estimates], dtype=np.float64)
+        return CapeMeanEstimate(values, report, estimates)
 
 
 class CapeTrainingJob(_CapeRun[CapeTrainingSpec, CapeTrainingPlan]):

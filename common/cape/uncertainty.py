@@ -15,6 +15,10 @@ answer      interval (``level`` 0.95 by default) and what it covers
 mean        ``a_hat_d -+ z sigma``, ``sigma`` the plan's noise std (:func:`mean_estimates`). Exact:
             the estimate is linear in the noise. Covers the mean of the pooled records *after each
             owner clamped them into the public bounds*, with probability ``level`` over the noise.
+            Value and interval are then cut to the column's bounds, keeping ``z sigma`` of width
+            at the edge cut at (the one cut of every bounded answer,
+            :func:`dpmarket.common.uncertainty.cut_keeping_noise`): the truth lies inside the
+            bounds, so the cut never removes it.
 capeFM      Parametric bootstrap over the noise (:func:`capefm_estimates`): draw ``n*`` from the
             known law, re-solve the fit from ``a_hat + n*``, map to the raw units, and take the
             2.5 % and 97.5 % quantiles of the draws (the standard error is their standard
@@ -44,8 +48,11 @@ Flags (:class:`dpmarket.common.uncertainty.Flag`), per value, on the value or on
 * ``sign_not_resolved`` (on the value): the interval contains 0, so the noise alone could have
   given the sign.
 * ``noise_dominates`` (on the value): the standard error exceeds the value's magnitude.
-* ``outside_bounds`` (on the value, mean): the value lies outside the column's bounds, where no
-  mean of clamped records can be: the noise moved it there.
+* ``outside_bounds`` (on the value, mean): the raw estimate lay outside the column's bounds,
+  where no mean of clamped records can be: the noise moved it there (the value is cut to them).
+* ``uninformative`` (on the value, mean): the interval, before or after the cut, spans more than
+  half of the column's bounds (:func:`dpmarket.common.uncertainty.uninformative_flag`, the rule
+  ``explore`` applies).
 * ``shrunk`` (on the value, capeFM): the release's eigenvalue floor raised eigenvalues of the
   released Gram matrix (:func:`dpmarket.common.cape.functional_mechanism.fit_coefficients`): the
   value is shrunk towards 0 along directions the noise hides, and may lie outside its interval
@@ -85,7 +92,14 @@ from numpy.typing import ArrayLike, NDArray
 from dpmarket.common.cape.capefm import CapeFMPlan
 from dpmarket.common.cape.functional_mechanism import FMRelease, fit_coefficients
 from dpmarket.common.cape.mean import CapeMeanPlan
-from dpmarket.common.uncertainty import LEVEL, Flag, interval_row, trusted
+from dpmarket.common.uncertainty import (
+    LEVEL,
+    Flag,
+    cut_keeping_noise,
+    interval_row,
+    trusted,
+    uninformative_flag,
+)
 from dpmarket.common.validation import check_positive_int
 
 __all__ = [
@@ -304,7 +318,14 @@ def mean_estimates(
     The estimate is ``pooled mean + n`` with ``n ~ N(0, sigma^2 I)`` and ``sigma =
     plan.aggregator_std(released)`` (Lemma 1; ``F`` times the pooled mechanism's variance), so
     ``estimate_d -+ z sigma`` covers the pooled mean of column ``d`` with probability exactly
-    ``level``; ``z = Phi^-1((1 + level) / 2)``.
+    ``level``; ``z = Phi^-1((1 + level) / 2)``. That mean lies inside the column's bounds, so
+    the value and interval are cut to them (:func:`dpmarket.common.uncertainty.cut_keeping_noise`,
+    keeping ``z sigma`` of width at the edge cut at) and the coverage is at least ``level``; the
+    raw estimate (unbiased) is the caller's ``estimate`` and is quoted in ``outside_bounds``'s
+    reason (the curator's job returns the cut values as its mean: one value per column). Every
+    column has the one ``sigma``, set by the bounds' diagonal (the mean's L2 sensitivity,
+    :func:`dpmarket.common.cape.mean.mean_sensitivity`): a narrow column's interval can span
+    its bounds, flagged ``uninformative``.
     """
     v = np.asarray(estimate, dtype=np.float64)
     if v.shape != (plan.dim,) or len(labels) != plan.dim:
@@ -313,29 +334,42 @@ def mean_estimates(
         )
     z = _z(level)
     sigma = plan.aggregator_std(released)
+    bounds = np.asarray(plan.bounds, dtype=np.float64)
+    b_low, b_high = bounds[:, 0], bounds[:, 1]
+    raw_low, raw_high = v - z * sigma, v + z * sigma
+    # The one cut of every bounded answer: to the column's bounds, keeping the noise's 95 %
+    # half-width (explore's _noise_floor: 1.96 standard errors) at the edge cut at.
+    low, high = cut_keeping_noise(raw_low, raw_high, b_low, b_high, np.full(v.shape, z * sigma))
+    values = np.clip(np.clip(v, b_low, b_high), low, high)
     out = []
     for d, label in enumerate(labels):
-        value = float(v[d])
-        low, high = value - z * sigma, value + z * sigma
-        flags = noise_flags(value, sigma, low, high)
-        lo_b, hi_b = float(plan.bounds[d, 0]), float(plan.bounds[d, 1])
-        if not lo_b <= value <= hi_b:
+        raw, value = float(v[d]), float(values[d])
+        lo, hi = float(low[d]), float(high[d])
+        flags = noise_flags(value, sigma, lo, hi)
+        lo_b, hi_b = float(b_low[d]), float(b_high[d])
+        if not lo_b <= raw <= hi_b:
             flags.append(
                 Flag(
                     "outside_bounds",
-                    f"{value:.4g} lies outside the bounds [{lo_b:g}, {hi_b:g}], where no mean "
-                    "of clamped records can be: the noise moved it there",
+                    f"the raw estimate {raw:.4g} lies outside the bounds [{lo_b:g}, {hi_b:g}], "
+                    "where no mean of clamped records can be: the noise moved it there; the "
+                    f"value is cut to {value:.4g}",
                 )
             )
+        flags.extend(
+            uninformative_flag(
+                2 * z * sigma, hi_b - lo_b, f"the bounds [{lo_b:g}, {hi_b:g}]", hi - lo
+            )
+        )
         out.append(
             Estimate(
                 label=label,
                 value=value,
                 standard_error=sigma,
-                low=low,
-                high=high,
+                low=lo,
+                high=hi,
                 level=level,
-                method="analytic (Gaussian noise of known variance)",
+                method="analytic (Gaussian noise of known variance), cut to the column's bounds",
                 covers=MEAN_COVERS,
                 flags=tuple(flags),
             )

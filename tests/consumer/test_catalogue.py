@@ -436,3 +436,49 @@ def test_every_answer_from_one_histogram_states_the_same_record_count() -> None:
     assert len(stated) == 1, stated
     count = found[0].answer.extra
     assert (count["n"], tuple(count["n_interval"])) == stated.pop(), count
+
+
+def test_a_union_states_one_record_count_and_prints_its_interval_rounded_outwards(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 28 (D2): one ``n`` and one 95 % interval per union, in ``--json`` (top level and
+    the count's ``answer``) and in the text (title and count line), printed rounded outwards
+    so the printed interval holds the stated one. Two owners' HIST sketches (74 and 200
+    records); deterministic given the seeds. Control: the title and count line printed
+    ``:.0f``, to the nearest: this union's ``[242.81, 274.87]`` as ``[243, 275]``, inside the
+    stated interval (the reporter's ``[47.9, 99.3]`` as ``[48, 99]``); now ``[242, 275]``."""
+    import io
+    import math
+
+    from rich.console import Console
+
+    import dpmarket.consumer.cli as cli
+
+    hist = _specs("clinics", COLUMNS, {"hist": {"bins": 5}})[0]
+    rng = np.random.default_rng(7)
+    entries = []
+    for owner, n in (("young", 74), ("old", 200)):
+        records = np.column_stack(
+            [rng.uniform(0, 120, n), rng.uniform(10, 70, n), rng.integers(0, 2, n)]
+        )
+        mechanism = hist.mechanism(1.0)
+        assert isinstance(mechanism, SketchMechanism)
+        sketch = mechanism.release(records, SeededNoise(rng))
+        entries.append(PublishedSketch(owner, hist.name, 0.0, sketch))
+    catalogue = _Published([hist], None, entries)
+    count = Query("count", where=(("bmi", 30.0, 70.0),))
+    found = explore(catalogue, count, owners=["young", "old"], options=ExploreOptions())
+    assert found.n_interval is not None
+    low, high = found.n_interval
+    assert (found.n_hat, [low, high]) == (found.answer.extra["n"], found.answer.extra["n_interval"])
+    assert low != math.floor(low) and high != math.ceil(high)  # the rounding matters here
+    printed = Console(width=200, record=True, file=io.StringIO(), color_system=None)
+    monkeypatch.setattr(cli, "console", printed)
+    monkeypatch.setenv("COLUMNS", "200")
+    cli._print_explored(found, "count", "count")
+    # The table's title (wrapped to the table's width), then the rest, on one line.
+    text = " ".join((capsys.readouterr().out + printed.export_text()).split())
+    outward = f"[{math.floor(low)}, {math.ceil(high)}]"
+    assert text.count(outward) == 2, text  # the title and the count line, the same interval
+    nearest = f"[{low:.0f}, {high:.0f}]"
+    assert nearest == outward or nearest not in text, text

@@ -483,9 +483,8 @@ def test_choose_source_follows_the_rule(mspecs: dict[str, SketchSpec]) -> None:
     assert chosen.name == "toym/hist" and "narrowest 95 % interval" in why
     chosen, _ = choose_source(Query("mean", columns=("y",)), specs, lambda s: 1.0)
     assert chosen.kind == "marginals"  # a discrete column's moments: marginals express them
-    assert choose_source(Query("logreg", target="y"), specs, lambda s: errors[s.name])[0].kind == (
-        "hist"
-    )
+    chosen, why = choose_source(Query("logreg", target="y"), specs, lambda s: errors[s.name])
+    assert chosen.kind == "rff" and why.startswith("toym/rff: no candidate has a trusted interval")
     with pytest.raises(InvalidArgumentError, match="no published sketch answers marginal") as e:
         choose_source(Query("marginal", columns=("a",)), [mspecs["rff"]])
     assert "toym/rff is a rff sketch" in str(e.value) and "a marginals sketch only" in str(e.value)
@@ -547,7 +546,32 @@ def test_best_available_fits_m2m_only_when_no_read_answer_says_anything(
     asked.clear()
     logreg = Query("logreg", target="y")
     choose_source(logreg, specs, errors({"toym/hist": 0.01, "toym/rff": 0.02}))
-    assert sorted(asked) == ["toym/hist", "toym/rff"]
+    assert asked == ["toym/rff"]  # only the specs whose fit identifies the model compare
+
+
+def test_a_logistic_regression_is_not_chosen_as_narrowest_and_honest_when_none_is_trusted(
+    mspecs: dict[str, SketchSpec],
+) -> None:
+    """Issue 28 (D7): every sketch kind's logistic regression is flagged ``unbounded``, so no
+    candidate's interval is trusted and no width compares anything. Control: the old rule chose
+    the HIST spec (the least noise, 0.01 against 0.02), whose fit is the independence guess
+    whatever the records, and called it "narrowest 95 % interval, honestly compared". Now the
+    reason says no candidate is trusted and the RFF spec, whose fit identifies the model, is
+    chosen; with only HIST candidates, HIST is chosen by the least noise and the reason says
+    none identifies the model. No randomness."""
+    no_trusted = "no candidate has a trusted interval"  # explore.NO_TRUSTED
+    specs = [mspecs["hist"], mspecs["rff"], mspecs["marginals"]]
+    logreg = Query("logreg", target="y")
+    errors = {"toym/hist": 0.01, "toym/rff": 0.02}
+    chosen, why = choose_source(logreg, specs, lambda s: errors[s.name])
+    assert chosen.name == "toym/rff", why
+    assert no_trusted in why and "honestly" not in why and "narrowest" not in why
+    assert "toym/hist not compared" in why and "identifies the model" in why
+    other = dataclasses.replace(mspecs["hist"], name="toym2/hist")
+    errors["toym2/hist"] = 0.005
+    chosen, why = choose_source(logreg, [mspecs["hist"], other], lambda s: errors[s.name])
+    assert chosen.name == "toym2/hist" and no_trusted in why
+    assert "no candidate's fit identifies the model" in why
 
 
 def _same(a: Answer, b: Answer) -> bool:

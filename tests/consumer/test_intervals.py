@@ -686,7 +686,8 @@ def test_a_tiny_owners_histogram_bias_bounds_are_never_negative_and_cover() -> N
 
 def _plain_cut(monkeypatch: pytest.MonkeyPatch) -> None:
     """explore's intervals cut to what the value can be and no wider: a control of the bounds'
-    construction alone (the cut's width floor, explore's ``_cut_keeping_noise``, widens the
+    construction alone (the cut's width floor, ``dpmarket.common.uncertainty.cut_keeping_noise``,
+    widens the
     ``[0, 0]`` the control's flattened replicates give, and would hide what the bounds do)."""
     monkeypatch.setattr(explore_module, "_noise_floor", lambda se, noise: np.zeros_like(se))
 

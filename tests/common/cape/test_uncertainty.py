@@ -108,12 +108,49 @@ def test_a_mean_states_its_construction_and_flags_a_value_outside_the_bounds() -
     low_col, mid_col = mean_estimates(result.plan, [-0.5, 500.0], ["low", "mid"])
     sigma = result.plan.aggregator_std()
     assert low_col.standard_error == mid_col.standard_error == pytest.approx(sigma)
-    assert mid_col.low == pytest.approx(500.0 - 1.959963984540054 * sigma)
+    # 500 -+ 1.96 sigma, cut to the column's bounds [0, 1000] (test below)
+    assert mid_col.low == pytest.approx(max(0.0, 500.0 - 1.959963984540054 * sigma))
+    assert mid_col.high == pytest.approx(min(1000.0, 500.0 + 1.959963984540054 * sigma))
     assert "clamped" in low_col.covers and low_col.method.startswith("analytic")
     assert {f.code for f in low_col.flags} >= {"outside_bounds", "sign_not_resolved"}
     assert low_col.reliable  # warnings only: the interval still means what it says
     with pytest.raises(ValueError, match="length 2"):
         mean_estimates(result.plan, [1.0], ["a"])
+
+
+def test_a_mean_is_cut_to_its_columns_bounds_keeping_the_noise_and_flagged_uninformative() -> None:
+    """Issue 28 (D5): a binary column beside a price column shares the price's noise std, so
+    its raw estimate can land thousands outside [0, 1]. Control: the old code answered the raw
+    estimate, -4862 in [-4862 -+ 1.96 sigma] (the reporter's [-11584, 1860]), outside [0, 1]
+    and without ``uninformative``; now value and interval are cut to [0, 1] by explore's rule
+    (:func:`dpmarket.common.uncertainty.cut_keeping_noise`) and flagged. No randomness in the
+    assertions: the estimates are given."""
+    plan_bounds = np.array([[0.0, 1.0], [0.0, 200000.0]])
+    sites = [np.full((50, 2), [0.5, 60000.0])] * 2
+    result = run_cape_mean(sites, plan_bounds, 1.0, 1e-6, SeededNoise(np.random.default_rng(1)))
+    sigma = result.plan.aggregator_std()
+    z = 1.959963984540054
+    assert 1.0 < z * sigma < 50000.0  # the binary column's noise spans its bounds; price's not
+    airco, price = mean_estimates(result.plan, [-4862.0, 60000.0], ["airco", "price"])
+    assert 0.0 <= airco.value <= 1.0
+    assert (airco.low, airco.high) == (0.0, 1.0)  # the noise's width, capped at the bounds'
+    assert {f.code for f in airco.flags} >= {"outside_bounds", "uninformative"}
+    assert "-4862" in next(f.reason for f in airco.flags if f.code == "outside_bounds")
+    assert airco.reliable  # flags on the value: the interval still covers
+    assert price.value == 60000.0
+    assert (price.low, price.high) == pytest.approx((60000.0 - z * sigma, 60000.0 + z * sigma))
+    assert "uninformative" not in {f.code for f in price.flags}
+    # The cut never removes what the raw interval held inside the bounds, and keeps the noise's
+    # 95 % half-width where the bounds allow it (a price estimate just inside its upper bound).
+    rng = np.random.default_rng(28)
+    for raw in rng.normal([0.5, 199000.0], 2 * sigma, size=(200, 2)):
+        for d, e in enumerate(mean_estimates(result.plan, raw, ["airco", "price"])):
+            lo_b, hi_b = plan_bounds[d]
+            assert e.low is not None and e.high is not None
+            assert lo_b <= e.low <= e.value <= e.high <= hi_b
+            cut_low, cut_high = np.clip([raw[d] - z * sigma, raw[d] + z * sigma], lo_b, hi_b)
+            assert e.low <= cut_low and e.high >= cut_high
+            assert e.high - e.low >= min(z * sigma, hi_b - lo_b) * (1 - 1e-12)
 
 
 # --------------------------------------------------------------------------------------- capeFM
