@@ -1753,8 +1753,9 @@ class MarginalsExplorer:
             flagged ``model-guess`` on the value). Intervals are cut to what the value can be
             (:func:`_possible`: a fraction to [0, 1], a mean to the column's bounds, a variance
             to [0, w^2/4], a covariance to -+ w_a w_b/4), keeping at least 1.96 standard errors
-            of width from the edge (:func:`_cut_keeping_noise`); a value outside its interval
-            is moved to its nearest end, the estimate kept in ``raw``. An interval spanning
+            of width from the edge
+            (:func:`~dpmarket.common.uncertainty.cut_keeping_noise`); a value outside its
+            interval is moved to its nearest end, the estimate kept in ``raw``. An interval spanning
             more than :data:`UNINFORMATIVE` of what the value can be is flagged
             ``uninformative`` on the value, as an M2M or histogram answer's is.
 
@@ -1806,7 +1807,7 @@ class MarginalsExplorer:
         # Cut to what the value can be (a variance to [0, w^2/4], a covariance to -+ w_a w_b/4,
         # a mean to the column's bounds), keeping the noise's width at the edge, as every
         # other kind's interval is (_bounded_flags).
-        low, high = _cut_keeping_noise(
+        low, high = cut_keeping_noise(
             bounds[:, 0], bounds[:, 1], possible_low, possible_high, _noise_floor(se, np.zeros(k))
         )
         values = np.clip(values, low, high)
