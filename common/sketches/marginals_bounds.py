@@ -600,6 +600,17 @@ def _cut(low: float, high: float, floor: float, ceil: float) -> tuple[float, flo
     return max(low, floor), min(high, ceil)
 
 
+def _covariance_sums(
+    columns: tuple[int, int], values: Sequence[NDArray[np.float64]]
+) -> dict[str, dict[int, NDArray[np.float64]]]:
+    """The weights of the four sums a covariance of ``columns`` reads (``S_xy``, ``S_x``,
+    ``S_y`` and the record count ``n``), as :func:`event_count` takes them: per column, its
+    cells' values (shape ``(levels,)``); ``x * x`` for a variance."""
+    a, b = columns
+    x, y = (np.asarray(v, dtype=np.float64) for v in values)
+    return {"xy": {a: x * x} if a == b else {a: x, b: y}, "x": {a: x}, "y": {b: y}, "n": {}}
+
+
 def covariance_bounds(
     sketches: Sequence[Sequence[Measurement]],
     cells: Sequence[int],
@@ -651,14 +662,7 @@ def covariance_bounds(
     """
     if not sketches:
         raise ValueError("no sketch to bound from")
-    a, b = columns
-    x, y = (np.asarray(v, dtype=np.float64) for v in values)
-    sums = {
-        "xy": {a: x * x} if a == b else {a: x, b: y},
-        "x": {a: x},
-        "y": {b: y},
-        "n": {},
-    }
+    sums = _covariance_sums(columns, values)
     z = _normal_quantile(1.0 - alpha / 8.0)
     box: dict[str, tuple[float, float]] = {}
     for key, weights in sums.items():
@@ -679,7 +683,7 @@ def covariance_bounds(
         return min(corners), max(corners)
 
     exy, mx, my = ratio("xy"), ratio("x"), ratio("y")
-    if a == b:
+    if columns[0] == columns[1]:
         squares = (mx[0] ** 2, mx[1] ** 2)
         pmin = 0.0 if mx[0] <= 0.0 <= mx[1] else min(squares)
         pmax = max(squares)
@@ -855,14 +859,7 @@ def covariance_estimate(
     """
     if not sketches:
         raise ValueError("no sketch to estimate from")
-    a, b = columns
-    x, y = (np.asarray(v, dtype=np.float64) for v in values)
-    sums = {
-        "xy": {a: x * x} if a == b else {a: x, b: y},
-        "x": {a: x},
-        "y": {b: y},
-        "n": {},
-    }
+    sums = _covariance_sums(columns, values)
     linear: list[dict[str, Linear]] = []
     for ms in sketches:
         own: dict[str, Linear] = {}
