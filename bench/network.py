@@ -190,7 +190,9 @@ ROUND_TRIPS: dict[str, RoundTrips] = {
             "sketch-publication",
             "1 + 2m",
             "per owner, on its own and independent of K: ListSketchSpecs, then for each of the m "
-            "specs it publishes GetSketchSpec and PublishSketch (owner to curator)",
+            "specs it publishes GetSketchSpec and PublishSketch (owner to curator); with "
+            "`--epsilon`, one more GetSketchSpec per spec first (1 + 3m), so that a spec "
+            "released at another ε refuses the run before anything is charged",
             lambda k, p, s, i, a: 1 + 2 * p,
             0,
         ),
