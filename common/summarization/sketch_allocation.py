@@ -47,6 +47,12 @@ with the embedding the two compose to the validation party's ``(epsilon, delta)`
 split (:func:`split_gaussian_sigmas`); everything the owners receive from it (their shares, the
 shrunk decision) is post-processing with public values. The sketches are post-processed too:
 they cost their owners nothing beyond what their publication charged.
+
+With the mass cap on, a third Gaussian release about ``D_v``, its mean features in the sketches'
+own maps (:func:`sketch_validation_means`, L2 sensitivity :func:`sketch_validation_sensitivity`),
+gives each owner's mass near ``D_v`` with no transfer between maps (:func:`sketch_masses`); it
+takes :data:`MASS_RELEASE_SHARE` of the same budget, so the three still compose to the validation
+party's ``(epsilon, delta)``.
 """
 
 from __future__ import annotations
@@ -69,6 +75,7 @@ from dpmarket.common.validation import check_matrix, check_positive_int, check_v
 
 __all__ = [
     "DEFAULT_M2M_SYNTHETIC",
+    "MASS_RELEASE_SHARE",
     "RELEVANCE_SCORES",
     "RelevanceScore",
     "noisy_relevance",
