@@ -336,7 +336,7 @@ class Allocator:
         share = self.allocation_share()
         if cfg.mass_cap > 0:
             # A third release about D_v, its mean features in the sketches' own maps (the mass
-            # cap's): MASS_RELEASE_SHARE of the budget, the other two split the rest as before.
+            # cap's): MASS_RELEASE_SHARE of the budget; gtilde and the decision split the rest.
             sens_s = sketch_validation_sensitivity(
                 m, sketch_map_count(sketches, int(state.validation.shape[1]))
             )
