@@ -545,13 +545,14 @@ class AllocationFields(GaussianFields):
     mass_cap: float = param(
         0.0,
         "Sketch allocation: factor c of the mass cap on each owner's targeted reads, at most c "
-        "times its share of the owners' mass near D_v (from its published sketch and the "
-        "released validation embedding, an upper bound by 2 noise standard deviations) times the "
-        "targeted budget, the excess water-filled over the other owners by their weights "
-        "(doubled while the owners cannot supply the budget); 0: no cap.",
+        "times its share of the owners' mass near D_v (from its published sketch and D_v's "
+        "mean features released in the sketches' own map, a third Gaussian release about D_v "
+        "taking 0.1 of its budget; an upper bound by 2 standard deviations of both noises) times "
+        "the targeted budget, the excess water-filled over the other owners by their weights "
+        "(doubled while the owners cannot supply the budget); 0: no cap (and no third release).",
         unit="multiple of the mass share",
         source="candidates.mass_read_caps, sketch_allocation.sketch_masses; docs/results.md, "
-        "'A mass cap on the targeted reads'",
+        "'The mass cap in the sketches' own map'",
         check=_at_least(0.0),
     )
 

@@ -47,6 +47,12 @@ with the embedding the two compose to the validation party's ``(epsilon, delta)`
 split (:func:`split_gaussian_sigmas`); everything the owners receive from it (their shares, the
 shrunk decision) is post-processing with public values. The sketches are post-processed too:
 they cost their owners nothing beyond what their publication charged.
+
+With the mass cap on, a third Gaussian release about ``D_v``, its mean features in the sketches'
+own maps (:func:`sketch_validation_means`, L2 sensitivity :func:`sketch_validation_sensitivity`),
+gives each owner's mass near ``D_v`` with no transfer between maps (:func:`sketch_masses`); it
+takes :data:`MASS_RELEASE_SHARE` of the same budget, so the three still compose to the validation
+party's ``(epsilon, delta)``.
 """
 
 from __future__ import annotations
@@ -65,11 +71,11 @@ from dpmarket.common.summarization.candidates import (
     shrink_embedding,
     validation_embedding_sensitivity,
 )
-from dpmarket.common.summarization.rff import RFFParams, random_fourier_features
 from dpmarket.common.validation import check_matrix, check_positive_int, check_vector
 
 __all__ = [
     "DEFAULT_M2M_SYNTHETIC",
+    "MASS_RELEASE_SHARE",
     "RELEVANCE_SCORES",
     "RelevanceScore",
     "noisy_relevance",
@@ -77,7 +83,10 @@ __all__ = [
     "relevance_sensitivity",
     "responsibilities",
     "shrink_decision",
+    "sketch_map_count",
     "sketch_masses",
+    "sketch_validation_means",
+    "sketch_validation_sensitivity",
     "split_gaussian_sigmas",
 ]
 
@@ -337,114 +346,196 @@ def _m2m_mass(
     return out
 
 
-#: Synthetic points of :func:`sketch_masses`' M2M design (one per distinct sketch map).
-MASS_SYNTHETIC = 4_000
-#: The public seed that draws them (data independent: any fixed value is as private).
-MASS_DESIGN_SEED = 27
-#: Standard deviations of the embedding's noise added to each mass (an upper bound, so that a
+#: The mass release's share of the validation party's squared privacy-loss scale when the
+#: mass cap is on (:func:`split_gaussian_sigmas`); the embedding and the decision keep their
+#: split (:func:`derived_allocation_share`) of the rest. A public constant, not tuned
+#: (docs/results.md, "The mass cap in the sketches' own map").
+MASS_RELEASE_SHARE = 0.1
+#: Standard deviations of the masses' noise added to each mass (an upper bound, so that a
 #: noisy release loosens the cap instead of tightening it at random).
 MASS_NOISE_Z = 2.0
 
 
+def sketch_map_count(sketches: Sequence[SketchLike], n_features: int) -> int:
+    """The number of distinct feature maps among the owners' RFF sketches (public): the blocks
+    of :func:`sketch_validation_means`.
+
+    Raises
+    ------
+    ValueError
+        If a sketch is not RFF or describes another number of attributes than ``n_features``.
+    """
+    return len(_groups(sketches, n_features))
+
+
+def sketch_validation_sensitivity(m: int, n_maps: int) -> float:
+    """L2 sensitivity of :func:`sketch_validation_means` when one of the m validation points is
+    replaced.
+
+    Parameters
+    ----------
+    m : int
+        Validation set size (public), >= 1.
+    n_maps : int
+        Number of distinct sketch feature maps among the owners (public), >= 1.
+
+    Returns
+    -------
+    float
+        ``2 sqrt(n_maps) / m``.
+
+    Raises
+    ------
+    ValueError
+        If an argument is not a positive integer.
+
+    Notes
+    -----
+    The release is the concatenation over the distinct maps of ``(1/m) sum_v u(v)``, with
+    ``u(v) = Phi(v) / sqrt(m')`` a unit vector (``||Phi(v)||^2 = m'`` for every ``v``: each
+    frequency contributes ``cos^2 + sin^2 = 1``). Replacing ``v`` by ``v'`` moves one map's
+    block by ``(u(v') - u(v)) / m``, of norm at most ``2 / m``; every block moves at once, so
+    the concatenation moves by at most ``sqrt(n_maps) * 2 / m``. The bound is reached with one
+    frequency (``m' = 1``) and ``omega . v' = omega . v + pi``.
+    """
+    m = check_positive_int(m, "m")
+    n_maps = check_positive_int(n_maps, "n_maps")
+    return 2.0 * math.sqrt(n_maps) / m
+
+
+def sketch_validation_means(
+    sketches: Sequence[SketchLike], validation: ArrayLike
+) -> NDArray[np.float64]:
+    """D_v's mean features in the owners' own sketch maps, before noise: the mass release.
+
+    Parameters
+    ----------
+    sketches : sequence of PrivateSketch (or SketchUnion), length K
+        The owners' published RFF sketches (their public maps only are read).
+    validation : array-like of shape (m, n)
+        ``D_v``.
+
+    Returns
+    -------
+    ndarray of shape (sum over the distinct maps of 2 m',), float64
+        For each distinct map, in the order of first appearance among ``sketches``, the block
+        ``(1/m) sum_v Phi(v) / ||Phi(v)||`` (``||Phi(v)|| = sqrt(m')`` up to the float32
+        cosines): a mean of unit vectors, so of norm <= 1.
+
+    Raises
+    ------
+    ValueError
+        If there is no sketch, a sketch is not RFF or describes another number of attributes
+        than ``validation``.
+
+    Notes
+    -----
+    Reads D_v: the curator releases it only with Gaussian noise calibrated on
+    :func:`sketch_validation_sensitivity`, charged to D_v's ledger before any function of it
+    leaves the curator (:meth:`dpmarket.curator.summarization.allocation.Allocator.by_sketches`).
+    """
+    if not sketches:
+        raise ValueError("the mass release needs at least one sketch")
+    v = np.asarray(check_matrix(validation, "validation set"), dtype=np.float64)
+    blocks = []
+    for group in _groups(sketches, v.shape[1]):
+        fmap = sketches[group[0]].feature_map
+        assert isinstance(fmap, RFFMap)
+        phi = np.asarray(fmap.features(v), dtype=np.float64)  # (m, 2 m')
+        # ||Phi(v)|| = sqrt(m') up to the float32 cosines: dividing by the computed norm keeps
+        # every row of norm 1 exactly, which the sensitivity needs.
+        norms = np.linalg.norm(phi, axis=1, keepdims=True)
+        blocks.append((phi / np.maximum(norms, 1e-300)).mean(axis=0))
+    return np.concatenate(blocks)
+
+
 def sketch_masses(
     sketches: Sequence[SketchLike],
-    embedding: ArrayLike,
+    released: ArrayLike,
     sigma: float,
-    h1: RFFParams,
     *,
-    n_synthetic: int = MASS_SYNTHETIC,
-    seed: int = MASS_DESIGN_SEED,
     z: float = MASS_NOISE_Z,
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """Each owner's mass near D_v, ``sum_{x in D_k} gtilde . h1(x)``, from its published sketch
-    and the released validation embedding: the basis of the mass cap
+    """Each owner's mass near D_v, ``sum_{x in D_k} mean_v k(x, v)``, from its published sketch
+    and D_v's mean features released in the same map: the basis of the mass cap
     (:func:`dpmarket.common.summarization.candidates.mass_read_caps`).
 
-    ``gtilde . h1(x)`` estimates ``mean_v k(x, v)`` (the session's kernel), so the sum over an
-    owner's points is how much of its data lies near D_v. The sketch holds the owner's points
-    only through its own feature map, so the sum is transferred to h1 by M2M (M2M paper,
-    Algorithm 1, with an intercept): on a design of ``n_synthetic`` points drawn uniformly
-    from the sketch's public domain (a fixed public seed), the ridge coefficients ``(a, a0)``
-    of the d targets ``h1_j(x)`` on the sketch's features give the owner's mean h1,
-    ``mu_k = a0 + a^T z_k``, and ``s_k = n_k mu_k`` (``n_k`` the sketch's count estimate) its sum;
-    the mass is ``M_k = s_k . gtilde``. One design and one ridge system per distinct feature map
-    (``lambda`` the largest of the group's :func:`~dpmarket.common.sketches.regularization`).
+    With ``S_k = z_hat_k n_hat_k`` the owner's noisy sum of features and ``u~`` the released
+    block of its map (:func:`sketch_validation_means` plus noise), the mass is
+    ``M_k = <S_k, u~> / sqrt(m')``: without noise exactly
+    ``sum_{x in D_k} mean_v Phi(x) . Phi(v) / m'``, the sketch's RFF estimate of
+    ``sum_{x in D_k} mean_v k(x, v)`` under the sketch's kernel
+    ``k(x, v) = exp(-||x - v||^2 / (2 sigma_s^2))`` (the ``"mass"`` relevance score of
+    :func:`relevance_matrix` averaged over D_v). No design and no transfer between maps.
 
     Parameters
     ----------
     sketches : sequence of PrivateSketch (or SketchUnion), length K
         The owners' published RFF sketches.
-    embedding : array-like of shape (d,)
-        ``gtilde = mean h1(D_v) + N(0, sigma^2 I_d)``, as released to the owners.
+    released : array-like of shape (sum over the distinct maps of 2 m',)
+        ``sketch_validation_means(sketches, D_v) + N(0, sigma^2 I)``, as released.
     sigma : float
-        Its noise per coordinate (public), >= 0.
-    h1 : RFFParams
-        The session's h1 parameters (public), d features.
-    n_synthetic : int
-        Points of the M2M design, >= 1.
-    seed : int
-        Seed of the design's points (public).
+        The release's noise per coordinate (public), >= 0.
     z : float
-        The upper bound's multiple of the noise's standard deviation, >= 0.
+        The upper bound's multiple of the mass's standard deviation, >= 0.
 
     Returns
     -------
     upper : ndarray of shape (K,), float64, entries >= 0
-        ``max(0, M_k + z sigma ||s_k||)``: the mass, raised by ``z`` standard deviations of the
-        embedding's noise (``s_k . xi ~ N(0, sigma^2 ||s_k||^2)``), in units of the kernel
-        (an owner holding ``n`` copies of D_v has about ``n ||mean h1(D_v)||^2``).
+        ``max(0, M_k + z s_k)``, ``s_k^2 = (sigma^2 ||S_k||^2 + sigma_xi,k^2) / m'``: the mass
+        raised by ``z`` standard deviations of both noises (kernel units: an owner holding
+        ``n`` copies of a one-point D_v has ``n``).
     mass : ndarray of shape (K,), float64
         ``M_k`` itself (may be negative).
 
     Raises
     ------
     ValueError
-        If a sketch is not RFF or describes another number of attributes than h1, the embedding
-        does not have d entries, or an argument is out of range.
+        If a sketch is not RFF, ``released`` does not have one block per distinct map, or an
+        argument is out of range.
 
     Notes
     -----
-    Privacy: a function of the owners' published sketches (each charged to its owner's ledger at
-    publication and reusable by every consumer), of the session's public h1 parameters, of a
-    design drawn from public randomness, and of the released ``gtilde`` with its public
-    ``sigma`` (charged to D_v's ledger before it was sent). It reads neither D_v nor any
-    owner's data: post-processing of releases already made, so it costs nobody any privacy,
-    and neither do caps derived from it.
+    Error: ``M_k - M_k* = (<xi_k, u> + <S_k, eta>) / sqrt(m')`` with ``xi_k`` the sketch's
+    noise (variance ``sigma_xi,k^2`` per coordinate) and ``eta ~ N(0, sigma^2 I)`` the
+    release's. Given the published ``S_k`` the second term is ``N(0, sigma^2 ||S_k||^2 / m')``;
+    the first has variance ``sigma_xi,k^2 ||u||^2 / m' <= sigma_xi,k^2 / m'`` (``||u|| <= 1``).
 
-    Accuracy (docs/results.md, "A mass cap on the targeted reads"): M2M's uniform design is
-    far from the data in more than a few dimensions and its ridge shrinks every estimate towards
-    the design's mean: measured at epsilon 1,000 against the exact sums, the estimates are within
-    10 % at d = 4-7 (penguins-3, storms-40), 3-12 times too small at d = 6-64 (spam-3, tv16-40,
-    movies-20, digits-16) by a factor that varies up to 2.3 times between one scenario's owners,
-    and of either sign at d = 30 (cancer-4). Only the masses' shares are read by the cap, which
-    is why it is not the default.
+    Privacy: a function of the owners' published sketches (charged to their owners at
+    publication) and of the released ``u~`` with its public ``sigma`` (charged to D_v's ledger
+    before it was computed on): post-processing, no further cost to anybody, and neither do
+    caps derived from it. It reads neither D_v nor any owner's data.
     """
-    g = check_vector(embedding, "embedding").astype(np.float64)
-    if g.shape[0] != h1.d:
-        raise ValueError(f"embedding must have {h1.d} entries, got {g.shape[0]}")
+    u = check_vector(released, "released").astype(np.float64)
     if not (math.isfinite(sigma) and sigma >= 0):
         raise ValueError(f"sigma must be a finite number >= 0, got {sigma}")
     if not (math.isfinite(z) and z >= 0):
         raise ValueError(f"z must be a finite number >= 0, got {z}")
-    n_synthetic = check_positive_int(n_synthetic, "n_synthetic")
     if not sketches:
         raise ValueError("the masses need at least one sketch")
-    k = len(sketches)
-    sums = np.zeros((k, g.shape[0]), dtype=np.float64)
-    for group in _groups(sketches, h1.n_features):
-        first = sketches[group[0]]
-        design = SyntheticDesign.draw(
-            first.feature_map, first.domain, np.random.default_rng(seed), n_synthetic=n_synthetic
+    first_map = sketches[0].feature_map
+    if not isinstance(first_map, RFFMap):
+        raise ValueError(f"sketch 0 has a {first_map.kind} feature map; the masses need RFF")
+    groups = _groups(sketches, first_map.n_attributes)
+    dims = [sketches[g[0]].feature_map.dimension for g in groups]
+    if u.shape[0] != sum(dims):
+        raise ValueError(
+            f"released must have {sum(dims)} entries (one block per distinct map), got {u.shape[0]}"
         )
-        targets = random_fourier_features(design.points, h1, dtype=np.float64)  # (n_s, d)
-        lam = max(regularization(sketches[i]) for i in group)
-        a, a0 = design.coefficients(targets, lam, intercept=True)  # (m, d), (d,)
-        z_k = np.stack([np.asarray(sketches[i].mean_embedding, dtype=np.float64) for i in group])
-        counts = np.array([sketches[i].count_estimate for i in group], dtype=np.float64)
-        sums[group] = counts[:, None] * (a0[None, :] + z_k @ a)
-    mass = sums @ g
-    upper = np.maximum(mass + z * sigma * np.linalg.norm(sums, axis=1), 0.0)
-    return upper, mass
+    mass = np.zeros(len(sketches), dtype=np.float64)
+    sd = np.zeros(len(sketches), dtype=np.float64)
+    start = 0
+    for group, dim in zip(groups, dims, strict=True):
+        block = u[start : start + dim]
+        start += dim
+        fmap = sketches[group[0]].feature_map
+        assert isinstance(fmap, RFFMap)
+        root = fmap.l2_sensitivity  # sqrt(m')
+        sums = np.stack([sketches[i].mean_embedding * sketches[i].count_estimate for i in group])
+        mass[group] = sums @ block / root
+        noise = np.array([sketches[i].sum_noise_variance for i in group], dtype=np.float64)
+        sd[group] = np.sqrt(sigma**2 * np.einsum("kj,kj->k", sums, sums) + noise) / root
+    return np.maximum(mass + z * sd, 0.0), mass
 
 
 def responsibilities(relevance: ArrayLike, *, vote: bool = True) -> NDArray[np.float64]:

@@ -40,6 +40,7 @@ from dpmarket.common.summarization.session_ledger import (
     SketchAllocationReport,
 )
 from dpmarket.common.summarization.sketch_allocation import (
+    MASS_RELEASE_SHARE,
     VOTING_SCORES,
     derived_allocation_share,
     noisy_relevance,
@@ -47,7 +48,10 @@ from dpmarket.common.summarization.sketch_allocation import (
     relevance_sensitivity,
     responsibilities,
     shrink_decision,
+    sketch_map_count,
     sketch_masses,
+    sketch_validation_means,
+    sketch_validation_sensitivity,
     split_gaussian_sigmas,
 )
 from dpmarket.curator.summarization.release import Releases
@@ -314,7 +318,11 @@ class Allocator:
         """The sketch allocation (:mod:`dpmarket.common.summarization.sketch_allocation`):
         gtilde and the noisy mean responsibilities, two Gaussian releases about D_v whose
         composition is ``(epsilon_validation_total, delta)`` whatever the split
-        (:meth:`allocation_share`); shares from the second, shrunk towards the even split
+        (:meth:`allocation_share`); with ``mass_cap`` > 0 a third, D_v's mean features in the
+        sketches' own maps (:meth:`masses`), takes
+        :data:`~dpmarket.common.summarization.sketch_allocation.MASS_RELEASE_SHARE` of the
+        budget and the first two split the rest, so the three still compose to
+        ``(epsilon_validation_total, delta)``; shares from the second, shrunk towards the even split
         (:func:`~dpmarket.common.summarization.sketch_allocation.shrink_decision`). Owners
         receive gtilde and how to shrink it (:meth:`owner_view`); all of it post-processing of
         the two releases with public values. Owners release nothing before their candidates."""
@@ -322,13 +330,29 @@ class Allocator:
         cfg = self.config
         m = int(state.validation.shape[0])
         owners = state.active()
+        sketches = [state.owner_sketches[state.owner_name(i)] for i in owners]
         sens_g = validation_embedding_sensitivity(m)
         sens_a = relevance_sensitivity(m)
         share = self.allocation_share()
-        sigma_g, sigma_a = split_gaussian_sigmas(
-            cfg.epsilon_validation_total, cfg.delta, [sens_g, sens_a], [1.0 - share, share]
-        )
-        sketches = [state.owner_sketches[state.owner_name(i)] for i in owners]
+        if cfg.mass_cap > 0:
+            # A third release about D_v, its mean features in the sketches' own maps (the mass
+            # cap's): MASS_RELEASE_SHARE of the budget; gtilde and the decision split the rest.
+            sens_s = sketch_validation_sensitivity(
+                m, sketch_map_count(sketches, int(state.validation.shape[1]))
+            )
+            keep = 1.0 - MASS_RELEASE_SHARE
+            sigma_g, sigma_a, sigma_s = split_gaussian_sigmas(
+                cfg.epsilon_validation_total,
+                cfg.delta,
+                [sens_g, sens_a, sens_s],
+                [keep * (1.0 - share), keep * share, MASS_RELEASE_SHARE],
+            )
+            mass_release: tuple[float, float] | None = (sigma_s, sens_s)
+        else:
+            sigma_g, sigma_a = split_gaussian_sigmas(
+                cfg.epsilon_validation_total, cfg.delta, [sens_g, sens_a], [1.0 - share, share]
+            )
+            mass_release = None
         relevance = await asyncio.to_thread(
             relevance_matrix,
             sketches,
@@ -338,13 +362,13 @@ class Allocator:
             norm_weight=cfg.relevance_norm_weight,
         )
         pi = responsibilities(relevance, vote=cfg.relevance_score in VOTING_SCORES)
-        # Charge both releases about D_v before the first leaves the curator.
-        self._charge_sketch_releases((sigma_g, sens_g), (sigma_a, sens_a))
+        # Charge every release about D_v before the first leaves the curator.
+        self._charge_sketch_releases((sigma_g, sens_g), (sigma_a, sens_a), mass_release)
         g_val = self.embedding_release(embedding, sigma_g)
         noisy, decision, decision_alpha = self.decision_release(pi, sigma_a)
+        masses = await self.masses(sketches, mass_release)
         owner_sigma = await self.send_embedding(owners, g_val, sigma_g)
         state.require_owners()
-        masses = await self.masses(sketches, g_val, sigma_g)
         requests = self.requests(owners, np.maximum(decision, 0.0), masses)
         info = SketchAllocationReport(
             budget=self.budget.total,
@@ -366,17 +390,22 @@ class Allocator:
         return requests, g_val, info
 
     async def masses(
-        self, sketches: Sequence[SketchLike], g_val: NDArray[np.float64], sigma: float
+        self, sketches: Sequence[SketchLike], release: tuple[float, float] | None
     ) -> NDArray[np.float64] | None:
-        """The owners' masses near D_v for the mass cap (``mass_cap`` > 0; None otherwise):
-        :func:`~dpmarket.common.summarization.sketch_allocation.sketch_masses` of their published
-        ``sketches`` and the released ``g_val`` (noise ``sigma``), upper bounds. Post-processing
-        of releases already charged (the sketches to their owners at publication, gtilde to D_v
-        by :meth:`_charge_sketch_releases`): no charge."""
-        if self.config.mass_cap <= 0:
+        """The owners' masses near D_v for the mass cap (None when ``release`` is None, the cap
+        off): D_v's mean features in the sketches' own maps
+        (:func:`~dpmarket.common.summarization.sketch_allocation.sketch_validation_means`) plus
+        Gaussian noise ``release = (sigma, L2 sensitivity)`` from the session's noise source,
+        already charged to D_v's ledger by :meth:`_charge_sketch_releases`; then
+        :func:`~dpmarket.common.summarization.sketch_allocation.sketch_masses`' upper bounds,
+        post-processing of that release and of the published ``sketches``. Only the caps derived
+        from it leave the curator (as the owners' requests)."""
+        if release is None:
             return None
-        assert self.state.rff is not None
-        upper, _ = await asyncio.to_thread(sketch_masses, sketches, g_val, sigma, self.state.rff)
+        sigma, _ = release
+        means = await asyncio.to_thread(sketch_validation_means, sketches, self.state.validation)
+        noisy = means + self.state.noise.gaussian(sigma, int(means.shape[0]))
+        upper, _ = await asyncio.to_thread(sketch_masses, sketches, noisy, sigma)
         return upper
 
     def embedding_release(
@@ -400,15 +429,23 @@ class Allocator:
         return noisy, decision, alpha
 
     def _charge_sketch_releases(
-        self, embedding: tuple[float, float], allocation: tuple[float, float]
+        self,
+        embedding: tuple[float, float],
+        allocation: tuple[float, float],
+        mass: tuple[float, float] | None = None,
     ) -> None:
-        """Charge the sketch allocation's two Gaussian releases about D_v, each given as
-        ``(sigma, L2 sensitivity)``: gtilde and the noisy mean responsibilities."""
+        """Charge the sketch allocation's Gaussian releases about D_v, each given as
+        ``(sigma, L2 sensitivity)``: gtilde, the noisy mean responsibilities and, with the mass
+        cap, D_v's noisy mean features in the sketches' maps."""
         cfg = self.config
-        labels = (
+        labels = [
             "gtilde = mean h1(D_v) + Gaussian noise",
             f"sketch allocation: mean {cfg.relevance_score} responsibilities + Gaussian noise",
-        )
+        ]
+        releases = [embedding, allocation]
+        if mass is not None:
+            labels.append("mass cap: mean sketch-map features of D_v + Gaussian noise")
+            releases.append(mass)
         self.state.ledgers["validation"].charge(
             [
                 Charge(
@@ -423,7 +460,7 @@ class Allocator:
                         delta=cfg.delta,
                     ),
                 )
-                for label, (sigma, sens) in zip(labels, (embedding, allocation), strict=True)
+                for label, (sigma, sens) in zip(labels, releases, strict=True)
             ]
         )
 
