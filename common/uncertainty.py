@@ -64,7 +64,7 @@ LEVEL = 0.95
 UNINFORMATIVE = 0.5
 
 On = Literal["value", "interval"]
-Basis = Literal["noise", "noise+bias", "measured", "bounds", "none"]
+Basis = Literal["noise", "noise+bias", "measured", "bounds", "public", "none"]
 
 #: What an interval covers, by its ``basis``.
 BASES: dict[str, str] = {
@@ -76,7 +76,10 @@ BASES: dict[str, str] = {
     "measured": "the noise of the estimate from the measured marginals that hold the value's "
     "columns, which is the value (unbiased count over the measured record count)",
     "bounds": "bounds that hold whatever the joint distribution (Fréchet bounds from what was "
-    "measured), widened by the noise; the value inside them is a guess",
+    "measured) and wherever the records lie inside a cell a predicate cuts, widened by the "
+    "noise; the value inside them is a guess",
+    "public": "the value is fixed by the public domain (every record lies within the columns' "
+    "declared bounds, e.g. a CDF at or above a column's upper bound is 1): exact, no noise",
     "none": "no interval can be stated",
 }
 

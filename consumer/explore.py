@@ -34,11 +34,14 @@ quantile of the noise (:mod:`dpmarket.consumer.intervals` states each constructi
 marginals kind's counts, CDFs, cells, moments and covariances whose columns every owner measured
 together are the measured marginals' own estimate, with its noise's standard error and the
 interval built around it (``measured``; the graphical model's value is not printed there: it is
-biased where the noise is large against a cell); the others are the graphical model's guess
-(flagged ``model-guess`` on the value) inside bounds that hold whatever the joint: Fréchet bounds
-from the measured marginals, Cauchy-Schwarz bounds from the two variances for a covariance
-(``bounds``; :mod:`dpmarket.common.sketches.marginals_bounds`). A logistic regression's bias is
-not bounded: its intervals cover the noise only and are flagged ``unbounded`` on the interval.
+biased where the noise is large against a cell); the others, and every count or CDF whose
+predicate cuts a cell, are the graphical model's guess (flagged ``model-guess`` on the value)
+inside bounds that hold whatever the joint and wherever the records lie inside a cut cell:
+Fréchet bounds from the measured marginals, Cauchy-Schwarz bounds from the two variances for a
+covariance (``bounds``; :mod:`dpmarket.common.sketches.marginals_bounds`); a count or CDF the
+public domain fixes (every record lies within the declared bounds) is exact (``public``). A
+logistic regression's bias is not bounded: its intervals cover the noise only and are flagged
+``unbounded`` on the interval.
 Where the record count is known within 20 % or worse, the means, moments, CDFs and counts whose
 bounds are ratios over the count get an interval exact in the count's noise (Fieller's test
 inversion: :func:`dpmarket.common.sketches.intervals.ratio_interval`); the others are flagged
@@ -99,6 +102,7 @@ from dpmarket.common.sketches.marginals import (
     bound_weights,
     cell_weights,
     free_compiled,
+    public_share,
 )
 from dpmarket.common.sketches.marginals_bounds import (
     MeasuredEstimate,
@@ -318,7 +322,7 @@ class Answer:
     basis : tuple of str
         Per value, what its interval covers
         (:data:`~dpmarket.common.uncertainty.BASES`: ``"noise"``, ``"noise+bias"``,
-        ``"measured"``, ``"bounds"`` or ``"none"``).
+        ``"measured"``, ``"bounds"``, ``"public"`` or ``"none"``).
     covers : tuple of str
         Per value, one line: how its interval was built and what it covers.
     """
@@ -578,7 +582,8 @@ FLAGS: dict[str, tuple[On, str]] = {
     "model-guess": (
         "value",
         "the value is a model's guess (columns no measurement or histogram holds together taken "
-        "as independent); its interval holds whatever the joint",
+        "as independent, or records taken as spread evenly inside a cell a predicate cuts); its "
+        "interval holds whatever the joint and wherever those records lie",
     ),
 }
 #: The share of its possible range above which an interval is flagged ``uninformative``
@@ -586,6 +591,14 @@ FLAGS: dict[str, tuple[On, str]] = {
 UNINFORMATIVE = _UNINFORMATIVE
 #: The count estimate's relative standard error above which a value is flagged ``few-records``.
 FEW_RECORDS = 0.2
+
+
+#: Why a marginals value whose predicate cuts a cell is a guess, and why its bounds hold.
+_INSIDE_CELL = (
+    "a predicate cuts a cell, and the records' positions inside a cell are not measured: the "
+    "value takes them as spread evenly inside it; the interval counts that cell whole in its "
+    "upper end and not at all in its lower end, so it holds wherever they lie"
+)
 
 
 def _flag(code: str, reason: str) -> Flag:
@@ -1750,7 +1763,12 @@ class MarginalsExplorer:
             estimate and its standard error that estimate's noise sd (:meth:`_measured`), the
             estimate the interval is built around; elsewhere it is the graphical model's guess,
             with no standard error, inside bounds that hold whatever the joint (``bounds``,
-            flagged ``model-guess`` on the value). Intervals are cut to what the value can be
+            flagged ``model-guess`` on the value). So is a count or CDF whose predicate cuts a
+            cell of a continuous or integer column (:meth:`_cut_cells`), measured columns or
+            not: the value takes the records as spread evenly inside the cell, and the interval
+            holds wherever they lie. A count or CDF the public domain fixes is exact (``public``,
+            standard error 0, interval ``[v, v]``: :meth:`_public`). Intervals are cut to what
+            the value can be
             (:func:`_possible`: a fraction to [0, 1], a mean to the column's bounds, a variance
             to [0, w^2/4], a covariance to -+ w_a w_b/4), keeping at least 1.96 standard errors
             of width from the edge
@@ -1786,13 +1804,7 @@ class MarginalsExplorer:
             if replicates > 1
             else np.full(main.shape, np.nan)
         )
-        # Where every owner measured the value's columns together, the value is the measured
-        # marginals' own estimate, with its noise's standard error: the estimate the interval
-        # is built around (the model's value there is biased where the noise is large against
-        # a cell, and its bootstrap spread is not its error).
-        measured = self._measured(query, sketches)
-        raw = np.array([main[v] if m is None else m.value for v, m in enumerate(measured)])
-        se = np.array([se[v] if m is None else m.sd for v, m in enumerate(measured)])
+        raw, se, measured, public = self._estimates(query, sketches, main, se)
         k = raw.shape[0]
         possible_low, possible_high, what = _possible(query, domain, k)
         values = np.clip(raw, possible_low, possible_high)
@@ -1815,7 +1827,9 @@ class MarginalsExplorer:
         total = math.fsum(m.total for m, _ in fitted)
         extra: dict[str, Any] = {}
         if query.kind == "count":
-            extra = self._count_extra(query, sketches, measured[0], float(values[0]), total)
+            extra = self._count_extra(
+                query, sketches, measured[0], float(values[0]), total, public[0]
+            )
         if query.kind == "marginal":
             idx = _index(domain, query.columns).tolist()
             labels = _marginal_labels(self.feature_map, domain, idx)
@@ -1839,6 +1853,45 @@ class MarginalsExplorer:
             covers=covers,
         )
 
+    def _estimates(
+        self,
+        query: Query,
+        sketches: Sequence[MarginalsSketch],
+        model: NDArray[np.float64],
+        model_se: NDArray[np.float64],
+    ) -> tuple[
+        NDArray[np.float64],
+        NDArray[np.float64],
+        list[MeasuredEstimate | None],
+        list[float | None],
+    ]:
+        """Each value's estimate and standard error, before any cut, from the graphical
+        model's ``model`` and ``model_se`` (shape (k,)), the measured estimates
+        (:meth:`_measured`) and what the domain fixes (:meth:`_public`).
+
+        Where every owner measured the value's columns together, the value is the measured
+        marginals' own estimate, with its noise's standard error: the estimate the interval
+        is built around (the model's value there is biased where the noise is large against
+        a cell, and its bootstrap spread is not its error). A value the public domain fixes
+        (every record lies within the declared bounds) is that value exactly, standard error
+        0. Elsewhere the model's.
+
+        Returns
+        -------
+        (raw, se, measured, public)
+            ``raw`` and ``se`` of shape (k,); per value its measured estimate or None; per
+            value of a count or a CDF the value the domain fixes or None (empty for other
+            kinds).
+        """
+        measured = self._measured(query, sketches)
+        raw = np.array([model[v] if m is None else m.value for v, m in enumerate(measured)])
+        se = np.array([model_se[v] if m is None else m.sd for v, m in enumerate(measured)])
+        public = [e for e, _ in self._public(query)] if query.kind in ("count", "cdf") else []
+        for v, exact in enumerate(public):
+            if exact is not None:
+                raw[v], se[v] = exact, 0.0
+        return raw, se, measured, public
+
     def _count_extra(
         self,
         query: Query,
@@ -1846,14 +1899,26 @@ class MarginalsExplorer:
         measured: MeasuredEstimate | None,
         fraction: float,
         total: float,
+        exact: float | None = None,
     ) -> dict[str, Any]:
         """A count answer's ``count``, ``n`` (the models' ``total``), ``n_interval``,
         ``count_standard_error`` and ``count_interval``: the measured count itself, unbiased
         (cut at 0), with its sd, where every owner measured the count's columns together
         (``measured``); elsewhere the model's guess, its ``fraction`` times ``total``, with no
-        standard error. Each interval is widened to hold its value."""
-        c_low, c_high = self._count_interval(query, sketches)
+        standard error. Each interval is widened to hold its value. Where the domain fixes
+        the fraction (``exact``, :meth:`_public`): 0 records, exactly, or every record, ``n``
+        with ``n``'s interval and no standard error of its own."""
         n_low, n_high = self._record_count_interval(sketches)
+        n_interval = [min(n_low, total), max(n_high, total)]
+        if exact is not None:
+            return {
+                "count": exact * total,
+                "n": total,
+                "n_interval": n_interval,
+                "count_standard_error": 0.0 if exact == 0.0 else None,
+                "count_interval": [0.0, 0.0] if exact == 0.0 else list(n_interval),
+            }
+        c_low, c_high = self._count_interval(query, sketches)
         if measured is None:
             count, count_se = fraction * total, None
         else:
@@ -1861,7 +1926,7 @@ class MarginalsExplorer:
         return {
             "count": count,
             "n": total,
-            "n_interval": [min(n_low, total), max(n_high, total)],
+            "n_interval": n_interval,
             "count_standard_error": count_se,
             "count_interval": [min(c_low, count), max(c_high, count)],
         }
@@ -1893,7 +1958,62 @@ class MarginalsExplorer:
         """Per value of ``query`` (count, cdf, marginal, mean, moment2), the per-column cell
         weights whose weighted count over the rows is that value; with ``bounds``, which cells
         a count's or a CDF's predicates hold whole, in part or not at all, whatever the values
-        inside a cell (:func:`~dpmarket.common.sketches.marginals.bound_weights`)."""
+        inside a cell (:func:`~dpmarket.common.sketches.marginals.bound_weights`). A column
+        whose predicate holds every record the domain admits is left out of its conjunction
+        (:meth:`_public`: ``price <= 400000 and bedrooms = 3`` is ``bedrooms = 3``), unless
+        the domain fixes the whole value (answered exactly, not from these weights)."""
+        found = self._all_weights(query, bounds=bounds)
+        if query.kind not in ("count", "cdf"):
+            return found
+        for v, (exact, held) in enumerate(self._public(query)):
+            if exact is None and held:
+                found[v] = {j: w for j, w in found[v].items() if j not in held}
+        return found
+
+    def _public(self, query: Query) -> list[tuple[float | None, frozenset[int]]]:
+        """Per value of a count or a CDF, what the public domain fixes (every record of a
+        release lies in it): ``(exact, held)``, ``exact`` the value's share when the domain
+        fixes it (0 where some column's predicate reaches no cell, 1 where every column's
+        holds every cell a record can lie in) and None otherwise; ``held`` the columns whose
+        predicate holds every record
+        (:func:`~dpmarket.common.sketches.marginals.public_share`). Other kinds: ``(None,
+        frozenset())`` for every value."""
+        found = self._all_weights(query, bounds=True)
+        if query.kind not in ("count", "cdf"):
+            return [(None, frozenset())] * len(found)
+        out: list[tuple[float | None, frozenset[int]]] = []
+        for weights in found:
+            shares = {
+                j: public_share(self.feature_map, self.domain, j, w) for j, w in weights.items()
+            }
+            held = frozenset(j for j, share in shares.items() if share == 1.0)
+            if any(share == 0.0 for share in shares.values()):
+                out.append((0.0, held))
+            elif len(held) == len(shares):
+                out.append((1.0, held))
+            else:
+                out.append((None, held))
+        return out
+
+    def _cut_cells(self, query: Query) -> list[bool]:
+        """Per value, whether a count's or a CDF's predicate cuts a cell of a continuous or
+        integer column (a bound weight strictly between 0 and 1,
+        :func:`~dpmarket.common.sketches.marginals.bound_weights`): the records' positions
+        inside that cell are not measured, so the value there is a guess (the records taken
+        as spread evenly inside the cell) and only bounds hold it. False for the values the
+        domain fixes (:meth:`_public`) and for other kinds."""
+        weights = self._value_weights(query, bounds=True)
+        if query.kind not in ("count", "cdf"):
+            return [False] * len(weights)
+        return [
+            exact is None and any(((w > 0.0) & (w < 1.0)).any() for w in ws.values())
+            for ws, (exact, _) in zip(weights, self._public(query), strict=True)
+        ]
+
+    def _all_weights(
+        self, query: Query, *, bounds: bool = False
+    ) -> list[dict[int, NDArray[np.float64]]]:
+        """:meth:`_value_weights` with every column of the query kept."""
         domain, fmap = self.domain, self.feature_map
         weigh = bound_weights if bounds else cell_weights
         if query.kind == "count":
@@ -1933,11 +2053,19 @@ class MarginalsExplorer:
         moment ``C / N`` (:func:`~dpmarket.common.sketches.marginals_bounds.fraction_estimate`),
         a covariance from the four measured sums
         (:func:`~dpmarket.common.sketches.marginals_bounds.covariance_estimate`); each with its
-        noise's standard deviation."""
+        noise's standard deviation. None too where the domain fixes the value (:meth:`_public`:
+        answered exactly) and where a predicate cuts a cell (:meth:`_cut_cells`: the
+        estimate is of the records taken as spread evenly inside the cell, a guess, not a
+        measurement)."""
         parts = [s.measurements for s in sketches]
         cells = [int(c) for c in self.feature_map.cells]
         if query.kind != "covariance":
-            return [fraction_estimate(parts, cells, w) for w in self._value_weights(query)]
+            public = self._public(query)
+            cut = self._cut_cells(query)
+            return [
+                None if cut[v] or public[v][0] is not None else fraction_estimate(parts, cells, w)
+                for v, w in enumerate(self._value_weights(query))
+            ]
         idx = _columns(query, self.domain)
         out: list[MeasuredEstimate | None] = []
         for a, b in zip(*np.triu_indices(idx.size), strict=True):
@@ -1955,9 +2083,13 @@ class MarginalsExplorer:
     ) -> tuple[NDArray[np.float64], tuple[str, ...], tuple[str, ...], tuple[tuple[Flag, ...], ...]]:
         """Every value's 95 % interval, its basis, how it was built, and its flags.
 
-        Counts, CDFs, marginal cells, means and second moments:
+        Counts and CDFs the public domain fixes (:meth:`_public`): that value, exactly
+        (``"public"``). Counts, CDFs, marginal cells, means and second moments:
         :func:`dpmarket.common.sketches.marginals_bounds.fraction_bounds` from the owners'
-        measurements — where one measured marginal holds the value's columns (``"measured"``),
+        measurements — where a predicate cuts a cell (:meth:`_cut_cells`), bounds from the
+        cells it holds whole and every cell it touches (``"bounds"``, the value a guess inside
+        the cell flagged ``model-guess``); else where one measured marginal holds the value's
+        columns (``"measured"``),
         the interval of the measured estimate ``C / N`` that ``values`` holds there
         (:meth:`_measured`): the unbiased count ``-+ z sd`` over the record count's interval,
         Bonferroni; Fréchet bounds that hold whatever the joint otherwise (``"bounds"``; the
@@ -1978,13 +2110,44 @@ class MarginalsExplorer:
         if query.kind == "covariance":
             return self._covariance_intervals(query, parts, values)
         per_value = self._value_weights(query, bounds=True)
+        public = self._public(query)
+        cut = self._cut_cells(query)
         record_counts = record_count_bounds(parts, cells)  # the same for every value
         bounds = np.empty((k, 2))
         basis: list[str] = []
         covers: list[str] = []
         flags: list[tuple[Flag, ...]] = []
         for v, w in enumerate(per_value):
+            exact = public[v][0]
+            if exact is not None:
+                bounds[v] = (exact, exact)
+                basis.append("public")
+                covers.append(
+                    "exact: every record lies within the columns' declared bounds, so the "
+                    + (
+                        "predicate holds every record"
+                        if exact == 1.0
+                        else "predicate holds no record"
+                    )
+                    + " whatever the data; no noise enters"
+                )
+                flags.append(())
+                continue
             low, high, measured = fraction_bounds(parts, cells, w, record_counts=record_counts)
+            if cut[v] and measured:
+                reason = "a guess inside a cell: " + _INSIDE_CELL
+                if not low <= values[v] <= high:
+                    reason += f" (the guess {values[v]:.6g} lay outside it: moved inside)"
+                basis.append("bounds")
+                covers.append(
+                    "bounds from the measured marginals that hold these columns: the count of "
+                    "the cells the predicates hold whole and the count of every cell they "
+                    "touch, each ± z sd, over the record count's interval (Bonferroni); they "
+                    "hold wherever the records lie inside a cell"
+                )
+                flags.append((_flag("model-guess", reason),))
+                bounds[v] = (low, high)
+                continue
             if measured:
                 basis.append("measured")
                 covers.append(
@@ -2001,6 +2164,8 @@ class MarginalsExplorer:
                     "interval is the Fréchet bounds from the measured marginals, which hold "
                     "whatever the joint"
                 )
+                if cut[v]:
+                    reason += "; and " + _INSIDE_CELL
                 if not low <= values[v] <= high:
                     reason += f" (the model's {values[v]:.6g} lay outside them: moved inside)"
                 basis.append("bounds")

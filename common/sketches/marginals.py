@@ -79,6 +79,7 @@ __all__ = [
     "free_compiled",
     "marginals_map",
     "model_size_mb",
+    "public_share",
 ]
 
 #: ``measurements = 0`` / ``rounds = 0`` in a map: derive them from the domain, the budget and
@@ -579,6 +580,44 @@ def bound_weights(
     reach = (high >= left) & ((low < right) | (last & (low <= right)))
     whole = (low <= left) & (high >= right)
     return np.where(whole, 1.0, np.where(reach, 0.5, 0.0))
+
+
+def public_share(
+    fmap: MarginalsMap, domain: Domain, column: int, weights: NDArray[np.float64]
+) -> float | None:
+    """The share of the records a predicate on ``column`` holds when the public domain fixes
+    it: 0 when it reaches no cell (every bound weight 0), 1 when it holds every cell a record
+    can lie in (the weights of ``-inf <= x <= inf``), None otherwise.
+
+    Parameters
+    ----------
+    fmap : MarginalsMap
+    domain : Domain
+        The spec's domain (levels and integer columns).
+    column : int
+    weights : ndarray of shape (cells[column],)
+        The predicate's :func:`bound_weights`.
+
+    Returns
+    -------
+    float or None
+        0.0, 1.0 or None.
+
+    Notes
+    -----
+    Every record of a release lies in the domain (an owner clamps it there before the release),
+    so such a predicate's share is a public fact, exact, with no noise: ``price <= 400000``
+    over a column declared ``[0, 300000]`` holds every record, ``price <= -1`` none. It is the
+    marginals form of the histogram's rule that a bound the same on every bin is read exactly
+    (``dpmarket.consumer.intervals``): a conjunction whose lower bound holds every cell of each
+    column is 1, one whose upper bound holds no cell of some column is 0.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    if not (w > 0.0).any():
+        return 0.0
+    if np.array_equal(w, bound_weights(fmap, domain, column, -math.inf, math.inf)):
+        return 1.0
+    return None
 
 
 def _integer_shares(

@@ -130,7 +130,7 @@ def test_warming_fills_the_caches_an_answer_reads_and_changes_no_answer() -> Non
     assert [k[0] for k in explorers] == ["clinics/hist"]
     fitted = MARGINALS_MODELS.get(key)
     assert fitted is not None
-    count = Query("count", where=(("bmi", 30.0, 70.0), ("high", 1, 1)))
+    count = Query("count", where=(("bmi", 40.0, 70.0), ("high", 1, 1)))  # bmi's cells whole
     found = explore(catalogue, count, options=options, explorers=explorers)
     assert found.spec.name == marginals.name
     assert MarginalsExplorer(marginals, bootstrap=2, seed=11).models(sketch)[0] is fitted[0]
@@ -166,7 +166,7 @@ def test_verifying_replaces_a_published_fit_that_shrinks_the_errors(
     carried = sketch.with_fit(shrunk)
     catalogue = _Published(specs, None, [PublishedSketch("young", marginals.name, 0.0, carried)])
     options = ExploreOptions(seed=3, bootstrap=2)
-    count = Query("count", where=(("bmi", 30.0, 70.0), ("high", 1, 1)))
+    count = Query("count", where=(("bmi", 40.0, 70.0), ("high", 1, 1)))  # bmi's cells whole
     MARGINALS_MODELS.clear()
     before = explore(catalogue, count, options=options).answer
     # The count's columns were measured together: its value and standard error come from the
