@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -184,20 +185,33 @@ class PrivacyEvent:
         object.__setattr__(self, "delta", delta)
 
 
+#: Held while ``dp_accounting`` is imported: its ``pld`` modules import one another, and two
+#: threads importing two of them at once (an owner's start-up import beside its first request's)
+#: can each take one module's import lock and need the other's, which Python's import system
+#: resolves by handing one thread a partially initialized module (``AttributeError``,
+#: ``_DeadlockError``). Every lazy import of it here goes through :func:`load_pld_library`.
+_PLD_IMPORT_LOCK = threading.Lock()
+
+
 def load_pld_library() -> None:
     """Import the parts of ``dp_accounting`` this module reads lazily (about 1 s of CPU, more
     on a loaded machine), so that a service can pay for them at start rather than in the first
-    request whose cost they compute: an owner's first CAPE open under a curator's deadline."""
-    import dp_accounting.pld.accountant
-    import dp_accounting.pld.common
-    import dp_accounting.pld.privacy_loss_distribution
-    import dp_accounting.pld.privacy_loss_mechanism  # noqa: F401
+    request whose cost they compute: an owner's first CAPE open under a curator's deadline.
+
+    Safe to call from several threads at once (one imports, the others wait for it; later calls
+    return at once); every function that imports ``dp_accounting`` calls it first."""
+    with _PLD_IMPORT_LOCK:
+        import dp_accounting.pld.accountant
+        import dp_accounting.pld.common
+        import dp_accounting.pld.privacy_loss_distribution
+        import dp_accounting.pld.privacy_loss_mechanism  # noqa: F401
 
 
 def _check_gaussian_calibration(
     epsilon: float, delta: float, sensitivity: float, sigma: float
 ) -> None:
     """Raise unless N(0, sigma^2) noise on an L2-``sensitivity`` query is (epsilon, delta)-DP."""
+    load_pld_library()
     from dp_accounting.pld.privacy_loss_mechanism import GaussianPrivacyLoss
 
     achieved = GaussianPrivacyLoss(
@@ -254,6 +268,7 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1
     Balle & Wang, "Improving the Gaussian mechanism for differential privacy: analytical
     calibration and optimal denoising", ICML 2018, Theorem 8 and Algorithm 1.
     """
+    load_pld_library()
     from dp_accounting.pld.accountant import get_smallest_gaussian_noise
     from dp_accounting.pld.common import DifferentialPrivacyParameters
 
@@ -527,6 +542,7 @@ def _group_pld(event: PrivacyEvent, count: int, interval: float) -> PrivacyLossD
     doubles the mean privacy loss (``~epsilon^2 / 2`` per run) and overstates the epsilon of
     1656 runs by 11%.
     """
+    load_pld_library()
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
     from scipy.special import expit
     from scipy.stats import binom

@@ -20,6 +20,7 @@ from dpmarket.common.privacy.accounting import (
     PrivacyEvent,
     analytic_gaussian_sigma,
     kairouz_epsilon_delta,
+    load_pld_library,
     pld_epsilon,
 )
 from dpmarket.common.summarization.auction import AuctionParams, auction_events, auction_parameters
@@ -346,6 +347,7 @@ def gaussian_epsilon(sigma: float, delta: float, sensitivity: float) -> float:
     ValueError
         If ``sigma`` or ``sensitivity`` is not finite and ``> 0`` or ``delta`` is outside (0, 1).
     """
+    load_pld_library()
     from dp_accounting.pld.privacy_loss_mechanism import GaussianPrivacyLoss
 
     s = check_epsilon(sigma, "sigma")

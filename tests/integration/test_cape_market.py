@@ -305,10 +305,10 @@ def _train_until_killed(cluster: LocalCluster, kill: Any) -> str:
 
     with (
         CuratorClient(cluster.curator_target, cluster.consumer_security()) as client,
-        pytest.raises(DPMarketError),
+        pytest.raises(DPMarketError) as failed,
     ):
         client.train_cape(LONG_TRAINING, timeout=CALL_TIMEOUT, on_progress=on_progress)
-    assert killed, "the training ended before its first progress message"
+    assert killed, f"the training ended before its first progress message: {failed.value!r}"
     jobs = {e.session for entries in _new_entries(cluster, before).values() for e in entries}
     assert len(jobs) == 1, jobs
     return jobs.pop()

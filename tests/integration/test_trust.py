@@ -18,6 +18,7 @@ not timing assertions.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -1607,20 +1608,26 @@ def load(
 
 
 class HealthProbe(threading.Thread):
-    """Calls grpc.health.v1 Check on a service every 0.2 s with a 3 s deadline, over mTLS.
+    """Calls grpc.health.v1 Check on a service every 0.2 s with a 3 s deadline, over mTLS, and
+    records when each answer came and its status.
 
-    The deadline tells a service that keeps answering from one whose event loop the work
-    starves (blocked for the sessions' whole run, minutes); it is not a latency bound: with the
-    suite's other worker on the same two cores, a check at 1 s missed now and then."""
+    What it tells is a service that keeps answering from one whose event loop the work starves
+    (blocked for the sessions' whole run, minutes): :meth:`longest_silence` is the longest time
+    without a SERVING answer. It is not a latency bound: with the suite's other worker and other
+    deployments on the same two cores, a check at 1 s missed now and then, and one at 3 s
+    missed once under a loaded run."""
 
     def __init__(self, cluster: LocalCluster) -> None:
         super().__init__(daemon=True)
         self.channel = _channel(cluster, cluster.curator_target, CURATOR, CONSUMER)
         self.stop = threading.Event()
         self.results: list[grpc.StatusCode] = []
+        self.times: list[float] = []
+        self.started = self.stopped = time.monotonic()
 
     def run(self) -> None:
         stub = health_pb2_grpc.HealthStub(self.channel)
+        self.started = time.monotonic()
         while not self.stop.is_set():
             try:
                 response = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=3.0)
@@ -1628,8 +1635,18 @@ class HealthProbe(threading.Thread):
                 self.results.append(grpc.StatusCode.OK if ok else grpc.StatusCode.UNKNOWN)
             except grpc.RpcError as exc:
                 self.results.append(exc.code())
+            self.times.append(time.monotonic())
             self.stop.wait(0.2)
+        self.stopped = time.monotonic()
         self.channel.close()
+
+    def longest_silence(self) -> float:
+        """Seconds, the longest stretch of the probe's run without a SERVING answer (from its
+        start to the first, between two, from the last to its end)."""
+        pairs = zip(self.times, self.results, strict=True)
+        served = [t for t, code in pairs if code == grpc.StatusCode.OK]
+        marks = [self.started, *served, self.stopped]
+        return max(b - a for a, b in itertools.pairwise(marks))
 
 
 def test_the_most_work_allowed_keeps_the_curator_responsive_within_its_limits(
@@ -1661,7 +1678,11 @@ def test_the_most_work_allowed_keeps_the_curator_responsive_within_its_limits(
         probe.stop.set()
         probe.join(timeout=30)
     assert probe.results, "no health check ran"
-    assert all(code == grpc.StatusCode.OK for code in probe.results), probe.results
+    # Starved for the sessions' run would be minutes of silence; a loaded machine's missed 3 s
+    # deadline is one check. 12 s: four deadlines in a row.
+    missed = [code for code in probe.results if code != grpc.StatusCode.OK]
+    assert probe.longest_silence() < 12.0, (probe.longest_silence(), missed)
+    assert len(missed) <= len(probe.results) // 10, missed
 
 
 def test_a_consumer_over_its_request_rate_is_refused(load: LocalCluster, digits: Scenario) -> None:

@@ -717,3 +717,61 @@ print(len({m for m in sys.modules if m.startswith("dp_accounting")} - before))
         for mode in ("load", "control")
     }
     assert added == {"load": 0, "control": added["control"]} and added["control"] > 0
+
+
+def test_the_start_up_import_and_a_first_request_importing_at_once_both_succeed() -> None:
+    """An owner starts :func:`load_pld_library` in a thread and may serve a CAPE open at once,
+    whose cost imports ``dp_accounting`` too. ``dp_accounting.pld``'s modules import one
+    another, so two threads importing two of them at once could each hold one module's import
+    lock and need the other's: Python then handed one of them a partially initialized module.
+    A CI run lost a CAPE open to it (``AttributeError: partially initialized module
+    'dp_accounting.pld.privacy_loss_mechanism'``, then ``KeyError: 'dp_accounting.pld'``).
+
+    A fresh interpreter whose ``dp_accounting`` imports are slowed (0.2 s per module, in the
+    start-up thread only) makes the interleaving certain: the start-up thread is mid-import
+    when the request computes a Gaussian calibration. Neither may raise. (Control, before the
+    import lock: the start-up thread raised ``_DeadlockError`` on 5 of 5 runs.)"""
+    script = """
+import importlib.abc, importlib.machinery, sys, threading, time
+slow = threading.local()
+failures = []
+
+class SlowLoader(importlib.abc.Loader):
+    def __init__(self, inner):
+        self.inner = inner
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+    def exec_module(self, module):
+        if getattr(slow, "on", False):
+            time.sleep(0.2)
+        self.inner.exec_module(module)
+
+class Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if not name.startswith("dp_accounting"):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = SlowLoader(spec.loader)
+        return spec
+
+sys.meta_path.insert(0, Finder())
+threading.excepthook = lambda args: failures.append(repr(args.exc_value))
+from dpmarket.common.privacy.accounting import PrivacyEvent, load_pld_library
+
+def start_up():
+    slow.on = True
+    load_pld_library()
+
+thread = threading.Thread(target=start_up)
+thread.start()
+time.sleep(0.3)
+try:
+    PrivacyEvent("gaussian", 1.0, delta=1e-6, sensitivity=1.0, scale=5.0)
+except Exception as exc:
+    failures.append(repr(exc))
+thread.join()
+print(failures)
+"""
+    run = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True)
+    assert run.stdout.strip() == "[]", run.stdout + run.stderr
