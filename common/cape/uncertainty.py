@@ -57,16 +57,18 @@ Flags (:class:`dpmarket.common.uncertainty.Flag`), per value, on the value or on
   released Gram matrix (:func:`dpmarket.common.cape.functional_mechanism.fit_coefficients`): the
   value is shrunk towards 0 along directions the noise hides, and may lie outside its interval
   (which is built on the less regularized solve).
-* ``undetermined`` (on the value, capeFM): an eigenvalue of the released Gram matrix lies
-  within one noise standard deviation of 0, so the data do not determine the fit along it; the
-  interval (the hull of two bootstraps) is wide along it, and its coverage depends on the
-  noise-free eigenvalue, which the release does not determine: measured on real tables, among
-  the releases so flagged, at 89.9-100 % per coefficient, mostly above the level (97-100 % on
-  Computers' and NMES1988's regressions), below it on two (diamonds' carat, spam7's make;
-  docs/results.md, "CAPE intervals conditional on the undetermined flag"), lower on some
-  synthetic geometries (:func:`capefm_estimates`, Notes). The flag promises no direction of
-  error: where the data leave the fit undetermined, any interval with guaranteed coverage is
-  unbounded with positive probability (J.-M. Dufour, Econometrica 65, 1997).
+* ``undetermined`` (on the interval, capeFM): an eigenvalue of the released Gram matrix lies
+  within one noise standard deviation of 0, so the data do not determine the fit along it, and
+  the interval (the hull of two bootstraps) does not mean what it says: where the data leave the
+  fit undetermined, any interval with guaranteed coverage is unbounded with positive probability
+  (J.-M. Dufour, Econometrica 65, 1997), and this bounded one's coverage depends on the noise-free
+  eigenvalue, which the release does not determine: measured on real tables, among the releases
+  so flagged, at 89.9-100 % per coefficient, above 98 % on most of Computers' and NMES1988's
+  regressions and below 92 % on diamonds' carat and spam7's make (docs/results.md, "CAPE
+  intervals conditional on the undetermined flag"), lower on some synthetic geometries
+  (:func:`capefm_estimates`, Notes). Until 2026-11-29 the flag sat on the value, and such
+  intervals counted as trusted; an unflagged interval is one whose fit the release resolves
+  (docs/results.md, "the undetermined flag on the interval").
 * ``no_interval`` (on the interval, network): as above.
 
 A flag on the value leaves the interval meaning what it says; a flag on the interval says it does
@@ -703,10 +705,11 @@ def _capefm_flags(
             Flag(
                 "undetermined",
                 f"{unresolved} eigenvalue(s) of the released Gram matrix lie within one "
-                "noise std of 0: the data do not determine the fit along them; the interval is "
-                "wide along them and its coverage depends on what the noise hides (measured, "
-                "not guaranteed: mostly above its level on real tables, up to 100 % per "
-                "coefficient, and below it on a few coefficients and on some synthetic ones)",
+                "noise std of 0: the data do not determine the fit along them, so no bounded "
+                "interval's coverage can be guaranteed (Dufour 1997); this one's depends on what "
+                "the noise hides and does not hold its level: measured on real tables at "
+                "89.9-100 % per coefficient, above 98 % on most and below 92 % on some",
+                "interval",
             )
         )
     return tuple(flags)
