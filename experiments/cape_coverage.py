@@ -390,8 +390,9 @@ _Z95 = 1.959963984540054  # the standard normal's 97.5 % quantile
 def flag_group(estimate: Estimate) -> str | None:
     """Which flag group an answer's interval falls in, as its reader sees it.
 
-    ``"undetermined"`` when the answer carries the flag ``undetermined``; ``"unflagged"`` when it
-    carries neither that flag nor any flag on the interval; ``None`` when a flag on the interval
+    ``"undetermined"`` when the answer carries the flag ``undetermined`` (on the value before
+    2026-11-29's last change, on the interval since); ``"unflagged"`` when it carries neither
+    that flag nor any flag on the interval; ``None`` when another flag on the interval
     (``no_interval``) says there is no interval to cover. The value's other flags
     (``sign_not_resolved``, ``noise_dominates``, ``shrunk``) do not move an answer between groups:
     they describe the value, not the interval's coverage, and the first is decided by where the
@@ -406,10 +407,10 @@ def flag_group(estimate: Estimate) -> str | None:
     str or None
         One of :data:`FLAG_GROUPS`, or ``None``.
     """
-    if not estimate.reliable:
-        return None
     if any(f.code == "undetermined" for f in estimate.flags):
         return "undetermined"
+    if not estimate.reliable:
+        return None
     return "unflagged"
 
 

@@ -20,6 +20,11 @@ often each rule's 95 % interval covers the case's truth:
                      prepivoting) whose pseudo-truth is the released, regularized fit: 100
                      pseudo-releases of it, 200 draws each; the level is the 95 % quantile of
                      ``|2 u - 1|``, ``u`` the pseudo-truth's rank among a pseudo-release's draws
+``prepivoted``       on resolved fits, the floored bootstrap at a level per coefficient from the
+                     double bootstrap of ``calibrated`` (its pseudo-truth the released fit); on
+                     undetermined fits the hull, whose ``undetermined`` flag is then on the
+                     interval (docs/results.md, "CAPE intervals: the undetermined flag on the
+                     interval")
 ``ar_joint``         the exact Anderson-Rubin set projected per coefficient at ``chi2_D(0.95)``
                      (:mod:`dpmarket.experiments.cape_ar`), on every fit, resolved or not
 ``ar_profile``       the same at ``chi2_1(0.95)`` (the profile set), on every fit
@@ -27,9 +32,10 @@ often each rule's 95 % interval covers the case's truth:
 ===================  ===============================================================================
 
 Resolved fits (no eigenvalue within one noise std of 0) get the floored bootstrap under every rule
-but ``ar_joint`` and ``ar_profile``. ``--rule`` scores some rules only (``calibrated`` is the slow
-one); for the Anderson-Rubin rules the output adds the share of releases with an unbounded
-interval and the coverage among the bounded ones.
+but ``prepivoted``, ``ar_joint`` and ``ar_profile``. ``--rule`` scores some rules only
+(``calibrated`` and ``prepivoted`` are the slow ones); for the Anderson-Rubin rules the output adds
+the share of releases with an unbounded interval and the coverage among the bounded ones.
+``--out`` keeps every release's hits, flag groups and clipped eigenvalues.
 """
 
 from __future__ import annotations
@@ -64,7 +70,8 @@ __all__ = ["RULES", "flag_split", "simulate"]
 
 Array = NDArray[np.float64]
 RULES = (
-    "floored", "hull", "psd", "mixture", "calibrated", "ar_joint", "ar_profile", "ar_undetermined"
+    "floored", "hull", "psd", "mixture", "calibrated", "prepivoted", "ar_joint", "ar_profile",
+    "ar_undetermined",
 )  # fmt: skip
 #: Pseudo-releases and draws per pseudo-release of the calibrating double bootstrap.
 PSEUDO, INNER = 100, 200
@@ -167,7 +174,18 @@ def _intervals(
     sym = 0.5 * (fit.coefficients.lam2 + fit.coefficients.lam2.T)
     if not np.any(np.linalg.eigvalsh(sym) < unc.UNRESOLVED_SIGMAS * s[2]):
         same = ("psd", "mixture", "calibrated", "ar_undetermined")
-        return {**out, **{rule: out["floored"] for rule in same}}, groups
+        out = {**out, **{rule: out["floored"] for rule in same}}
+        if "prepivoted" in rules:
+            rng = np.random.default_rng([seed, 4])
+            b = unc.bootstrap_replicates(setup.plan.dim)
+            every, _ = unc.capefm_bootstrap(setup.plan, solve, rng, b, psd=False)
+            out["prepivoted"] = _at_levels(every @ m.T + c, _levels(setup, solve, fit, rng))
+        else:
+            out["prepivoted"] = out["floored"]
+        return out, groups
+    out["prepivoted"] = out["hull"]
+    if not rules & {"psd", "mixture", "calibrated"}:
+        return {**out, **{rule: out["hull"] for rule in ("psd", "mixture", "calibrated")}}, groups
     if "ar_profile" in out:
         out["ar_undetermined"] = out["ar_profile"]
     rng = np.random.default_rng([seed, 3])
@@ -180,12 +198,15 @@ def _intervals(
     if "calibrated" not in rules:
         out["calibrated"] = out["mixture"]
         return out, groups
-    level = _levels(setup, solve, fit, rng)
-    raw = draws["mixture"] @ m.T + c
+    out["calibrated"] = _at_levels(draws["mixture"] @ m.T + c, _levels(setup, solve, fit, rng))
+    return out, groups
+
+
+def _at_levels(raw: Array, level: Array) -> tuple[Array, Array]:
+    """Per column of the draws ``raw`` ``(B, K)``, the central interval at ``level[j]``."""
     lows = [np.quantile(raw[:, j], (1.0 - q) / 2.0) for j, q in enumerate(level)]
     highs = [np.quantile(raw[:, j], (1.0 + q) / 2.0) for j, q in enumerate(level)]
-    out["calibrated"] = (np.asarray(lows), np.asarray(highs))
-    return out, groups
+    return np.asarray(lows), np.asarray(highs)
 
 
 def simulate(
@@ -197,17 +218,22 @@ def simulate(
     per rule and flag group ``g`` of :data:`~dpmarket.experiments.cape_coverage.FLAG_GROUPS`
     (the group of each coefficient as the curator reports it), ``"<rule>_<g>_count"`` and
     ``"<rule>_<g>_covered"`` (shape ``(K,)``, integer-valued): the releases in the group and how
-    many of their intervals cover (:func:`flag_split`)."""
+    many of their intervals cover (:func:`flag_split`); per release, ``"clipped"`` (shape
+    ``(reps,)``): the eigenvalues the release's floor raised (flag ``shrunk``), ``"group"``
+    (shape ``(reps, K)``): each coefficient's flag group as its index in ``FLAG_GROUPS`` (-1:
+    none), and ``"<rule>_hits"`` (shape ``(reps, K)``, 0 or 1): whether each interval covers."""
     setup = _setup(name)
     wanted = frozenset(rules)
     covered = {rule: np.zeros(len(setup.truth)) for rule in RULES}
     infinite = {rule: 0.0 for rule in RULES}
     finite_covered = {rule: np.zeros(len(setup.truth)) for rule in RULES}
     undetermined = 0.0
+    clipped = []
     groups: list[list[str | None]] = []
     hits: dict[str, list[NDArray[np.bool_]]] = {rule: [] for rule in RULES}
     for r in range(seed, seed + reps):
         fit = _release(setup, np.random.default_rng([r, 1]))
+        clipped.append(fit.clipped)
         intervals, release_groups = _intervals(setup, fit, r, wanted)
         groups.append(release_groups)
         undetermined += intervals["psd"] is not intervals["floored"]
@@ -227,6 +253,12 @@ def simulate(
             if k in wanted
         },
         "undetermined": np.array(undetermined / reps),
+        "clipped": np.asarray(clipped, dtype=np.float64),
+        "group": np.array(
+            [[FLAG_GROUPS.index(g) if g is not None else -1 for g in row] for row in groups],
+            dtype=np.float64,
+        ),
+        **{f"{k}_hits": np.array(v, dtype=np.float64) for k, v in hits.items() if k in wanted},
         **{
             f"{rule}_{g}_{field}": np.asarray(getattr(split[g], field), dtype=np.float64)
             for rule in RULES
@@ -265,11 +297,21 @@ def flag_split(result: dict[str, Array], rule: str) -> dict[str, FlagCoverage]:
     "--rule", "rules", multiple=True, type=click.Choice(RULES),
     help="Rules to score (default all; ``calibrated`` is the slow one).",
 )  # fmt: skip
-def main(reps: int, cases: tuple[str, ...], seed: int, rules: tuple[str, ...]) -> None:
+@click.option(
+    "--out", type=click.Path(dir_okay=False), default=None,
+    help="Also write every case's result (:func:`simulate`) to this .npz, keys '<case>/<key>'.",
+)  # fmt: skip
+def main(
+    reps: int, cases: tuple[str, ...], seed: int, rules: tuple[str, ...], out: str | None
+) -> None:
     """Per-coefficient coverage of each candidate rule on releases drawn from the noise law."""
     chosen = tuple(r for r in RULES if r in rules) if rules else RULES
+    saved: dict[str, Array] = {}
     for name in cases:
         result = simulate(name, reps, seed, chosen)
+        saved.update({f"{name}/{k}": v for k, v in result.items()})
+        if out is not None:
+            np.savez_compressed(out, **saved)  # type: ignore[arg-type]
         click.echo(
             f"{name}: {reps} releases, undetermined {100 * float(result['undetermined']):.0f} %"
             "; per coefficient (index), conditional on its flag: count: covered % "

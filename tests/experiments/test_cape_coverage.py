@@ -33,10 +33,12 @@ def test_coverage_runs_the_curators_jobs_and_tallies_every_answer(tmp_path: Path
     }
     # Every diabetes fit is undetermined and its profile set unbounded: the control covers all.
     assert linreg["controls"]["Anderson-Rubin where undetermined"]["coverage"] == 1.0
-    # 442 rows at epsilon 1: the regression is noise-dominated, and every answer says so (on
-    # the value: its interval is wide along what the data do not determine, and still covers).
+    # 442 rows at epsilon 1: the regression is noise-dominated, and every answer says so, on
+    # the interval: nothing guarantees its coverage where the data do not determine the fit, so
+    # none is reliable (before 2026-11-29's change the flag sat on the value: 0.0 unreliable).
     assert linreg["reported"]["flag_fractions"]["undetermined"] == 1.0
-    assert linreg["reported"]["unreliable_fraction"] == 0.0
+    assert linreg["reported"]["unreliable_fraction"] == 1.0
+    assert linreg["reported"]["coverage_reliable"] is None
     assert 0.0 <= mean["reported"]["coverage"] <= 1.0
     assert "coverage of 95 % intervals" in result.output
     # The split by flag: every diabetes fit is undetermined, no mean is.

@@ -106,3 +106,17 @@ def test_cape_rules_counts_each_release_in_the_group_the_curator_flags() -> None
         )
         covered = np.add(split["unflagged"].covered, split["undetermined"].covered)
         np.testing.assert_allclose(covered, result[rule] * reps)
+
+
+def test_an_undetermined_flag_on_the_interval_keeps_its_answer_in_its_group() -> None:
+    """Since ``undetermined`` sits on the interval (the curator's estimates), its answers are not
+    reliable, yet they still form the ``undetermined`` group, whichever side the flag is on;
+    ``no_interval`` alone leaves the answer in no group. Control: the rule before returned
+    ``None`` for any answer that was not reliable, so every undetermined answer left the split."""
+    on_interval = Flag("undetermined", "an eigenvalue within one noise std of 0", on="interval")
+    answer = _estimate(-1.0, 1.0, on_interval, SHRUNK)
+    assert not answer.reliable
+    assert flag_group(answer) == "undetermined"
+    assert flag_group(_estimate(-1.0, 1.0, UNDETERMINED)) == "undetermined"
+    assert flag_group(_estimate(-1.0, 1.0, SHRUNK)) == "unflagged"
+    assert flag_group(_estimate(-1.0, 1.0, NO_INTERVAL)) is None
