@@ -717,8 +717,17 @@ def _first_order_sd(
     """The control: a variance's sd to first order only (the delta method alone, as
     :func:`covariance_estimate` gave it before the second-order term)."""
     sums = marginals_bounds._covariance_sums((1, 1), (levels, levels))
-    linear = [{k: event_count(ms, sizes, w) for k, w in sums.items()} for ms in parts]
-    total = {k: sum(own[k].value(ms) for own, ms in zip(linear, parts, strict=True)) for k in sums}  # type: ignore[union-attr]
+    linear: list[dict[str, Linear]] = []
+    for ms in parts:
+        own: dict[str, Linear] = {}
+        for key, weights in sums.items():
+            found = event_count(ms, sizes, weights)
+            assert found is not None
+            own[key] = found
+        linear.append(own)
+    total = {
+        k: math.fsum(o[k].value(ms) for o, ms in zip(linear, parts, strict=True)) for k in sums
+    }
     n = max(total["n"], 1.0)
     exy, ex = total["xy"] / n, total["x"] / n
     gradient = {"xy": 1.0 / n, "x": -ex / n, "y": -ex / n, "n": (2.0 * ex * ex - exy) / n}
@@ -726,7 +735,7 @@ def _first_order_sd(
     for own, ms in zip(linear, parts, strict=True):
         combined = Linear({})
         for key, g in gradient.items():
-            combined = combined + own[key].scaled(g)  # type: ignore[union-attr]
+            combined = combined + own[key].scaled(g)
         variance += combined.sd(ms) ** 2
     return math.sqrt(variance)
 
