@@ -593,6 +593,7 @@ def request(
         raise click.BadParameter(str(exc), param_hint="--exclude-owner") from exc
     schema = read_schema(schema_path)
     inputs = read_inputs(validation_path, seed_set_path, test_path, schema)
+    _check_kernel(inputs, config, schema)
     offer = _reward_offer(reward, reward_rule, payout_epsilon)
     ask = _Ask(config, inputs, schema, seed, selection, max_cost, offer)
     connect = functools.partial(
@@ -625,6 +626,29 @@ def request(
             session_id,
             record,
         )
+
+
+def _check_kernel(inputs: Inputs, config: SummarizationConfig, schema: Schema | None) -> None:
+    """Refuse, before the curator is called (nothing asked of an owner, nothing charged), a
+    validation set the curator's session would refuse: too few points, or a ``gamma`` that
+    cannot tell its points apart
+    (:func:`~dpmarket.common.summarization.kernels.check_validation_set`, the curator's own
+    check; its message names the ``--gamma`` that fits, or how to rescale the features by the
+    schema's public bounds when no ``gamma`` the curator's default range admits does).
+
+    Raises
+    ------
+    click.UsageError
+        With the check's message.
+    """
+    from dpmarket.common.summarization.kernels import check_validation_set, feature_bounds
+
+    try:
+        check_validation_set(
+            inputs.validation.features, config.gamma, bounds=feature_bounds(schema)
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,7 @@ from dpmarket.common.sketches.intervals import (
     DEFAULT_REPLICATES,
     Bounded,
     count_estimate,
+    count_weights,
     record_count_interval,
     release_totals,
 )
@@ -944,7 +945,10 @@ def m2m_standard_errors(est: M2MEstimator, target: tasks.Target) -> NDArray[np.f
     The estimate is ``a0 + <a, z_hat>`` with ``z_hat = (S + xi) / n_hat``: linear in the noise
     ``xi`` of the sum, so its variance given the count is ``sigma_xi^2 ||a||^2 / n_hat^2``;
     the count's noise ``zeta`` scales ``<a, z_hat>`` by ``n / n_hat``, adding (first order)
-    ``<a, z_hat>^2 sigma_zeta^2 / n_hat^2``.
+    ``<a, z_hat>^2 sigma_zeta^2 / n_hat^2``. Where ``n_hat`` is the combined count of a
+    one-hot map (:meth:`Explorer.estimator`, ``n_hat = w_c (n + zeta) + <w_s, S + xi>``,
+    :func:`~dpmarket.common.sketches.intervals.count_weights`), both enter it to first order:
+    ``(sigma_xi^2 ||a - <a, z_hat> w_s||^2 + <a, z_hat>^2 w_c^2 sigma_zeta^2) / n_hat^2``.
 
     Parameters
     ----------
@@ -964,9 +968,17 @@ def m2m_standard_errors(est: M2MEstimator, target: tasks.Target) -> NDArray[np.f
     values = target(est.points)
     a, a0 = est.coefficients(values)
     sketch = est.sketch
-    n_hat = float(sketch.count_estimate)
+    n_hat = est.n_hat
     linear = np.atleast_1d(np.asarray(est.estimate_values(values), dtype=np.float64)) - a0
-    variance = sketch.sum_noise_variance * (a * a).sum(axis=0) + linear**2 * (
+    w_count, w_sums, _ = count_weights(sketch)
+    combined = float(count_estimate(sketch, *release_totals(sketch))[0][0])
+    if w_sums is not None and n_hat == combined:
+        # n_hat = w_count * count + <w_sums, sum> (a one-hot map's combined count): the sum's
+        # noise enters through n_hat too.
+        a = a - np.outer(w_sums, linear)
+    else:
+        w_count = 1.0
+    variance = sketch.sum_noise_variance * (a * a).sum(axis=0) + (linear * w_count) ** 2 * (
         sketch.count_noise_variance
     )
     return np.asarray(np.sqrt(variance) / n_hat, dtype=np.float64)
@@ -1053,7 +1065,10 @@ class Explorer:
                 self.spec.check_sketch(part)
 
     def estimator(self, sketch: SketchLike) -> M2MEstimator:
-        """An M2M estimator of ``sketch`` (one owner's or a union) on the shared design.
+        """An M2M estimator of ``sketch`` (one owner's or a union) on the shared design, dividing
+        by the one record count every answer from the release states (:func:`record_count`:
+        the noisy count combined with every one-hot block's total, HIST and RACE; the noisy
+        count alone, RFF), as the bounded answers' point and interval do.
 
         Raises
         ------
@@ -1061,8 +1076,16 @@ class Explorer:
             If a sketch was not made under the spec.
         """
         self._check(sketch)
+        return self._estimator(sketch)
+
+    def _estimator(self, sketch: SketchLike) -> M2MEstimator:
+        n_hat, _ = count_estimate(sketch, *release_totals(sketch))
         return M2MEstimator(
-            sketch, design=self.design, lambda_rule=self.lambda_rule, intercept=self.intercept
+            sketch,
+            design=self.design,
+            lambda_rule=self.lambda_rule,
+            intercept=self.intercept,
+            n_hat=float(n_hat[0]),
         )
 
     def answer(
@@ -1097,11 +1120,10 @@ class Explorer:
         A logistic regression is fitted by implicit M2M with the explorer's lambda rule and
         intercept; its errors are the spread over :data:`M2M_BOOTSTRAP` // 2 refits to the
         sketch with its noise drawn again; its bias is not bounded, so every coefficient is
-        flagged ``unbounded``. Its fit and its refits divide by the noisy count alone
-        (:class:`~dpmarket.common.sketches.m2m.M2MEstimator`, whose embedding, ridge parameter
-        and weights' total read ``sketch.count_estimate``): one ``n`` for the value and its
-        errors, which for a RACE release is not the combined estimate the other answers and
-        the stated record count take (:func:`record_count`).
+        flagged ``unbounded``. Its fit and its refits divide by the combined record count of
+        their release (:meth:`estimator`: its embedding, ridge parameter and weights' total),
+        the ``n`` the other answers and the stated record count take (:func:`record_count`);
+        an estimator passed in is fitted as it was made.
 
         Parameters
         ----------
@@ -1139,12 +1161,7 @@ class Explorer:
         if errors:
             rng = np.random.default_rng([self.seed, 1])
             for _ in range(M2M_BOOTSTRAP // 2):
-                again = M2MEstimator(
-                    _perturbed(est.sketch, rng),
-                    design=self.design,
-                    lambda_rule=self.lambda_rule,
-                    intercept=self.intercept,
-                )
+                again = self._estimator(_perturbed(est.sketch, rng))
                 try:
                     draws.append(self._estimate(query, again).values)
                 except ValueError:  # a replicate whose weights cannot fit a model

@@ -522,16 +522,24 @@ class M2MEstimator:
     intercept : bool
         Fit an unpenalized constant (see :meth:`SyntheticDesign.coefficients`); default
         ``False`` (the paper's model).
+    n_hat : float, optional
+        The record count the embedding ``z_hat`` divides the noisy sum by, the lambda rule
+        reads (:func:`regularization`) and an implicit fit's weights add up to
+        (:func:`~dpmarket.common.sketches.tasks.implicit_logistic_regression`), ``>= 1``
+        (default ``sketch.count_estimate``, the noisy count alone). ``explore`` passes the
+        combined estimate (:func:`dpmarket.common.sketches.intervals.count_estimate`: for a
+        one-hot map, the count and every block's total), the one ``n`` its other answers take.
 
     Attributes
     ----------
-    sketch, design, lam, intercept
+    sketch, design, lam, intercept, n_hat
 
     Raises
     ------
     ValueError
         If the design's map differs from the sketch's, its points leave the sketch's domain,
-        neither ``design`` nor ``rng`` is given, or the lambda rule is invalid.
+        neither ``design`` nor ``rng`` is given, the lambda rule is invalid, or ``n_hat`` is
+        below 1 or not finite.
 
     Notes
     -----
@@ -552,7 +560,11 @@ class M2MEstimator:
         lambda_rule: LambdaRule | float = DEFAULT_LAMBDA_RULE,
         min_lambda: float = MIN_LAMBDA,
         intercept: bool = False,
+        n_hat: float | None = None,
     ) -> None:
+        n = float(sketch.count_estimate) if n_hat is None else float(n_hat)
+        if not (math.isfinite(n) and n >= 1.0):
+            raise ValueError(f"n_hat must be a finite number >= 1, got {n_hat!r}")
         if design is None:
             if rng is None:
                 raise ValueError("M2MEstimator needs a design or an rng to draw one")
@@ -569,9 +581,12 @@ class M2MEstimator:
         self.sketch = sketch
         self.design = design
         self.lambda_rule = lambda_rule
-        self.lam = regularization(sketch, lambda_rule, min_lambda=min_lambda)
+        self.n_hat = n
+        self.lam = regularization(sketch, lambda_rule, min_lambda=min_lambda, n_hat=n)
         self.intercept = bool(intercept)
-        self._z = np.asarray(sketch.mean_embedding, dtype=np.float64)
+        z = np.asarray(sketch.mean_embedding, dtype=np.float64)
+        # z_hat = noisy sum / n: the sketch's own embedding divides by its count estimate.
+        self._z = z if n_hat is None else z * (float(sketch.count_estimate) / n)
         self._v: NDArray[np.float64] | None = None
 
     @property

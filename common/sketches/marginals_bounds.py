@@ -133,6 +133,15 @@ class Linear:
             math.fsum(measurements[i].sigma ** 2 * float(c @ c) for i, c in self.terms.items())
         )
 
+    def covariance(self, other: Linear, measurements: Sequence[Measurement]) -> float:
+        """The covariance of its noise and ``other``'s, ``sum_i sigma_i^2 <coef_i, other_i>``
+        over the measurements both read (the measurements' noises are independent)."""
+        return math.fsum(
+            measurements[i].sigma ** 2 * float(c @ other.terms[i])
+            for i, c in self.terms.items()
+            if i in other.terms
+        )
+
 
 def _coefficients(
     clique: tuple[int, ...], cells: Sequence[int], weights: Weights
@@ -747,8 +756,9 @@ class MeasuredEstimate:
         The estimate (a fraction, a mean, a second moment or a covariance over the union's
         records).
     sd : float
-        Its standard deviation over the release's Gaussian noise, to first order in the record
-        count's noise (the delta method; exact for a count).
+        Its standard error over the release's Gaussian noise: a fraction's to first order in
+        the record count's noise (the delta method; exact for a count); a covariance's to
+        second order, its bias included (:func:`covariance_estimate`).
     count : float
         The numerator in records: the unbiased estimate of the weighted count (the sum of the
         owners' :func:`event_count`); NaN for a covariance.
@@ -852,10 +862,20 @@ def covariance_estimate(
     Notes
     -----
     ``N`` is floored at 1 record, as :func:`covariance_bounds` floors its box, so the estimate
-    lies inside that box's interval. Its standard deviation is the delta method's: the
-    gradient ``(1/N, -E y/N, -E x/N, (2 E x E y - E xy)/N)`` of the covariance in ``(S_xy,
-    S_x, S_y, N)`` applied to each owner's four linear functions of its measurements (their
-    covariances included), summed over the owners.
+    lies inside that box's interval. Its standard error is the root mean square error of the
+    estimate's second-order Taylor expansion in the four sums' Gaussian noise (covariance
+    ``S``, 4 x 4: each owner's four linear functions share measurements; owners' noises are
+    independent): ``g' S g + tr((H S)^2) / 2 + (tr(H S) / 2)^2`` with ``g = (1/N, -E y/N, -E
+    x/N, (2 E x E y - E xy)/N)`` the covariance's gradient in ``(S_xy, S_x, S_y, N)`` and ``H``
+    its Hessian (the three terms: the delta method's variance, the quadratic term's variance,
+    and its mean, the plug-in's bias, squared; the cross term vanishes for Gaussian noise).
+    The first-order term alone vanishes where the gradient does: a coin's variance ``p(1 - p)``
+    at ``p = 1/2``, where the estimate's error ``-(p_hat - 1/2)^2`` does not (alone, it gives a
+    coin's variance estimated at 0.249997 for a truth of 0.226 an sd of 0.00022: 106 sd off,
+    on a 150-record owner at epsilon 1). For a coin the
+    second-order terms are ``3 sd_p^4``; in the normal model of ``p_hat``, ``value -+ 1.96 sd``
+    then covers at least 92.8 % whatever ``p`` (at worst 2.6 ``sd_p`` from 1/2), against 86 %
+    for the first-order sd alone.
     """
     if not sketches:
         raise ValueError("no sketch to estimate from")
@@ -875,11 +895,31 @@ def covariance_estimate(
     }
     n = max(total["n"], 1.0)
     exy, ex, ey = total["xy"] / n, total["x"] / n, total["y"] / n
-    gradient = {"xy": 1.0 / n, "x": -ey / n, "y": -ex / n, "n": (2.0 * ex * ey - exy) / n}
-    variance = 0.0
-    for own, ms in zip(linear, sketches, strict=True):
-        combined = Linear({})
-        for key, g in gradient.items():
-            combined = combined + own[key].scaled(g)
-        variance += combined.sd(ms) ** 2
-    return MeasuredEstimate(exy - ex * ey, math.sqrt(variance))
+    keys = ("xy", "x", "y", "n")
+    # The four totals' noise covariance: each owner's four sums share measurements; owners'
+    # noises are independent.
+    sigma = np.array(
+        [
+            [
+                math.fsum(
+                    own[p].covariance(own[q], ms) for own, ms in zip(linear, sketches, strict=True)
+                )
+                for q in keys
+            ]
+            for p in keys
+        ]
+    )
+    gradient = np.array([1.0, -ey, -ex, 2.0 * ex * ey - exy]) / n
+    n2 = n * n
+    hessian = np.array(
+        [
+            [0.0, 0.0, 0.0, -1.0 / n2],
+            [0.0, 0.0, -1.0 / n2, 2.0 * ey / n2],
+            [0.0, -1.0 / n2, 0.0, 2.0 * ex / n2],
+            [-1.0 / n2, 2.0 * ey / n2, 2.0 * ex / n2, (2.0 * exy - 6.0 * ex * ey) / n2],
+        ]
+    )
+    curvature = hessian @ sigma
+    variance = float(gradient @ sigma @ gradient) + 0.5 * float(np.trace(curvature @ curvature))
+    bias = 0.5 * float(np.trace(curvature))
+    return MeasuredEstimate(exy - ex * ey, math.sqrt(max(variance, 0.0) + bias * bias))

@@ -282,7 +282,7 @@ def counting_queries(
 
     Returns
     -------
-    ndarray of shape (q,): fractions; multiply by ``estimator.sketch.count_estimate`` for
+    ndarray of shape (q,): fractions; multiply by ``estimator.n_hat`` for
     counts (``COUNT(D, S) = n * fraction``).
     """
     return _as_array(estimator.estimate(range_function(lower, upper)))
@@ -350,8 +350,8 @@ def implicit_logistic_regression(
         only, so the fit marginalizes the others out.
     C : float
         scikit-learn's inverse L2 regularization strength. The weights are scaled to add up to
-        ``n_hat`` (the sketch's count estimate), so ``C`` means what it means for a fit on
-        ``n_hat`` real records.
+        ``n_hat`` (the estimator's record count, :attr:`M2MEstimator.n_hat`), so ``C`` means
+        what it means for a fit on ``n_hat`` real records.
     negative_weights : {"clip", "keep"}
         M2M weights can be negative, which makes the weighted loss non-convex and possibly
         unbounded below. ``"clip"`` (default) sets them to 0 before scaling (the loss is then
@@ -394,7 +394,7 @@ def implicit_logistic_regression(
     total = float(w.sum())
     if not total > 0.0:
         raise ValueError(f"the implicit M2M weights add up to {total:g}: nothing to fit")
-    w = w * (estimator.sketch.count_estimate / total)
+    w = w * (estimator.n_hat / total)
     points = estimator.points
     y = points[:, label]
     for level in levels:

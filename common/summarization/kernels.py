@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -31,6 +32,9 @@ from dpmarket.common.validation import (
     check_positive_int,
     check_vector,
 )
+
+if TYPE_CHECKING:
+    from dpmarket.common.schema import Schema
 
 __all__ = [
     "GAMMA_RANGE",
@@ -940,7 +944,13 @@ KERNEL_DEGENERATE_TOLERANCE = 1e-6
 GAMMA_RANGE: tuple[float, float] = (1e-6, 1e6)
 
 
-def check_kernel_width(validation: ArrayLike, gamma: float, *, max_points: int = 500) -> float:
+def check_kernel_width(
+    validation: ArrayLike,
+    gamma: float,
+    *,
+    max_points: int = 500,
+    bounds: ArrayLike | None = None,
+) -> float:
     """Check that ``gamma`` lets the RBF kernel tell the validation points apart.
 
     Computes the median of ``exp(-gamma ||x - y||^2)`` over pairs of distinct points among the
@@ -953,6 +963,9 @@ def check_kernel_width(validation: ArrayLike, gamma: float, *, max_points: int =
         RBF kernel parameter, > 0, in 1 / squared feature units.
     max_points : int
         Points used, >= 2.
+    bounds : array-like of shape (n_features, 2), optional
+        Each feature's public ``(low, high)`` (a schema's declared bounds), read only by the
+        refusal's advice.
 
     Returns
     -------
@@ -965,9 +978,12 @@ def check_kernel_width(validation: ArrayLike, gamma: float, *, max_points: int =
         If the median kernel value is below :data:`KERNEL_DEGENERATE_TOLERANCE` (``gamma`` too
         large: every kernel value is about 0, and every summary's MMD² about the same) or above
         ``1 -`` that (``gamma`` too small). The message gives the median squared distance and a
-        ``gamma`` of its order when :data:`GAMMA_RANGE` holds it; otherwise it says the
-        features' scale is the problem and to standardize them (the median heuristic gives
-        about 1e-10 on raw house prices, which a curator refuses).
+        ``gamma`` of its order when :data:`GAMMA_RANGE` holds it; otherwise (raw house prices:
+        the median heuristic gives about 1e-10, which a curator refuses) it says the features'
+        units are the problem: rescale every feature to [0, 1] by its public bounds, ``(x -
+        low) / (high - low)``, in the validation set and every owner's table alike, naming the
+        ``gamma`` that then fits (:func:`suggested_gamma` of the rescaled points, given
+        ``bounds``) — or the fitting ``gamma`` where a curator's policy widens its range.
     """
     x = check_matrix(validation, "validation set")[: check_positive_int(max_points, "max_points")]
     if x.shape[0] < 2:
@@ -980,14 +996,8 @@ def check_kernel_width(validation: ArrayLike, gamma: float, *, max_points: int =
             advice = f"Use a gamma around 1 / {median_sq:.3g} = {1 / median_sq:.3g}"
         elif median_sq > 0:
             # the median heuristic's gamma would be refused by a curator's default range: the
-            # features' scale is the problem, not the width
-            advice = (
-                f"The features' scale is the problem: the gamma that fits them, 1 / "
-                f"{median_sq:.3g} = {1 / median_sq:.3g}, is outside the curator's default "
-                f"range [{low:g}, {high:g}]. Standardize each feature (mean 0, standard "
-                f"deviation 1, in the validation set and every owner's data alike); then a "
-                f"gamma around 1 / (2 x {x.shape[1]} features) = {1 / (2 * x.shape[1]):.3g} fits"
-            )
+            # features' units are the problem, not the width
+            advice = _rescale_advice(x, median_sq, bounds)
         else:
             advice = "Use a larger gamma, or rescale the features"
         raise ValueError(
@@ -996,6 +1006,35 @@ def check_kernel_width(validation: ArrayLike, gamma: float, *, max_points: int =
             f"the same. {advice}"
         )
     return median_k
+
+
+def _rescale_advice(x: NDArray[np.floating], median_sq: float, bounds: ArrayLike | None) -> str:
+    """What to do when the ``gamma`` fitting ``x`` in its own units lies outside
+    :data:`GAMMA_RANGE`: rescale by the public bounds (naming the ``gamma`` that then fits,
+    given ``bounds``), or a wider range at the curator."""
+    low, high = GAMMA_RANGE
+    fits = 1.0 / median_sq
+    then = (
+        "then --gamma 1 / the median squared distance between the rescaled validation points fits"
+    )
+    if bounds is not None:
+        b = np.asarray(bounds, dtype=np.float64).reshape(-1, 2)
+        width = b[:, 1] - b[:, 0]
+        if b.shape[0] == x.shape[1] and np.all(np.isfinite(b)) and np.all(width > 0):
+            scaled_sq = _median_squared_distance((x - b[:, 0]) / width)
+            if scaled_sq > 0 and low <= 1.0 / scaled_sq <= high:
+                then = (
+                    f"on the validation points so rescaled, --gamma {1.0 / scaled_sq:.3g} fits "
+                    f"(1 / their median squared distance {scaled_sq:.3g})"
+                )
+    return (
+        f"The features' scale is the problem: one gamma serves every feature in its own units, "
+        f"and the one that fits these, 1 / {median_sq:.3g} = {fits:.3g}, is outside the "
+        f"curator's default range [{low:g}, {high:g}]. Rescale every feature to [0, 1] by its "
+        f"public bounds, (x - low) / (high - low), in the validation set and in every owner's "
+        f"table alike (a schema whose bounds are then [0, 1]); {then}. Or, where the "
+        f"curator's policy widens its gamma range to hold it, --gamma {fits:.3g} fits these units"
+    )
 
 
 def _median_squared_distance(x: NDArray[np.floating]) -> float:
@@ -1046,7 +1085,18 @@ def suggested_gamma(validation: ArrayLike, *, max_points: int = 500) -> float:
     return 1.0 / median_sq
 
 
-def check_validation_set(validation: ArrayLike, gamma: float) -> float:
+def feature_bounds(schema: Schema | None) -> NDArray[np.float64] | None:
+    """A schema's features' public ``(low, high)``, shape (n_features, 2), in the order a
+    validation set read through it holds them (``None`` without a schema): the ``bounds`` of
+    :func:`check_validation_set`."""
+    if schema is None:
+        return None
+    return np.array([(low, high) for _, low, high in schema.bounds()], dtype=np.float64)
+
+
+def check_validation_set(
+    validation: ArrayLike, gamma: float, *, bounds: ArrayLike | None = None
+) -> float:
     """Check that a validation set can steer a summary before anything is asked of an owner.
 
     Parameters
@@ -1054,6 +1104,8 @@ def check_validation_set(validation: ArrayLike, gamma: float) -> float:
     validation : array-like of shape (m, n_features)
     gamma : float
         RBF kernel parameter, > 0, in 1 / squared feature units.
+    bounds : array-like of shape (n_features, 2), optional
+        Each feature's public ``(low, high)``, for a refusal's advice (:func:`check_kernel_width`).
 
     Returns
     -------
@@ -1073,4 +1125,4 @@ def check_validation_set(validation: ArrayLike, gamma: float) -> float:
             f"{MIN_VALIDATION_POINTS} to tell which data matches it (with fewer, the set's own "
             "sampling error is as large as any difference between summaries). Add validation points"
         )
-    return check_kernel_width(x, gamma)
+    return check_kernel_width(x, gamma, bounds=bounds)

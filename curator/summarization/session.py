@@ -30,7 +30,7 @@ from dpmarket.common.market.terms import session_quote
 from dpmarket.common.privacy.ledger import PrivacyLedger
 from dpmarket.common.schema import disagreement
 from dpmarket.common.summarization.endpoints import OwnerEndpoint
-from dpmarket.common.summarization.kernels import check_validation_set
+from dpmarket.common.summarization.kernels import check_validation_set, feature_bounds
 from dpmarket.common.summarization.methods import SummarizationConfig
 from dpmarket.common.summarization.session_ledger import SessionLedger, TermsReport
 from dpmarket.common.summarization.summary import SessionReport, SessionRequest, SummaryResult
@@ -216,7 +216,9 @@ class SummarizationSession:
                 f"{len(active)} owner(s) hold"
             )
         try:
-            check_validation_set(state.validation, state.config.gamma)
+            check_validation_set(
+                state.validation, state.config.gamma, bounds=feature_bounds(request.schema)
+            )
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from exc
         self.strategy.choose()

@@ -125,3 +125,58 @@ def test_an_option_of_another_method_is_refused_naming_who_reads_it(tmp_path) ->
     result = CliRunner().invoke(main, [*base, "--method", "uniform", "--auction", "paper"])
     assert result.exit_code == 2
     assert "--auction is read by --method private or --method rounds" in result.output
+
+
+def test_request_on_raw_units_says_how_to_rescale_before_calling_the_curator(
+    tmp_path, monkeypatch
+) -> None:
+    """Issue 28: a validation table in raw units (house prices up to 300,000) with the default
+    gamma 0.1. The gamma that fits its units (about 1e-9) lies outside the curator's default
+    range, so no --gamma alone serves. ``request`` refuses before any call to the curator
+    (nothing asked of an owner, nothing charged, nothing written) with a usage error that says
+    to rescale every feature to [0, 1] by the schema's public bounds, in the validation set
+    and every owner's table alike, and names the --gamma that fits the rescaled points. The
+    control: the old ``request`` called the curator, whose refusal (after asking every owner
+    for its schema) advised standardizing by each one's mean and sd and no gamma for it."""
+    import numpy as np
+    import pandas as pd
+
+    from dpmarket.common.summarization.kernels import suggested_gamma
+    from dpmarket.consumer import client
+
+    rng = np.random.default_rng(0)
+    table = pd.DataFrame(
+        {
+            "price": rng.integers(25_000, 190_000, 40),
+            "lotsize": rng.integers(1_650, 16_200, 40),
+            "bedrooms": rng.integers(1, 6, 40),
+        }
+    )
+    table.to_csv(tmp_path / "validation.csv", index=False)
+    (tmp_path / "schema.toml").write_text(
+        'name = "housing"\n\n'
+        '[[columns]]\nname = "price"\ntype = "integer"\nlow = 0\nhigh = 300000\n\n'
+        '[[columns]]\nname = "lotsize"\ntype = "integer"\nlow = 0\nhigh = 25000\n\n'
+        '[[columns]]\nname = "bedrooms"\ntype = "categorical"\nlevels = [1, 2, 3, 4, 5, 6, 7]\n'
+    )
+
+    def no_call(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the curator was called")
+
+    monkeypatch.setattr(client.CuratorClient, "__init__", no_call)
+    out, report = tmp_path / "summary.npy", tmp_path / "report.json"
+    result = CliRunner().invoke(
+        main,
+        ["consumer", "request", "--curator", "127.0.0.1:1", "--insecure",
+         "--schema", str(tmp_path / "schema.toml"), "--validation",
+         str(tmp_path / "validation.csv"), "-p", "5", "--out", str(out), "--report", str(report)],
+        terminal_width=400,
+    )  # fmt: skip
+    assert result.exit_code == 2, (result.output, result.exception)
+    text = " ".join(result.output.split())
+    scaled = table.to_numpy(dtype=float) - [0.0, 0.0, 1.0]
+    fits = suggested_gamma(scaled / [300_000.0, 25_000.0, 6.0])
+    assert "Rescale every feature to [0, 1] by its public bounds" in text, text
+    assert "every owner's table alike" in text, text
+    assert f"--gamma {fits:.3g} fits" in text, text
+    assert not out.exists() and not report.exists()

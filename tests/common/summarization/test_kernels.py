@@ -454,20 +454,56 @@ def test_the_suggested_gamma_is_the_one_a_refusal_names_and_is_accepted() -> Non
 
 def test_a_width_refusal_never_advises_a_gamma_the_curator_refuses() -> None:
     """Raw house prices (sd about 1e5): the median heuristic's gamma is about 1e-11, below the
-    curator's default range [1e-6, 1e6]. The refusal says the scale is the problem and names a
-    gamma for standardized features, inside the range. The control (issue 28): the old message
-    advised "a gamma around 1 / 9.5e+09 = 1.05e-10", which the curator then refused."""
+    curator's default range [1e-6, 1e6]. The refusal says the scale is the problem and how to
+    rescale the features: to [0, 1] by their public bounds, in the validation set and every
+    owner's table alike; given the bounds, it names the gamma that fits the rescaled points
+    (inside the range); the gamma of the raw units only where a curator's policy widens its
+    range. Controls (issue 28): the first message advised "a gamma around 1 / 9.5e+09 =
+    1.05e-10", which the curator then refused; the second, to standardize each feature (mean
+    0, sd 1) in every owner's data alike, which no public value fixes (each owner's own mean
+    and sd differ), then "a gamma around 1 / (2 x 2 features) = 0.25"."""
     from dpmarket.common.summarization.kernels import GAMMA_RANGE
     from dpmarket.curator.policy import DEFAULT_RANGES
 
     assert DEFAULT_RANGES["gamma"] == GAMMA_RANGE
-    points = np.random.default_rng(0).normal(2e5, 1e5, (60, 2))
+    points = np.clip(np.random.default_rng(0).normal(2e5, 1e5, (60, 2)), 0.0, 6e5)
     assert suggested_gamma(points) < GAMMA_RANGE[0]  # the heuristic's gamma: outside
     with pytest.raises(ValueError, match="features' scale is the problem") as refused:
         check_kernel_width(points, 1.0)
     message = str(refused.value)
-    assert "Standardize each feature" in message and "= 0.25 fits" in message
-    assert "Use a gamma around" not in message
+    assert "Rescale every feature to [0, 1] by its public bounds" in message
+    assert "Use a gamma around" not in message and "Standardize" not in message
+    assert "in every owner's table alike" in message
+    raw = suggested_gamma(points)
+    assert f"where the curator's policy widens its gamma range to hold it, --gamma {raw:.3g}" in (
+        message
+    )
+    bounds = np.array([[0.0, 6e5], [0.0, 6e5]])
+    with pytest.raises(ValueError, match="features' scale is the problem") as refused:
+        check_kernel_width(points, 1.0, bounds=bounds)
+    fits = suggested_gamma(points / 6e5)
+    assert GAMMA_RANGE[0] <= fits <= GAMMA_RANGE[1]
+    assert f"on the validation points so rescaled, --gamma {fits:.3g} fits" in str(refused.value)
+    assert check_kernel_width(points / 6e5, float(f"{fits:.3g}")) == pytest.approx(
+        math.exp(-1.0), rel=1e-2
+    )
+    # The curator's session and ``request`` take the bounds from the schema, its features only.
+    from dpmarket.common.schema import Schema
+    from dpmarket.common.summarization.kernels import feature_bounds
+
+    schema = Schema.from_mapping(
+        {
+            "name": "houses",
+            "label": "sold",
+            "columns": [
+                {"name": "price", "type": "integer", "low": 0, "high": 600000},
+                {"name": "sold", "type": "binary"},
+                {"name": "lot", "type": "continuous", "low": 0, "high": 6e5},
+            ],
+        }
+    )
+    np.testing.assert_array_equal(feature_bounds(schema), bounds)
+    assert feature_bounds(None) is None
 
 
 def test_a_bid_direction_holds_no_number_below_the_floor() -> None:
