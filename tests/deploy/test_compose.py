@@ -1074,6 +1074,73 @@ def test_dockerfile_entrypoint_user_and_sources() -> None:
     assert "!build/image/extra-ca.pem" in ignored and ".venv*" in ignored
 
 
+def _docker_ignored(path: str, patterns: list[str]) -> bool:
+    """Whether the engine leaves ``path`` (relative to the build context, ``/``-separated) out
+    of the context, by .dockerignore's rules: the last pattern matching the path or one of its
+    parent directories decides, ``!`` re-includes, ``*`` and ``?`` stop at ``/``, ``**``
+    spans directories (Docker's documentation, ".dockerignore file")."""
+
+    def regex(pattern: str) -> re.Pattern[str]:
+        out, k = "", 0
+        while k < len(pattern):
+            if pattern.startswith("**/", k):
+                out, k = out + "(?:.*/)?", k + 3
+            elif pattern.startswith("**", k):
+                out, k = out + ".*", k + 2
+            elif pattern[k] == "*":
+                out, k = out + "[^/]*", k + 1
+            elif pattern[k] == "?":
+                out, k = out + "[^/]", k + 1
+            else:
+                out, k = out + re.escape(pattern[k]), k + 1
+        return re.compile(out)
+
+    parts = path.split("/")
+    prefixes = ["/".join(parts[: k + 1]) for k in range(len(parts))]
+    ignored = False
+    for line in patterns:
+        negated = line.startswith("!")
+        matcher = regex(line.lstrip("!").strip("/"))
+        if any(matcher.fullmatch(prefix) for prefix in prefixes):
+            ignored = not negated
+    return ignored
+
+
+def test_the_build_context_leaves_out_what_an_editable_install_writes() -> None:
+    """``make venv`` (``pip install -e .``) writes the package's egg-info into its source folder,
+    protos/ (pyproject.toml's ``package-dir``), not at the top: a context holding it differs
+    before and after the install, so .ci/run's early image build (made while ``make venv``
+    runs) and compose-test's build after it differed from ``COPY protos/`` on, and
+    compose-test's "cached" build reinstalled the package and copied the whole virtual
+    environment into the final image again (about 100 s of CI's wall time; 293 s under load in
+    a dry run). Control: the old .dockerignore's top-level ``*.egg-info`` left
+    protos/dpmarket.egg-info in the context (this test failed)."""
+    patterns = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    # The matcher reads the file's other rules as the engine does.
+    assert _docker_ignored(".venv/bin/python", patterns)
+    assert _docker_ignored("common/sketches/__pycache__/marginals.cpython-311.pyc", patterns)
+    assert _docker_ignored("build/image/other.pem", patterns)
+    assert not _docker_ignored("build/image/extra-ca.pem", patterns)
+    assert not _docker_ignored("protos/dpmarket/__init__.py", patterns)
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    name = pyproject["project"]["name"]
+    written = {
+        f"{folder}/{name}.egg-info/PKG-INFO".lstrip("/")
+        for folder in pyproject["tool"]["setuptools"]["package-dir"].values()
+    }
+    written |= {
+        f"{p.relative_to(REPO).as_posix()}/PKG-INFO"
+        for p in REPO.glob("**/*.egg-info")
+        if not p.relative_to(REPO).parts[0].startswith(".venv")
+    }
+    kept = sorted(p for p in written if not _docker_ignored(p, patterns))
+    assert not kept, f".dockerignore keeps an editable install's files in the context: {kept}"
+
+
 def test_image_creates_every_volume_mount_point_for_its_user(config: dict[str, Any]) -> None:
     """A named volume starts with its mount point's owner; a missing one would be root's."""
     instructions = _dockerfile_instructions()
