@@ -917,7 +917,13 @@ def test_slow_uploads_holding_the_budget_hurry_once_another_call_waits_for_it(
             assert shares.stalled(str(CURATOR)) and shares.stalled(str(CURATOR_B))
             assert not shares.stalled(str(CURATOR_C)) and owner.opened == [request]
         else:
-            assert code == grpc.StatusCode.DEADLINE_EXCEEDED, details
+            # Not served in its deadline. gRPC reports the miss as DEADLINE_EXCEEDED, or, on a
+            # loaded machine where the deadline fires while the client is still writing the
+            # request, as INTERNAL "Internal error from Core" (one CI dry run).
+            assert code == grpc.StatusCode.DEADLINE_EXCEEDED or (
+                code == grpc.StatusCode.INTERNAL and "from Core" in details
+            ), (code, details)
+            assert owner.opened == []  # nothing reached the owner
             assert not any(upload.done() for upload in uploads)  # still holding the budget
             for upload in uploads:
                 upload.cancel()
