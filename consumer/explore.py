@@ -241,7 +241,7 @@ class Query:
     Raises
     ------
     InvalidArgumentError
-        For an unknown kind or options that do not belong to it.
+        For an unknown kind, options that do not belong to it, or a column named twice.
     """
 
     kind: str
@@ -268,6 +268,14 @@ class Query:
             raise InvalidArgumentError("count takes no columns (its predicates name them)")
         if self.target and self.target in self.columns:
             raise InvalidArgumentError(f"the target {self.target!r} cannot also be a feature")
+        twice = sorted({c for c in self.columns if self.columns.count(c) > 1})
+        if twice:
+            # cov(x, x) named twice would be answered twice, once as a variance and once by the
+            # cross-moment rule, with two intervals for one quantity.
+            raise InvalidArgumentError(
+                f"column(s) {', '.join(map(repr, twice))} named more than once (--column): "
+                "name each column once"
+            )
         if any(not math.isfinite(p) for p in self.points):
             raise InvalidArgumentError(f"cdf points must be finite, got {list(self.points)}")
         if self.kind == "marginal" and not 1 <= len(self.columns) <= 3:

@@ -89,6 +89,10 @@ def test_parse_where() -> None:
         ({"kind": "mean", "target": "y"}, "belongs to logreg"),
         ({"kind": "logreg", "target": "y", "columns": ("y",)}, "cannot also be a feature"),
         ({"kind": "cdf", "points": (math.nan,)}, "finite"),
+        # A stranger's --column default --column default: cov(default, default) answered three
+        # times, [0, 0.25] as a variance and [-0.25, 0.25] as a cross moment.
+        ({"kind": "covariance", "columns": ("a", "b", "a")}, "'a' named more than once"),
+        ({"kind": "mean", "columns": ("b", "b")}, "'b' named more than once"),
     ],
 )
 def test_queries_refuse_options_that_do_not_belong(kwargs: dict, message: str) -> None:
