@@ -422,6 +422,17 @@ RANK_FLAG_NAMES = {
 MMD2_RANGE = (0.0, 2.0, "[0, 2], where a Gaussian kernel's MMD² can be")
 
 
+def _tie_text(other: str, difference: float, standard_error: float, reach: float) -> str:
+    """An unresolved pair's difference of MMD² (``this - other``) and its 95 % interval, both cut
+    to ``[-reach, reach]`` (two values in :data:`MMD2_RANGE` differ by at most its width), as the
+    ranking's values are cut to the range: a small owner's raw difference of -163 read as
+    "-163 ± 3.67e+04" beside a table that showed its value as 2."""
+    value = min(max(difference, -reach), reach)
+    low = max(difference - Z95 * standard_error, -reach)
+    high = min(difference + Z95 * standard_error, reach)
+    return f"{other} (difference {value:+.3g}, 95 % [{low:+.3g}, {high:+.3g}])"
+
+
 def _ranking_row(rank: int, ranked: RankedOwner, sketch: PrivateSketch) -> dict[str, Any]:
     """One owner of a ranking: its MMD² as a row of the one interval model, its ranks, its ε
     and count.
@@ -445,7 +456,7 @@ def _ranking_row(rank: int, ranked: RankedOwner, sketch: PrivateSketch) -> dict[
     shown = float(values[0])
     flag_list = list(flags)
     if ranked.unresolved:
-        ties = ", ".join(f"{o} (difference {d:+.3g} ± {se:.3g})" for o, d, se in ranked.unresolved)
+        ties = ", ".join(_tie_text(o, d, se, high - low) for o, d, se in ranked.unresolved)
         flag_list.append(
             Flag(
                 "order_not_resolved",

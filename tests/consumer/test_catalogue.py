@@ -22,6 +22,7 @@ from dpmarket.consumer.catalogue import (
     ExplorationCache,
     ExploreOptions,
     SpecChoiceError,
+    _tie_text,
     choose_spec,
     explore,
     label_completed,
@@ -482,3 +483,12 @@ def test_a_union_states_one_record_count_and_prints_its_interval_rounded_outward
     assert text.count(outward) == 2, text  # the title and the count line, the same interval
     nearest = f"[{low:.0f}, {high:.0f}]"
     assert nearest == outward or nearest not in text, text
+
+
+def test_an_unresolved_pairs_difference_is_cut_to_what_two_mmd2_can_differ_by() -> None:
+    """A stranger's small owner had a raw MMD² of 163.5 (the table showed it cut to 2), and the
+    tie line read "difference -163 ± 3.67e+04". Two values in [0, 2] differ by at most 2: the
+    difference and its 95 % interval are cut to [-2, 2] as the values are (the control, a pair
+    within the range, is printed as it was computed)."""
+    assert _tie_text("st", -163.5, 1.87e4, 2.0) == "st (difference -2, 95 % [-2, +2])"
+    assert _tie_text("b", 0.001, 0.002, 2.0) == "b (difference +0.001, 95 % [-0.00292, +0.00492])"
