@@ -1130,6 +1130,10 @@ class Explorer:
         test whose statistic's law is the public noise's, count included (Fieller's
         construction, :func:`dpmarket.common.sketches.intervals.ratio_interval`): exact for
         every data set, however noisy the count, and usually flagged ``uninformative``.
+        A histogram's CDF or one-column count that the declared bounds settle is exact (basis
+        ``public``, standard error 0); one whose predicate meets a bin only at its edge is a
+        guess inside that bin (basis ``bounds``, flagged ``model-guess``, no standard error:
+        :meth:`_hist_settled`; issue 28).
 
         A logistic regression is fitted by implicit M2M with the explorer's lambda rule and
         intercept; its errors are the spread over :data:`M2M_BOOTSTRAP` // 2 refits to the

@@ -6,6 +6,7 @@ Deterministic given the seeds: one release of a small table, answered in process
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,7 @@ FIVE_BINS = SketchDeclaration.from_mapping(
 )
 
 
-def _answers(*queries: Query) -> list[tuple[list[dict[str, object]], list[float]]]:
+def _answers(*queries: Query) -> list[tuple[list[dict[str, Any]], list[float]]]:
     """Each query's answer rows and exact values over 300 records, 30 % of them at ``a = 0``
     (the column's declared lower bound), the rest uniform on [0, 10]."""
     spec = next(iter(FIVE_BINS.draw(np.random.default_rng(0))))
@@ -58,9 +59,9 @@ def test_a_threshold_at_a_bins_lower_edge_is_a_flagged_guess_inside_the_bin() ->
     assert truth[0] > 0.25 and count_truth[0] == truth[0], (truth, count_truth)
     for row, true in [(cdf[0], truth[0]), (cdf[1], truth[1]), (count[0], count_truth[0])]:
         assert row["basis"] == "bounds", row
-        assert [f["code"] for f in row["flags"]] == ["model-guess"], row  # type: ignore[attr-defined]
+        assert [f["code"] for f in row["flags"]] == ["model-guess"], row
         assert row["standard_error"] is None, row
-        low, high = row["interval"]  # type: ignore[misc]
+        low, high = row["interval"]
         assert low <= true <= high, (row, true)
     assert cdf[2]["basis"] == "noise+bias" and cdf[2]["flags"] == [], cdf[2]
 

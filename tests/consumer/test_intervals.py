@@ -843,13 +843,14 @@ def test_an_interval_cut_to_the_possible_range_keeps_the_noises_width(
     120 records under twelve columns at epsilon 1 (a bin's Laplace scale 12), CDFs of ``x0``
     at 2.5, 8.5, 9.5 (truths 0.083, 0.958, 0.983; inside bins: at a bin's edge the value is a
     guess with no standard error, test_hist_edges) and counts over two and three columns
-    (0.033, 0.025), N releases: no interval is narrower than its standard error or of width 0, and each
-    covers in at least LOWER of N (failure probability 1e-4 per value; 99-100 of 100 here).
-    The width property is deterministic given the seeds. Control: the plain cut
+    (0.033, 0.025), N releases: no interval is narrower than its standard error or of width
+    0, and each covers in at least LOWER of N (failure probability 1e-4 per value; 100 of 100
+    here). The width property is deterministic given the seeds. Control: the plain cut
     (:func:`_plain_cut`) leaves 4, 6, 0 CDF intervals narrower than their standard error (the
-    counts, basis ``bounds``, state none) and 4 of width 0 (1 CDF, 3 counts; at points 2, 8,
-    9 it left 4, 6, 4 and 4, 1 narrower, 6 of width 0); the code before the width floor and the ordered
-    bounds left 4, 8, 7 and 4, 1, and 3 counts ``[0, 0]`` (one missed the truth)."""
+    counts, basis ``bounds``, state none) and 4 of width 0 (1 CDF, 3 counts). At the earlier
+    points 2, 8, 9 it left 4, 6, 4 and 4, 1 narrower and 6 of width 0, and the code before the
+    width floor and the ordered bounds 4, 8, 7 and 4, 1, and 3 counts ``[0, 0]`` (one missed
+    the truth)."""
     truth, narrow, empty, covered, least = _near_the_edges(monkeypatch, plain_cut=False)
     assert truth[:3].round(3).tolist() == [0.083, 0.958, 0.983], truth
     assert narrow.sum() == 0, narrow
