@@ -1133,7 +1133,7 @@ class Explorer:
         A histogram's CDF or one-column count that the declared bounds settle is exact (basis
         ``public``, standard error 0); one whose predicate meets a bin only at its edge is a
         guess inside that bin (basis ``bounds``, flagged ``model-guess``, no standard error:
-        :meth:`_hist_settled`; issue 28).
+        :meth:`_hist_settled`).
 
         A logistic regression is fitted by implicit M2M with the explorer's lambda rule and
         intercept; its errors are the spread over :data:`M2M_BOOTSTRAP` // 2 refits to the
@@ -1252,34 +1252,9 @@ class Explorer:
             ]
         guesses: list[str | None] = [None] * k
         if errors and isinstance(self.spec.feature_map, HISTMap):
-            # What the domain fixes is exact (basis public, as marginals and M2M answer it); a
-            # predicate meeting a bin only at an edge is a guess inside that bin (issue 28, D1
-            # and D4: P[balance <= 0] with 499 records at 0 was "0 ± 0", unflagged; P[balance
-            # <= 3000] at the upper bound was basis noise+bias, s.e. 0).
-            for v, (exact, edge) in enumerate(self._hist_settled(query, idx)):
-                if exact is not None:
-                    stated[v] = (
-                        "public",
-                        "exact: every record lies within the column's declared bounds, so the "
-                        + (
-                            "predicate holds every record"
-                            if exact == 1.0
-                            else "predicate holds no record"
-                        )
-                        + " whatever the data; no noise enters",
-                    )
-                    values[v], low[v], high[v], se[v] = exact, exact, exact, 0.0
-                elif edge:
-                    stated[v] = (
-                        "bounds",
-                        "every bin's mass anywhere in its bin: the bins the predicate holds whole "
-                        "and every bin it touches, widened by the noise; they hold wherever the "
-                        "records lie inside a bin",
-                    )
-                    guesses[v] = _INSIDE_BIN
-        # The independence guess and a guess inside a bin (basis "bounds", flagged model-guess)
-        # have no standard error: the error is the guess's bias, which only its bounds hold (as
-        # a marginals guess's).
+            guesses = self._hist_edges(query, idx, stated, values, low, high, se)
+        # A guess (basis "bounds", flagged model-guess) has no standard error: its error is the
+        # guess's bias, which only its bounds hold (as a marginals guess's).
         se = np.where([b == "bounds" for b, _ in stated], np.nan, se)
         if query.kind == "count":
             count = float(values[0]) * n
@@ -1388,6 +1363,46 @@ class Explorer:
             probes=probes,
             count=query.kind == "count",
         )
+
+    def _hist_edges(
+        self,
+        query: Query,
+        idx: NDArray[np.int64],
+        stated: list[tuple[str, str]],
+        values: NDArray[np.float64],
+        low: NDArray[np.float64],
+        high: NDArray[np.float64],
+        se: NDArray[np.float64],
+    ) -> list[str | None]:
+        """A histogram's values the declared bounds settle and its guesses inside a bin
+        (:meth:`_hist_settled`), set in place in ``stated``, ``values``, ``low``, ``high``,
+        ``se`` (each of k values); returns per value the ``model-guess`` reason or None."""
+        guesses: list[str | None] = [None] * len(stated)
+        # What the domain fixes is exact (basis public, as the marginals kind answers it); a
+        # predicate meeting a bin only at an edge is a guess inside that bin: P[x <= low]
+        # reads the records at exactly the lower bound as none of the lowest bin.
+        for v, (exact, edge) in enumerate(self._hist_settled(query, idx)):
+            if exact is not None:
+                stated[v] = (
+                    "public",
+                    "exact: every record lies within the column's declared bounds, so the "
+                    + (
+                        "predicate holds every record"
+                        if exact == 1.0
+                        else "predicate holds no record"
+                    )
+                    + " whatever the data; no noise enters",
+                )
+                values[v], low[v], high[v], se[v] = exact, exact, exact, 0.0
+            elif edge:
+                stated[v] = (
+                    "bounds",
+                    "every bin's mass anywhere in its bin: the bins the predicate holds whole "
+                    "and every bin it touches, widened by the noise; they hold wherever the "
+                    "records lie inside a bin",
+                )
+                guesses[v] = _INSIDE_BIN
+        return guesses
 
     def _hist_settled(
         self, query: Query, idx: NDArray[np.int64]
