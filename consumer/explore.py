@@ -82,7 +82,9 @@ from dpmarket.common.sketches.domain import Domain
 from dpmarket.common.sketches.feature_maps import HISTMap
 from dpmarket.common.sketches.intervals import (
     DEFAULT_REPLICATES,
+    BinTarget,
     Bounded,
+    bin_ranges,
     count_estimate,
     count_weights,
     record_count_interval,
@@ -608,6 +610,14 @@ _INSIDE_CELL = (
     "value takes them as spread evenly inside it; the interval counts that cell whole in its "
     "upper end and not at all in its lower end, so it holds wherever they lie"
 )
+#: Why a histogram value whose predicate meets a bin only at an edge is a guess inside it.
+_INSIDE_BIN = (
+    "a guess inside a bin: the predicate holds only an edge of a bin (a threshold at a bin's "
+    "lower edge, where records may pile up at a column's declared bound), and the records' "
+    "positions inside a bin are not measured: the value takes them as spread evenly inside it, "
+    "so that bin counts for nothing (or for all) of it; the interval counts that bin whole in "
+    "its upper end and not at all in its lower end, so it holds wherever they lie"
+)
 
 
 def _flag(code: str, reason: str) -> Flag:
@@ -841,18 +851,22 @@ def _cut_flags(
 
 
 def _guess_flags(
-    flags: Sequence[tuple[Flag, ...]], stated: Sequence[tuple[str, str]]
+    flags: Sequence[tuple[Flag, ...]],
+    stated: Sequence[tuple[str, str]],
+    reasons: Sequence[str | None] | None = None,
 ) -> tuple[tuple[Flag, ...], ...]:
     """``flags`` with ``model-guess`` on the value added where the basis is ``bounds``: there
-    the value inside the bounds is the independence guess, while its interval holds whatever
-    the joint (so it still covers)."""
-    guess = _flag(
-        "model-guess",
+    the value inside the bounds is a guess (``reasons[v]``, a guess inside a histogram bin,
+    where given; else the independence guess), while its interval holds whatever the joint
+    and wherever the records lie in a bin (so it still covers)."""
+    independence = (
         "the independence guess: one histogram per column does not hold these columns "
-        "together; the interval is bounds that hold whatever the joint",
+        "together; the interval is bounds that hold whatever the joint"
     )
+    why = list(reasons) if reasons is not None else [None] * len(flags)
     return tuple(
-        (guess, *f) if b == "bounds" else f for f, (b, _) in zip(flags, stated, strict=True)
+        (_flag("model-guess", r or independence), *f) if b == "bounds" else f
+        for f, (b, _), r in zip(flags, stated, why, strict=True)
     )
 
 
@@ -1124,6 +1138,10 @@ class Explorer:
         test whose statistic's law is the public noise's, count included (Fieller's
         construction, :func:`dpmarket.common.sketches.intervals.ratio_interval`): exact for
         every data set, however noisy the count, and usually flagged ``uninformative``.
+        A histogram's CDF or one-column count that the declared bounds settle is exact (basis
+        ``public``, standard error 0); one whose predicate meets a bin only at its edge is a
+        guess inside that bin (basis ``bounds``, flagged ``model-guess``, no standard error:
+        :meth:`_hist_settled`).
 
         A logistic regression is fitted by implicit M2M with the explorer's lambda rule and
         intercept; its errors are the spread over :data:`M2M_BOOTSTRAP` // 2 refits to the
@@ -1240,8 +1258,11 @@ class Explorer:
                 (b, f"{c}; the count's noise included exactly (Fieller's test inversion)")
                 for b, c in stated
             ]
-        # The independence guess (basis "bounds", flagged model-guess) has no standard error:
-        # its error is the guess's bias, which only its bounds hold (as a marginals guess's).
+        guesses: list[str | None] = [None] * k
+        if errors and isinstance(self.spec.feature_map, HISTMap):
+            guesses = self._hist_edges(query, idx, stated, values, low, high, se)
+        # A guess (basis "bounds", flagged model-guess) has no standard error: its error is the
+        # guess's bias, which only its bounds hold (as a marginals guess's).
         se = np.where([b == "bounds" for b, _ in stated], np.nan, se)
         if query.kind == "count":
             count = float(values[0]) * n
@@ -1264,7 +1285,7 @@ class Explorer:
             extra,
             errors=se,
             columns=_value_columns(query, domain),
-            flags=_guess_flags(flags, stated),
+            flags=_guess_flags(flags, stated, guesses),
             raw=bounded.value,
             source=source,
             low=low,
@@ -1350,6 +1371,86 @@ class Explorer:
             probes=probes,
             count=query.kind == "count",
         )
+
+    def _hist_edges(
+        self,
+        query: Query,
+        idx: NDArray[np.int64],
+        stated: list[tuple[str, str]],
+        values: NDArray[np.float64],
+        low: NDArray[np.float64],
+        high: NDArray[np.float64],
+        se: NDArray[np.float64],
+    ) -> list[str | None]:
+        """A histogram's values the declared bounds settle and its guesses inside a bin
+        (:meth:`_hist_settled`), set in place in ``stated``, ``values``, ``low``, ``high``,
+        ``se`` (each of k values); returns per value the ``model-guess`` reason or None."""
+        guesses: list[str | None] = [None] * len(stated)
+        # What the domain fixes is exact (basis public, as the marginals kind answers it); a
+        # predicate meeting a bin only at an edge is a guess inside that bin: P[x <= low]
+        # reads the records at exactly the lower bound as none of the lowest bin.
+        for v, (exact, edge) in enumerate(self._hist_settled(query, idx)):
+            if exact is not None:
+                stated[v] = (
+                    "public",
+                    "exact: every record lies within the column's declared bounds, so the "
+                    + (
+                        "predicate holds every record"
+                        if exact == 1.0
+                        else "predicate holds no record"
+                    )
+                    + " whatever the data; no noise enters",
+                )
+                values[v], low[v], high[v], se[v] = exact, exact, exact, 0.0
+            elif edge:
+                stated[v] = (
+                    "bounds",
+                    "every bin's mass anywhere in its bin: the bins the predicate holds whole "
+                    "and every bin it touches, widened by the noise; they hold wherever the "
+                    "records lie inside a bin",
+                )
+                guesses[v] = _INSIDE_BIN
+        return guesses
+
+    def _hist_settled(
+        self, query: Query, idx: NDArray[np.int64]
+    ) -> list[tuple[float | None, bool]]:
+        """Per value of a histogram's CDF or one-column count, ``(exact, edge)``: ``exact`` the
+        value (0 or 1) where the public domain fixes it (the predicate holds every value or no
+        value any bin can hold: a CDF at or above the column's declared upper bound, or below
+        its lower bound), else None; ``edge`` whether the predicate meets a bin only at an edge
+        (:func:`~dpmarket.common.sketches.intervals.bin_ranges` gives that bin least value 0,
+        largest 1, and its uniform reading 0 or 1: a ``<=`` threshold at a bin's lower edge),
+        so the value is a guess inside that bin. ``(None, False)`` for other kinds and for
+        counts over several columns (Fréchet bounds already, :func:`interval_basis`)."""
+        fmap = self.spec.feature_map
+        assert isinstance(fmap, HISTMap)
+        domain = self.domain
+        targets: list[tuple[int, BinTarget]] = []
+        if query.kind == "cdf":
+            targets = [
+                (int(j), BinTarget("indicator", high=float(t)))
+                for j, row in zip(idx, _thresholds(query, domain, idx), strict=True)
+                for t in row
+            ]
+        elif query.kind == "count":
+            lower, upper = _bounds(query, domain)
+            cols = np.flatnonzero(np.isfinite(lower[0]) | np.isfinite(upper[0]))
+            if cols.size != 1:
+                return [(None, False)]
+            j = int(cols[0])
+            targets = [(j, BinTarget("indicator", low=float(lower[0, j]), high=float(upper[0, j])))]
+        else:
+            return [(None, False)] * len(_labels(query, domain))
+        out: list[tuple[float | None, bool]] = []
+        for j, target in targets:
+            low, high, mid = bin_ranges(fmap, domain, j, target)
+            if low.min() == high.max() and float(low[0]) in (0.0, 1.0):
+                out.append((float(low[0]), False))
+                continue
+            cut = low < high
+            out.append((None, bool((cut & ((mid == low) | (mid == high))).any())))
+        return out
 
     def _stated(
         self, query: Query, idx: NDArray[np.int64], n_columns: int, k: int

@@ -811,7 +811,7 @@ def _near_the_edges(monkeypatch: pytest.MonkeyPatch, plain_cut: bool) -> tuple[A
     records = np.clip(np.random.default_rng(3).normal(5.0, 2.0, (120, 12)), 0.0, 10.0)
     explorer = Explorer(spec, n_synthetic=500, seed=0)
     queries = [
-        Query("cdf", columns=("x0",), points=(2.0, 8.0, 9.0)),
+        Query("cdf", columns=("x0",), points=(2.5, 8.5, 9.5)),
         Query("count", where=(("x0", 8.0, 10.0), ("x1", 0.0, 3.0))),
         Query("count", where=(("x2", 7.0, 10.0), ("x3", 7.0, 10.0), ("x4", 0.0, 6.0))),
     ]
@@ -841,15 +841,18 @@ def test_an_interval_cut_to_the_possible_range_keeps_the_noises_width(
     """Issue 28: a HIST interval cut to what the value can be looked more certain than the
     release is (a stranger's CDF ``[0.9999, 1]``, counts over several columns ``[0, 0]``).
     120 records under twelve columns at epsilon 1 (a bin's Laplace scale 12), CDFs of ``x0``
-    at 2, 8, 9 (truths 0.05, 0.93, 0.975) and counts over two and three columns (0.033,
-    0.025), N releases: no interval is narrower than its standard error or of width 0, and each
-    covers in at least LOWER of N (failure probability 1e-4 per value; 99-100 of 100 here).
-    The width property is deterministic given the seeds. Control: the plain cut
-    (:func:`_plain_cut`) leaves 4, 6, 4 CDF intervals and 4, 1 count intervals narrower than
-    their standard error and 6 of width 0; the code before the width floor and the ordered
-    bounds left 4, 8, 7 and 4, 1, and 3 counts ``[0, 0]`` (one missed the truth)."""
+    at 2.5, 8.5, 9.5 (truths 0.083, 0.958, 0.983; inside bins: at a bin's edge the value is a
+    guess with no standard error, test_hist_edges) and counts over two and three columns
+    (0.033, 0.025), N releases: no interval is narrower than its standard error or of width
+    0, and each covers in at least LOWER of N (failure probability 1e-4 per value; 100 of 100
+    here). The width property is deterministic given the seeds. Control: the plain cut
+    (:func:`_plain_cut`) leaves 4, 6, 0 CDF intervals narrower than their standard error (the
+    counts, basis ``bounds``, state none) and 4 of width 0 (1 CDF, 3 counts). At the earlier
+    points 2, 8, 9 it left 4, 6, 4 and 4, 1 narrower and 6 of width 0, and the code before the
+    width floor and the ordered bounds 4, 8, 7 and 4, 1, and 3 counts ``[0, 0]`` (one missed
+    the truth)."""
     truth, narrow, empty, covered, least = _near_the_edges(monkeypatch, plain_cut=False)
-    assert truth[:3].round(3).tolist() == [0.05, 0.933, 0.975], truth
+    assert truth[:3].round(3).tolist() == [0.083, 0.958, 0.983], truth
     assert narrow.sum() == 0, narrow
     assert empty.sum() == 0 and least > 0.0, (empty, least)
     assert (covered >= LOWER).all(), (covered, LOWER)
