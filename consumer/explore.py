@@ -2308,21 +2308,7 @@ class MarginalsExplorer:
                 flags.append(())
                 continue
             low, high, measured = fraction_bounds(parts, cells, w, record_counts=record_counts)
-            if cut[v] and measured:
-                reason = "a guess inside a cell: " + _INSIDE_CELL
-                if not low <= values[v] <= high:
-                    reason += f" (the guess {values[v]:.6g} lay outside it: moved inside)"
-                basis.append("bounds")
-                covers.append(
-                    "bounds from the measured marginals that hold these columns: the count of "
-                    "the cells the predicates hold whole and the count of every cell they "
-                    "touch, each ± z sd, over the record count's interval (Bonferroni); they "
-                    "hold wherever the records lie inside a cell"
-                )
-                flags.append((_flag("model-guess", reason),))
-                bounds[v] = (low, high)
-                continue
-            if measured:
+            if measured and not cut[v]:
                 basis.append("measured")
                 covers.append(
                     "the value is the unbiased count from the measured marginals that hold "
@@ -2332,24 +2318,49 @@ class MarginalsExplorer:
                 )
                 flags.append(())
             else:
-                reason = (
-                    "the graphical model's guess: no measured marginal holds these columns "
-                    "together, so it assumes them independent given what was measured; the "
-                    "interval is the Fréchet bounds from the measured marginals, which hold "
-                    "whatever the joint"
-                )
-                if cut[v]:
-                    reason += "; and " + _INSIDE_CELL
-                if not low <= values[v] <= high:
-                    reason += f" (the model's {values[v]:.6g} lay outside them: moved inside)"
+                how, flag = self._guess(float(values[v]), (low, high), cut[v], measured)
                 basis.append("bounds")
-                covers.append(
-                    "Fréchet-Bonferroni bounds from the measured marginals (they hold whatever "
-                    "the joint), widened by their noise with a union bound over the candidates"
-                )
-                flags.append((_flag("model-guess", reason),))
+                covers.append(how)
+                flags.append((flag,))
             bounds[v] = (low, high)
         return bounds, tuple(basis), tuple(covers), tuple(flags)
+
+    @staticmethod
+    def _guess(
+        value: float, bounds: tuple[float, float], cut: bool, measured: bool
+    ) -> tuple[str, Flag]:
+        """How the bounds around a count's, CDF's, cell's or moment's guess were built, and
+        its ``model-guess`` flag (basis ``bounds``, :meth:`_intervals`): a guess inside a cell
+        a predicate cuts where a measured marginal holds the columns (``measured``: bounds
+        from the cells held whole and every cell touched), else the graphical model's
+        independence guess (Fréchet bounds; ``cut`` adds the cell's reason). The reason says
+        where ``value`` lay outside ``bounds`` (moved inside by the caller)."""
+        low, high = bounds
+        if measured:
+            reason, who, it = "a guess inside a cell: " + _INSIDE_CELL, "the guess", "it"
+            how = (
+                "bounds from the measured marginals that hold these columns: the count of "
+                "the cells the predicates hold whole and the count of every cell they "
+                "touch, each ± z sd, over the record count's interval (Bonferroni); they "
+                "hold wherever the records lie inside a cell"
+            )
+        else:
+            reason = (
+                "the graphical model's guess: no measured marginal holds these columns "
+                "together, so it assumes them independent given what was measured; the "
+                "interval is the Fréchet bounds from the measured marginals, which hold "
+                "whatever the joint"
+            )
+            if cut:
+                reason += "; and " + _INSIDE_CELL
+            who, it = "the model's", "them"
+            how = (
+                "Fréchet-Bonferroni bounds from the measured marginals (they hold whatever "
+                "the joint), widened by their noise with a union bound over the candidates"
+            )
+        if not low <= value <= high:
+            reason += f" ({who} {value:.6g} lay outside {it}: moved inside)"
+        return how, _flag("model-guess", reason)
 
     def _covariance_intervals(
         self,
