@@ -30,7 +30,8 @@ means, moments, CDFs, counts and covariances the interval includes a bound on th
 bias (the binning of a histogram, M2M's residual range for its fit and shrinkage: ``noise+bias``)
 or holds whatever the joint (Fréchet or Cauchy-Schwarz bounds for what one histogram per column
 does not identify: ``bounds``, the independence guess flagged on the value), widened by the 95 %
-quantile of the noise (:mod:`dpmarket.consumer.intervals` states each construction). The
+quantile of the noise (:mod:`dpmarket.consumer.intervals` states each construction); a CDF or
+count the declared bounds settle is exact (``public``: :meth:`Explorer._settled`). The
 marginals kind's counts, CDFs, cells, moments and covariances whose columns every owner measured
 together are the measured marginals' own estimate, with its noise's standard error and the
 interval built around it (``measured``; the graphical model's value is not printed there: it is
@@ -87,6 +88,7 @@ from dpmarket.common.sketches.intervals import (
     bin_ranges,
     count_estimate,
     count_weights,
+    domain_range,
     record_count_interval,
     release_totals,
 )
@@ -850,6 +852,19 @@ def _cut_flags(
     )
 
 
+def _public_covers(query: Query, exact: float) -> str:
+    """How a CDF or count the public domain settles is known (basis ``public``), in words:
+    every record lies within the declared bounds, so the predicate holds every record
+    (``exact`` 1) or none (0); one text for every sketch kind."""
+    several = query.kind == "count" and len({c for c, _, _ in query.where}) > 1
+    return (
+        f"exact: every record lies within the {'columns' if several else 'column'}' declared "
+        "bounds, so the predicate holds "
+        + ("every record" if exact == 1.0 else "no record")
+        + " whatever the data; no noise enters"
+    )
+
+
 def _guess_flags(
     flags: Sequence[tuple[Flag, ...]],
     stated: Sequence[tuple[str, str]],
@@ -1138,10 +1153,14 @@ class Explorer:
         test whose statistic's law is the public noise's, count included (Fieller's
         construction, :func:`dpmarket.common.sketches.intervals.ratio_interval`): exact for
         every data set, however noisy the count, and usually flagged ``uninformative``.
-        A histogram's CDF or one-column count that the declared bounds settle is exact (basis
-        ``public``, standard error 0); one whose predicate meets a bin only at its edge is a
-        guess inside that bin (basis ``bounds``, flagged ``model-guess``, no standard error:
-        :meth:`_hist_settled`).
+        A CDF or count the declared bounds settle is exact, from every sketch kind (basis
+        ``public``, standard error 0, interval ``[v, v]``, no flag: :meth:`_settled`): a CDF at
+        or above a column's upper bound (1) or below its lower bound (0), a count whose
+        predicates hold every value a record can take (1) or none on some column (0). A
+        predicate meeting the domain only at its edge (``P[x <= low]``, where records may sit
+        at the bound) is not settled: a histogram's that meets a bin only at its edge is a
+        guess inside that bin (basis ``bounds``, flagged ``model-guess``, no standard error),
+        M2M's keeps its residual's range over the set's face (:func:`_face_points`).
 
         A logistic regression is fitted by implicit M2M with the explorer's lambda rule and
         intercept; its errors are the spread over :data:`M2M_BOOTSTRAP` // 2 refits to the
@@ -1258,26 +1277,18 @@ class Explorer:
                 (b, f"{c}; the count's noise included exactly (Fieller's test inversion)")
                 for b, c in stated
             ]
-        guesses: list[str | None] = [None] * k
-        if errors and isinstance(self.spec.feature_map, HISTMap):
-            guesses = self._hist_edges(query, idx, stated, values, low, high, se)
+        se, bias = se.copy(), bias.copy()
+        public, guesses = self._settle(
+            query, idx, stated, values, (low, high) if errors else None, (se, bias)
+        )
+        # A value the declared bounds settle has no flag: its interval is the value itself.
+        flags = tuple(() if e is not None else f for f, e in zip(flags, public, strict=True))
         # A guess (basis "bounds", flagged model-guess) has no standard error: its error is the
         # guess's bias, which only its bounds hold (as a marginals guess's).
         se = np.where([b == "bounds" for b, _ in stated], np.nan, se)
         if query.kind == "count":
-            count = float(values[0]) * n
-            count_se = None if np.isnan(se[0]) else float(se[0]) * n
-            extra.update(count=count, n=n, count_standard_error=count_se)
-            if errors:
-                # The count's own interval (the noise of the sums and of n together), widened
-                # to hold the count estimate (which only adds coverage).
-                assert bounded.count is not None
-                c_low, c_high = bounded.count
-                extra["count_interval"] = [min(c_low, count), max(c_high, count)]
-                # The release's one record count and interval, as every answer from this
-                # sketch states it (record_count): replicates of their own, not this query's.
-                _, n_low, n_high = record_count(sketch, self.seed)
-                extra["n_interval"] = [n_low, n_high]
+            counted = bounded.count if errors else None
+            extra.update(self._count_extra(sketch, counted, float(values[0]), se[0], n, public[0]))
         return Answer(
             query,
             labels,
@@ -1294,6 +1305,42 @@ class Explorer:
             basis=tuple(b for b, _ in stated) if errors else (),
             covers=tuple(c for _, c in stated) if errors else (),
         )
+
+    def _count_extra(
+        self,
+        sketch: SketchLike,
+        counted: tuple[float, float] | None,
+        fraction: float,
+        se: float,
+        n: float,
+        exact: float | None,
+    ) -> dict[str, Any]:
+        """A count answer's ``count`` (``fraction`` times the record count ``n``), ``n``,
+        ``count_standard_error`` (``se`` times ``n``; None for a guess) and, with the count's
+        interval (``counted``, in records; None: no interval asked for), ``count_interval`` and
+        ``n_interval``. Where the declared bounds settle the fraction (``exact``,
+        :meth:`_settled`): 0 records exactly (``[0, 0]``, standard error 0), or every record,
+        ``n`` with ``n``'s interval and no standard error of its own (as
+        :meth:`MarginalsExplorer._count_extra` states it)."""
+        count = fraction * n
+        count_se = None if math.isnan(se) else float(se) * n
+        if exact == 1.0:
+            count_se = None
+        extra: dict[str, Any] = {"count": count, "n": n, "count_standard_error": count_se}
+        if counted is None:
+            return extra
+        # The release's one record count and interval, as every answer from this sketch
+        # states it (record_count): replicates of their own, not this query's.
+        _, n_low, n_high = record_count(sketch, self.seed)
+        extra["n_interval"] = [n_low, n_high]
+        if exact is not None:
+            extra["count_interval"] = [0.0, 0.0] if exact == 0.0 else [n_low, n_high]
+        else:
+            # The count's own interval (the noise of the sums and of n together), widened to
+            # hold the count estimate (which only adds coverage).
+            c_low, c_high = counted
+            extra["count_interval"] = [min(c_low, count), max(c_high, count)]
+        return extra
 
     def _hist(
         self,
@@ -1372,36 +1419,32 @@ class Explorer:
             count=query.kind == "count",
         )
 
-    def _hist_edges(
+    def _settle(
         self,
         query: Query,
         idx: NDArray[np.int64],
         stated: list[tuple[str, str]],
         values: NDArray[np.float64],
-        low: NDArray[np.float64],
-        high: NDArray[np.float64],
-        se: NDArray[np.float64],
-    ) -> list[str | None]:
-        """A histogram's values the declared bounds settle and its guesses inside a bin
-        (:meth:`_hist_settled`), set in place in ``stated``, ``values``, ``low``, ``high``,
-        ``se`` (each of k values); returns per value the ``model-guess`` reason or None."""
+        interval: tuple[NDArray[np.float64], NDArray[np.float64]] | None,
+        spread: tuple[NDArray[np.float64], NDArray[np.float64]],
+    ) -> tuple[list[float | None], list[str | None]]:
+        """The values the declared bounds settle (:meth:`_settled`), for every sketch kind,
+        and a histogram's guesses inside a bin, set in place in ``stated``, ``values``, the
+        interval's ``(low, high)`` (None: no interval) and ``spread`` ``(se, bias)`` (each of
+        k values). Returns per value the settled value or None, and the ``model-guess`` reason
+        or None."""
+        settled = self._settled(query, idx)
         guesses: list[str | None] = [None] * len(stated)
         # What the domain fixes is exact (basis public, as the marginals kind answers it); a
         # predicate meeting a bin only at an edge is a guess inside that bin: P[x <= low]
         # reads the records at exactly the lower bound as none of the lowest bin.
-        for v, (exact, edge) in enumerate(self._hist_settled(query, idx)):
+        for v, (exact, edge) in enumerate(settled):
             if exact is not None:
-                stated[v] = (
-                    "public",
-                    "exact: every record lies within the column's declared bounds, so the "
-                    + (
-                        "predicate holds every record"
-                        if exact == 1.0
-                        else "predicate holds no record"
-                    )
-                    + " whatever the data; no noise enters",
-                )
-                values[v], low[v], high[v], se[v] = exact, exact, exact, 0.0
+                values[v] = exact
+                stated[v] = ("public", _public_covers(query, exact))
+                spread[0][v], spread[1][v] = 0.0, 0.0
+                if interval is not None:
+                    interval[0][v], interval[1][v] = exact, exact
             elif edge:
                 stated[v] = (
                     "bounds",
@@ -1410,47 +1453,60 @@ class Explorer:
                     "records lie inside a bin",
                 )
                 guesses[v] = _INSIDE_BIN
-        return guesses
+        return [e for e, _ in settled], guesses
 
-    def _hist_settled(
-        self, query: Query, idx: NDArray[np.int64]
-    ) -> list[tuple[float | None, bool]]:
-        """Per value of a histogram's CDF or one-column count, ``(exact, edge)``: ``exact`` the
-        value (0 or 1) where the public domain fixes it (the predicate holds every value or no
-        value any bin can hold: a CDF at or above the column's declared upper bound, or below
-        its lower bound), else None; ``edge`` whether the predicate meets a bin only at an edge
+    def _settled(self, query: Query, idx: NDArray[np.int64]) -> list[tuple[float | None, bool]]:
+        """Per value, ``(exact, edge)``: ``exact`` the value where the public domain fixes it,
+        whatever the records and the sketch kind
+        (:func:`~dpmarket.common.sketches.intervals.domain_range`), else None: a CDF or count
+        whose predicates hold every value a record can take (1) or, on some column, none (0).
+        Means, moments and covariances are never settled: a declared column holds two values
+        or more (``low < high``, two levels or more). ``edge`` whether a histogram's CDF or
+        one-column count meets a bin only at an edge
         (:func:`~dpmarket.common.sketches.intervals.bin_ranges` gives that bin least value 0,
         largest 1, and its uniform reading 0 or 1: a ``<=`` threshold at a bin's lower edge),
-        so the value is a guess inside that bin. ``(None, False)`` for other kinds and for
-        counts over several columns (Fréchet bounds already, :func:`interval_basis`)."""
-        fmap = self.spec.feature_map
-        assert isinstance(fmap, HISTMap)
+        so the value is a guess inside that bin; False for other kinds, counts over several
+        columns (Fréchet bounds already, :func:`interval_basis`) and M2M (its residual's range
+        over the set's face holds such a set: :func:`_face_points`)."""
         domain = self.domain
-        targets: list[tuple[int, BinTarget]] = []
         if query.kind == "cdf":
-            targets = [
-                (int(j), BinTarget("indicator", high=float(t)))
+            per_value = [
+                {int(j): BinTarget("indicator", high=float(t))}
                 for j, row in zip(idx, _thresholds(query, domain, idx), strict=True)
                 for t in row
             ]
         elif query.kind == "count":
             lower, upper = _bounds(query, domain)
             cols = np.flatnonzero(np.isfinite(lower[0]) | np.isfinite(upper[0]))
-            if cols.size != 1:
-                return [(None, False)]
-            j = int(cols[0])
-            targets = [(j, BinTarget("indicator", low=float(lower[0, j]), high=float(upper[0, j])))]
+            per_value = [
+                {
+                    int(j): BinTarget("indicator", low=float(lower[0, j]), high=float(upper[0, j]))
+                    for j in cols
+                }
+            ]
         else:
             return [(None, False)] * len(_labels(query, domain))
         out: list[tuple[float | None, bool]] = []
-        for j, target in targets:
-            low, high, mid = bin_ranges(fmap, domain, j, target)
-            if low.min() == high.max() and float(low[0]) in (0.0, 1.0):
-                out.append((float(low[0]), False))
-                continue
-            cut = low < high
-            out.append((None, bool((cut & ((mid == low) | (mid == high))).any())))
+        for targets in per_value:
+            ranges = [domain_range(domain, j, t)[:2] for j, t in targets.items()]
+            if any(r == (0.0, 0.0) for r in ranges):
+                out.append((0.0, False))
+            elif all(r == (1.0, 1.0) for r in ranges):
+                out.append((1.0, False))
+            else:
+                out.append(
+                    (None, len(targets) == 1 and self._bin_edge(*next(iter(targets.items()))))
+                )
         return out
+
+    def _bin_edge(self, column: int, target: BinTarget) -> bool:
+        """Whether a histogram's indicator ``target`` on ``column`` meets a bin only at an edge
+        (:meth:`_settled`); False for an RFF or RACE sketch."""
+        fmap = self.spec.feature_map
+        if not isinstance(fmap, HISTMap):
+            return False
+        low, high, mid = bin_ranges(fmap, self.domain, column, target)
+        return bool(((low < high) & ((mid == low) | (mid == high))).any())
 
     def _stated(
         self, query: Query, idx: NDArray[np.int64], n_columns: int, k: int
@@ -2248,33 +2304,11 @@ class MarginalsExplorer:
             if exact is not None:
                 bounds[v] = (exact, exact)
                 basis.append("public")
-                covers.append(
-                    "exact: every record lies within the columns' declared bounds, so the "
-                    + (
-                        "predicate holds every record"
-                        if exact == 1.0
-                        else "predicate holds no record"
-                    )
-                    + " whatever the data; no noise enters"
-                )
+                covers.append(_public_covers(query, exact))
                 flags.append(())
                 continue
             low, high, measured = fraction_bounds(parts, cells, w, record_counts=record_counts)
-            if cut[v] and measured:
-                reason = "a guess inside a cell: " + _INSIDE_CELL
-                if not low <= values[v] <= high:
-                    reason += f" (the guess {values[v]:.6g} lay outside it: moved inside)"
-                basis.append("bounds")
-                covers.append(
-                    "bounds from the measured marginals that hold these columns: the count of "
-                    "the cells the predicates hold whole and the count of every cell they "
-                    "touch, each ± z sd, over the record count's interval (Bonferroni); they "
-                    "hold wherever the records lie inside a cell"
-                )
-                flags.append((_flag("model-guess", reason),))
-                bounds[v] = (low, high)
-                continue
-            if measured:
+            if measured and not cut[v]:
                 basis.append("measured")
                 covers.append(
                     "the value is the unbiased count from the measured marginals that hold "
@@ -2284,24 +2318,49 @@ class MarginalsExplorer:
                 )
                 flags.append(())
             else:
-                reason = (
-                    "the graphical model's guess: no measured marginal holds these columns "
-                    "together, so it assumes them independent given what was measured; the "
-                    "interval is the Fréchet bounds from the measured marginals, which hold "
-                    "whatever the joint"
-                )
-                if cut[v]:
-                    reason += "; and " + _INSIDE_CELL
-                if not low <= values[v] <= high:
-                    reason += f" (the model's {values[v]:.6g} lay outside them: moved inside)"
+                how, flag = self._guess(float(values[v]), (low, high), cut[v], measured)
                 basis.append("bounds")
-                covers.append(
-                    "Fréchet-Bonferroni bounds from the measured marginals (they hold whatever "
-                    "the joint), widened by their noise with a union bound over the candidates"
-                )
-                flags.append((_flag("model-guess", reason),))
+                covers.append(how)
+                flags.append((flag,))
             bounds[v] = (low, high)
         return bounds, tuple(basis), tuple(covers), tuple(flags)
+
+    @staticmethod
+    def _guess(
+        value: float, bounds: tuple[float, float], cut: bool, measured: bool
+    ) -> tuple[str, Flag]:
+        """How the bounds around a count's, CDF's, cell's or moment's guess were built, and
+        its ``model-guess`` flag (basis ``bounds``, :meth:`_intervals`): a guess inside a cell
+        a predicate cuts where a measured marginal holds the columns (``measured``: bounds
+        from the cells held whole and every cell touched), else the graphical model's
+        independence guess (Fréchet bounds; ``cut`` adds the cell's reason). The reason says
+        where ``value`` lay outside ``bounds`` (moved inside by the caller)."""
+        low, high = bounds
+        if measured:
+            reason, who, it = "a guess inside a cell: " + _INSIDE_CELL, "the guess", "it"
+            how = (
+                "bounds from the measured marginals that hold these columns: the count of "
+                "the cells the predicates hold whole and the count of every cell they "
+                "touch, each ± z sd, over the record count's interval (Bonferroni); they "
+                "hold wherever the records lie inside a cell"
+            )
+        else:
+            reason = (
+                "the graphical model's guess: no measured marginal holds these columns "
+                "together, so it assumes them independent given what was measured; the "
+                "interval is the Fréchet bounds from the measured marginals, which hold "
+                "whatever the joint"
+            )
+            if cut:
+                reason += "; and " + _INSIDE_CELL
+            who, it = "the model's", "them"
+            how = (
+                "Fréchet-Bonferroni bounds from the measured marginals (they hold whatever "
+                "the joint), widened by their noise with a union bound over the candidates"
+            )
+        if not low <= value <= high:
+            reason += f" ({who} {value:.6g} lay outside {it}: moved inside)"
+        return how, _flag("model-guess", reason)
 
     def _covariance_intervals(
         self,

@@ -24,6 +24,9 @@ the noisy release, not the true one) and, for M2M, the design's estimate of a su
   function over the values the bin can hold: the histogram's bounds are then
   ``sum_k p_k min_k g <= mean(g) <= sum_k p_k max_k g`` (the worst case over where the mass sits
   in each bin).
+* :func:`domain_range` gives the same over every value a column's records can hold (its levels,
+  its whole numbers or its declared interval): a target whose least and largest values there are
+  equal is fixed by the public domain, whatever the records and the sketch kind.
 * :func:`m2m_residual_range` bounds M2M's bias: ``mean(f) - <a, z> - a0`` is the data's average
   of the residual ``r = f - <a, Phi> - a0``, hence within ``[min r, max r]`` over the domain.
 * :func:`bounded_interval` turns bounds and replicates into the interval, the standard error of
@@ -68,6 +71,7 @@ __all__ = [
     "count_estimate",
     "count_interval",
     "count_weights",
+    "domain_range",
     "m2m_residual_range",
     "noise_replicates",
     "ratio_interval",
@@ -307,6 +311,40 @@ def bin_ranges(
         else:
             low[k], high[k], mid[k] = target.on_interval(a, b, closed=closed)
     return low, high, mid
+
+
+def domain_range(domain: Domain, column: int, target: BinTarget) -> tuple[float, float, float]:
+    """Least, largest and average value of ``target`` over every value a column's records can
+    hold: its levels (a discrete column), the whole numbers within its declared bounds (an
+    integer column, :attr:`Domain.integers`), else the closed interval ``[low, high]``.
+
+    Every record of a release lies in the domain (an owner clamps it there before the release),
+    so where the least and largest values are equal the target's mean over the records is that
+    value exactly, whatever the records and whichever sketch was released: ``P[x <= t]`` is 1
+    for ``t`` at or above the column's upper bound and 0 below its lower bound, while
+    ``P[x <= low]`` (least 0, largest 1: records may sit at the bound) is not fixed. It is the
+    whole domain read as one histogram bin (:func:`bin_ranges`).
+
+    Parameters
+    ----------
+    domain : Domain
+    column : int
+    target : BinTarget
+
+    Returns
+    -------
+    (least, largest, average) : tuple of float
+        The average is over the levels or whole numbers, or uniform over the interval.
+    """
+    levels = domain.level_values(column)
+    if levels is not None:
+        vals = target.values(levels)
+        return float(vals.min()), float(vals.max()), float(vals.mean())
+    lo, hi = float(domain.low[column]), float(domain.high[column])
+    if domain.is_integer(column) and math.ceil(lo) <= math.floor(hi):
+        return _on_integers(target, lo, hi, closed=True)
+    least, largest, mid = target.on_interval(lo, hi, closed=True)
+    return float(least), float(largest), float(mid)
 
 
 #: Whole numbers of one bin enumerated exactly; a wider bin is taken as the interval between its

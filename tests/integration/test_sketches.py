@@ -609,6 +609,32 @@ def test_every_catalogue_command_prints_json_and_fits_80_columns(
     assert {s["spec"] for s in documents["published"]["sketches"]} == {"mini/rff", "mini/hist"}
 
 
+def test_explore_json_states_what_the_declared_bounds_settle_as_public(dep: Deployment) -> None:
+    """``explore --json`` from RFF and RACE (issue 28, a stranger's D4): ``P[hour <= 24]`` at
+    the column's declared upper bound is 1 and ``P[hour <= -1]`` is 0 whatever the data, rows
+    with basis ``public``, standard error 0, interval ``[v, v]`` and no flag, as a histogram
+    states them; ``P[hour <= 12]`` keeps M2M's ``noise+bias``. Control: the code before
+    printed basis ``noise+bias`` for both, from both kinds."""
+    consumer = [
+        "--curator", dep.cluster.curator_target,
+        "--pki-dir", str(dep.cluster.pki_dir), "--name", "consumer",
+    ]  # fmt: skip
+    for spec in ("mini/rff", "mini/race"):
+        printed = CliRunner().invoke(
+            cli_main,
+            ["explore", *consumer, "--spec", spec, "--all", "--query", "cdf", "--column", "hour",
+             "--point", "24", "--point", "-1", "--point", "12", "--synthetic", "500", "--json"],
+        )  # fmt: skip
+        assert printed.exit_code == 0, printed.output
+        rows = json.loads(printed.stdout)["answer"]["rows"]
+        assert [r["label"] for r in rows] == ["P[hour <= 24]", "P[hour <= -1]", "P[hour <= 12]"]
+        for row, exact in zip(rows[:2], (1.0, 0.0), strict=True):
+            assert row["basis"] == "public", (spec, row)
+            assert row["value"] == exact and row["interval"] == [exact, exact], (spec, row)
+            assert row["standard_error"] == 0.0 and row["flags"] == [], (spec, row)
+        assert rows[2]["basis"] == "noise+bias", (spec, rows[2])
+
+
 def test_the_library_answers_as_the_commands_do(dep: Deployment) -> None:
     """dpmarket.client returns, typed, what ``rank-owners`` and ``explore`` print (their one
     home, dpmarket.consumer.catalogue), and an owner's ledger as ``owner ledger`` reads it."""
