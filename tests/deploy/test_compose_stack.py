@@ -208,7 +208,7 @@ class Stack:
 
     def compose_containers(self) -> set[str]:
         """The ids of the project's containers as docker-compose itself lists them (``ps -q``:
-        running or stopped, one-offs apart)."""
+        running or stopped, and any one-off run's; the stack fixture asks before any run)."""
         return set(self("ps", "-q").stdout.decode().split())
 
     def health(self, service: str) -> str:
