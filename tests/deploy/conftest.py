@@ -71,6 +71,11 @@ def stack(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stac
     try:
         stack("up", "-d", "--no-build", "curator", "prometheus")
         stack.wait_healthy(*OWNERS, "curator")
+        # Stack.container asks the engine by compose's labels: one container per service (the
+        # jobs', stopped, included), the containers docker-compose lists, checked once.
+        jobs = ["pki", "data", "ledgers"]
+        found = {stack.container(s) for s in [*jobs, *OWNERS, "curator", "prometheus"]}
+        assert found == stack.compose_containers()
         yield stack
     finally:
         logs = stack("logs", "--no-color", "--timestamps", check=False)
