@@ -88,6 +88,7 @@ if TYPE_CHECKING:
     from dpmarket.common.cape.spec import AnyCapeSpec
     from dpmarket.common.cape.uncertainty import Estimate, Flag
     from dpmarket.common.market.pricing import Quote
+    from dpmarket.common.summarization.rff import FeatureScaling
     from dpmarket.consumer.cape_report import CapeReport
     from dpmarket.consumer.catalogue import Exploration, Ranking
     from dpmarket.consumer.client import CapeNetwork, CuratorClient
@@ -309,12 +310,20 @@ def finish(
     stdout instead of the table; ``plot_path`` also gets the plot
     (:func:`dpmarket.consumer.report.plot_request`). Returns the report.
     """
+    from dpmarket.common.summarization.kernels import feature_scaling
     from dpmarket.consumer.report import comparison_table, evaluate_summary, plot_request
     from dpmarket.runtime.tables import save_point_set
 
+    # The MMD² read as the session's kernel read the points: scaled by the schema's bounds.
+    scaling = feature_scaling(inputs.schema)
     evaluation = replace(
         evaluate_summary(
-            result, inputs.validation.features, config.gamma, test=inputs.test, seed=seed or 0
+            result,
+            inputs.validation.features,
+            config.gamma,
+            test=inputs.test,
+            seed=seed or 0,
+            scaling=scaling,
         ),
         label=config.method,
     )
@@ -332,7 +341,14 @@ def finish(
     write_json(document, report_path)
     title = f"{config.method} summary of {len(result.points)} points"
     if plot_path is not None:
-        plot_request(result, inputs.validation.features, config.gamma, plot_path, title=title)
+        plot_request(
+            result,
+            inputs.validation.features,
+            config.gamma,
+            plot_path,
+            title=title,
+            scaling=scaling,
+        )
     if as_json:
         print_json(document)
     else:
@@ -616,6 +632,8 @@ def request(
         plot_path=plot_path,
     )
     if data_dir is not None:
+        from dpmarket.common.summarization.kernels import feature_scaling
+
         _record_done(
             data_dir,
             config,
@@ -625,6 +643,7 @@ def request(
             inputs.validation.features,
             session_id,
             record,
+            feature_scaling(inputs.schema),
         )
 
 
@@ -783,14 +802,16 @@ def _record_done(
     validation: NDArray[np.float64],
     session_id: str,
     key: str | None,
+    scaling: FeatureScaling | None = None,
 ) -> None:
     """Record a finished request in the consumer's history (best effort: a warning on error):
     with the session's id as printed (one id in the CLI and the console alike) and the MMD
-    curve the console draws for its own sessions; ``key``: the running record it replaces."""
+    curve the console draws for its own sessions (read under the session's feature
+    ``scaling``); ``key``: the running record it replaces."""
     from dpmarket.consumer.history import SessionHistory
     from dpmarket.consumer.report import summary_curve
 
-    curve = summary_curve(result, validation, config.gamma)
+    curve = summary_curve(result, validation, config.gamma, scaling=scaling)
     try:
         SessionHistory(data_dir).record(
             status="done",
