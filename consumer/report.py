@@ -553,7 +553,10 @@ class MMDCurve:
 
 
 def mmd_curve(
-    points: NDArray[np.float64], validation: NDArray[np.float64], gamma: float, sizes: Sequence[int]
+    points: NDArray[np.floating],
+    validation: NDArray[np.floating],
+    gamma: float,
+    sizes: Sequence[int],
 ) -> list[float]:
     """MMD^2 to the validation set of the first ``k`` summary points, for each k in ``sizes``."""
     return [mmd2(points[:k], validation, gamma) for k in sizes if 0 < k <= points.shape[0]]

@@ -210,7 +210,7 @@ def settle_session(
 
 def payout_release(
     market: SessionMarket,
-    points: NDArray[np.float64],
+    points: NDArray[np.floating],
     owner_ids: Sequence[str],
     validation: NDArray[np.floating],
     gamma: float,

@@ -359,8 +359,9 @@ def test_an_owner_refuses_a_feature_scaling_unlike_its_declaration(deployment: P
     """The curator may lie about the session's feature scaling: an owner opens a session only
     under its own declaration's bounds. A scaling with another bound for ``bp`` (the refusal
     names the column) and none at all are refused with INVALID_ARGUMENT, before anything is
-    computed or charged. Control: the declared bounds open the session (then closed, charging nothing).
-    On main the owner had no scaling to check: any bounds opened the session."""
+    computed or charged. Control: the declared bounds open the session (then closed,
+    charging nothing). On main the owner had no scaling to check: any bounds opened the
+    session."""
     config = tomllib.loads((deployment / "owner-young.toml").read_text(encoding="utf-8"))
     target = f"{config['host']}:{config['port']}"
     curator = Identity("curator", CURATOR)

@@ -20,8 +20,8 @@ import pytest
 from dpmarket.common.errors import DPMarketError, InvalidArgumentError
 from dpmarket.common.fourier import ANGLE_LIMIT
 from dpmarket.common.schema import Column, Schema
-from dpmarket.common.summarization.kernels import feature_bounds
-from dpmarket.common.summarization.rff import FeatureScaling, RFFParams, draw_rff_params
+from dpmarket.common.summarization.kernels import feature_scaling
+from dpmarket.common.summarization.rff import RFFParams, draw_rff_params
 from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
 from dpmarket.curator.policy import DEFAULT_RANGES
 from dpmarket.owner import protocol
@@ -40,7 +40,8 @@ SCHEMA = Schema(
 )
 TERMS = OwnerTerms(SessionMethod.CANDIDATES_SKETCH, 0.0, 0.0)
 #: The session's feature scaling: the schema's bounds, which the owner requires of h1.
-SCALING = FeatureScaling.of_bounds(feature_bounds(SCHEMA))
+SCALING = feature_scaling(SCHEMA)
+assert SCALING is not None
 
 
 def _owner(with_value: bool) -> Owner:
