@@ -88,7 +88,6 @@ if TYPE_CHECKING:
     from dpmarket.common.cape.spec import AnyCapeSpec
     from dpmarket.common.cape.uncertainty import Estimate, Flag
     from dpmarket.common.market.pricing import Quote
-    from dpmarket.common.summarization.rff import FeatureScaling
     from dpmarket.consumer.cape_report import CapeReport
     from dpmarket.consumer.catalogue import Exploration, Ranking
     from dpmarket.consumer.client import CapeNetwork, CuratorClient
@@ -632,8 +631,6 @@ def request(
         plot_path=plot_path,
     )
     if data_dir is not None:
-        from dpmarket.common.summarization.kernels import feature_scaling
-
         _record_done(
             data_dir,
             config,
@@ -643,7 +640,7 @@ def request(
             inputs.validation.features,
             session_id,
             record,
-            feature_scaling(inputs.schema),
+            inputs.schema,
         )
 
 
@@ -802,15 +799,17 @@ def _record_done(
     validation: NDArray[np.float64],
     session_id: str,
     key: str | None,
-    scaling: FeatureScaling | None = None,
+    schema: Schema | None = None,
 ) -> None:
     """Record a finished request in the consumer's history (best effort: a warning on error):
     with the session's id as printed (one id in the CLI and the console alike) and the MMD
-    curve the console draws for its own sessions (read under the session's feature
-    ``scaling``); ``key``: the running record it replaces."""
+    curve the console draws for its own sessions (the points scaled by ``schema``'s bounds, as
+    the session's kernel read them); ``key``: the running record it replaces."""
+    from dpmarket.common.summarization.kernels import feature_scaling
     from dpmarket.consumer.history import SessionHistory
     from dpmarket.consumer.report import summary_curve
 
+    scaling = feature_scaling(schema)
     curve = summary_curve(result, validation, config.gamma, scaling=scaling)
     try:
         SessionHistory(data_dir).record(
