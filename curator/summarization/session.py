@@ -149,10 +149,9 @@ class SummarizationSession:
         bounds: the session's feature scaling, which h1's parameters carry to the owners and
         the curator's exact kernel applies too); derives the session's terms (what it spends
         of each owner's privacy, :func:`~dpmarket.common.summarization.terms.owner_terms`);
-        quotes the session's maximum
-        cost from every owner's published prices (:meth:`quote`), lets ``check_terms`` (the
-        curator's policy) refuse the terms and the payout release their settlement fixes
-        (called with both), and refuses a quote above the consumer's cap
+        quotes the session's maximum cost from every owner's published prices (:meth:`quote`),
+        lets ``check_terms`` (the curator's policy) refuse the terms and the payout release
+        their settlement fixes (called with both), and refuses a quote above the consumer's cap
         (``request.max_cost``); draws h1's parameters and opens the session at every owner
         with the terms and its line of the quote, which each owner checks against its own
         policy and prices. Nothing is released or charged: h1's parameters are public
