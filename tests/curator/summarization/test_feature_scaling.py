@@ -11,9 +11,13 @@ between typical validation points 0``, InvalidArgumentError).
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
+from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.schema import Column, Schema
 from dpmarket.common.summarization.methods import method_config
 from dpmarket.common.summarization.rff import FeatureScaling
@@ -51,13 +55,11 @@ def _run(
     scenario: Scenario,
     method: str,
     schema: Schema | None,
-    transform,
+    transform: Callable[[np.ndarray], np.ndarray],
     seed: int = 4,
 ) -> SummaryResult:
     """One in-process session over the scenario's owners, every table (and D_v and the seed
     set) passed through ``transform``, every party declaring ``schema``."""
-    import asyncio
-
     owners = [
         LocalOwnerEndpoint(
             Owner(o.name, PointSet(transform(o.features), o.labels, o.name), schema=schema)
@@ -117,8 +119,6 @@ def test_the_raw_unit_session_checks_its_kernel_width_in_scaled_units(digits: Sc
     """The width check reads the scaled units too: a gamma far too large for [0, 1] features
     is refused before any owner is opened, naming the gamma of the scaled units; without the
     schema, the raw-unit validation set is refused as main refused it (the features' scale)."""
-    from dpmarket.common.errors import InvalidArgumentError
-
     with pytest.raises(InvalidArgumentError, match="in units of each feature scaled to"):
         _run_config(digits, RAW_SCHEMA, gamma=1e5)
     with pytest.raises(InvalidArgumentError, match="features' scale is the problem"):
@@ -126,8 +126,6 @@ def test_the_raw_unit_session_checks_its_kernel_width_in_scaled_units(digits: Sc
 
 
 def _run_config(scenario: Scenario, schema: Schema | None, *, gamma: float) -> None:
-    import asyncio
-
     owners = [
         LocalOwnerEndpoint(
             Owner(o.name, PointSet(_raw(o.features), o.labels, o.name), schema=schema)
