@@ -54,7 +54,11 @@ from dpmarket.common.errors import DPMarketError
 from dpmarket.common.market.money import EPSILON_UNITS, credits_text, parse_credits
 from dpmarket.common.market.pricing import Quote
 from dpmarket.common.schema import Schema
-from dpmarket.common.summarization.kernels import suggested_gamma
+from dpmarket.common.summarization.kernels import (
+    feature_bounds,
+    feature_scaling,
+    suggested_gamma,
+)
 from dpmarket.common.summarization.methods import SummarizationConfig, method_config
 from dpmarket.common.summarization.summary import OwnerSelection
 from dpmarket.common.summarization.terms import MethodOffer
@@ -841,9 +845,12 @@ class ConsumerConsole:
                 points = load_point_set(path, schema=self.schema, by_name=True)
             except (OSError, ValueError) as exc:
                 raise UserError(f"{filename}: {exc}") from exc
-        if gamma is None:  # the width the curator's refusal would suggest for these points
+        # gamma None: the width the curator's refusal would suggest for these points, in the
+        # units its kernel reads them (each feature scaled by the schema's bounds, if any)
+        if gamma is None:
             try:
-                config = dataclasses.replace(config, gamma=suggested_gamma(points.features))
+                gamma_fits = suggested_gamma(points.features, bounds=feature_bounds(self.schema))
+                config = dataclasses.replace(config, gamma=gamma_fits)
             except ValueError as exc:
                 raise UserError(f"{filename}: {exc}") from exc
         return config, selection, points
@@ -1005,8 +1012,9 @@ class ConsumerConsole:
                 label_column=job.label,
             )
             os.chmod(path, 0o600)
-            row = evaluate_summary(summary, job.validation, cfg.gamma)
-            curve = summary_curve(summary, job.validation, cfg.gamma)
+            scaling = feature_scaling(self.schema)  # as the session's kernel read the points
+            row = evaluate_summary(summary, job.validation, cfg.gamma, scaling=scaling)
+            curve = summary_curve(summary, job.validation, cfg.gamma, scaling=scaling)
             record = self.history.record(
                 status="done",
                 source="console",

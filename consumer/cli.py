@@ -309,12 +309,20 @@ def finish(
     stdout instead of the table; ``plot_path`` also gets the plot
     (:func:`dpmarket.consumer.report.plot_request`). Returns the report.
     """
+    from dpmarket.common.summarization.kernels import feature_scaling
     from dpmarket.consumer.report import comparison_table, evaluate_summary, plot_request
     from dpmarket.runtime.tables import save_point_set
 
+    # The MMD² read as the session's kernel read the points: scaled by the schema's bounds.
+    scaling = feature_scaling(inputs.schema)
     evaluation = replace(
         evaluate_summary(
-            result, inputs.validation.features, config.gamma, test=inputs.test, seed=seed or 0
+            result,
+            inputs.validation.features,
+            config.gamma,
+            test=inputs.test,
+            seed=seed or 0,
+            scaling=scaling,
         ),
         label=config.method,
     )
@@ -332,7 +340,14 @@ def finish(
     write_json(document, report_path)
     title = f"{config.method} summary of {len(result.points)} points"
     if plot_path is not None:
-        plot_request(result, inputs.validation.features, config.gamma, plot_path, title=title)
+        plot_request(
+            result,
+            inputs.validation.features,
+            config.gamma,
+            plot_path,
+            title=title,
+            scaling=scaling,
+        )
     if as_json:
         print_json(document)
     else:
@@ -625,6 +640,7 @@ def request(
             inputs.validation.features,
             session_id,
             record,
+            inputs.schema,
         )
 
 
@@ -783,14 +799,18 @@ def _record_done(
     validation: NDArray[np.float64],
     session_id: str,
     key: str | None,
+    schema: Schema | None = None,
 ) -> None:
     """Record a finished request in the consumer's history (best effort: a warning on error):
     with the session's id as printed (one id in the CLI and the console alike) and the MMD
-    curve the console draws for its own sessions; ``key``: the running record it replaces."""
+    curve the console draws for its own sessions (the points scaled by ``schema``'s bounds, as
+    the session's kernel read them); ``key``: the running record it replaces."""
+    from dpmarket.common.summarization.kernels import feature_scaling
     from dpmarket.consumer.history import SessionHistory
     from dpmarket.consumer.report import summary_curve
 
-    curve = summary_curve(result, validation, config.gamma)
+    scaling = feature_scaling(schema)
+    curve = summary_curve(result, validation, config.gamma, scaling=scaling)
     try:
         SessionHistory(data_dir).record(
             status="done",

@@ -24,6 +24,7 @@ from rich.table import Table
 
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.summarization.kernels import PopulationMMD, mmd2, mmd2_to_population
+from dpmarket.common.summarization.rff import FeatureScaling, kernel_points
 from dpmarket.common.summarization.session_ledger import SessionLedger
 from dpmarket.common.summarization.summary import SummaryResult
 from dpmarket.consumer.evaluation import downstream_accuracy
@@ -175,6 +176,7 @@ def evaluate_summary(
     *,
     test: PointSet | None = None,
     seed: int = 0,
+    scaling: FeatureScaling | None = None,
 ) -> SummaryEvaluation:
     """Measure one summary.
 
@@ -184,11 +186,15 @@ def evaluate_summary(
         Summary points of shape (p, n) with labels (p,) when the owners have labels.
     validation : ndarray of shape (m, n)
     gamma : float
-        RBF kernel parameter of the MMD.
+        RBF kernel parameter of the MMD (in the units ``scaling`` gives the features).
     test : PointSet, optional
         Labeled held-out target data: adds MMD^2 to it and downstream accuracy.
     seed : int
         Seed of the downstream classifier.
+    scaling : FeatureScaling, optional
+        The session's feature scaling (the schema's public bounds,
+        :class:`~dpmarket.common.summarization.rff.FeatureScaling`): every MMD² reads the
+        points so scaled, as the session's kernel did; the classifier reads them as they are.
 
     Returns
     -------
@@ -200,8 +206,9 @@ def evaluate_summary(
     """
     r = result.report
     mmd2_test = accuracy = population = None
+    points = kernel_points(result.points, scaling)
     if test is not None:
-        population = mmd2_to_population(result.points, test.features, gamma)
+        population = mmd2_to_population(points, kernel_points(test.features, scaling), gamma)
         mmd2_test = population.v_statistic
         if result.labels is not None and test.labels is not None:
             train = PointSet(result.points, result.labels, f"{r.method} summary")
@@ -209,7 +216,7 @@ def evaluate_summary(
     return SummaryEvaluation(
         method=r.method,
         summary_size=int(result.points.shape[0]),
-        mmd2_validation=mmd2(result.points, validation, gamma),
+        mmd2_validation=mmd2(points, kernel_points(validation, scaling), gamma),
         mmd2_test=mmd2_test,
         accuracy=accuracy,
         owner_points_accessed=r.owner_points_accessed,
@@ -546,13 +553,22 @@ class MMDCurve:
 
 
 def mmd_curve(
-    points: NDArray[np.float64], validation: NDArray[np.float64], gamma: float, sizes: Sequence[int]
+    points: NDArray[np.floating],
+    validation: NDArray[np.floating],
+    gamma: float,
+    sizes: Sequence[int],
 ) -> list[float]:
     """MMD^2 to the validation set of the first ``k`` summary points, for each k in ``sizes``."""
     return [mmd2(points[:k], validation, gamma) for k in sizes if 0 < k <= points.shape[0]]
 
 
-def summary_curve(result: SummaryResult, validation: NDArray[np.float64], gamma: float) -> MMDCurve:
+def summary_curve(
+    result: SummaryResult,
+    validation: NDArray[np.float64],
+    gamma: float,
+    *,
+    scaling: FeatureScaling | None = None,
+) -> MMDCurve:
     """MMD² to the validation set of the summary's first k points, for k up to p (50 steps at
     most, p last), and every owner's share (those left out: 0, after the others).
 
@@ -563,11 +579,16 @@ def summary_curve(result: SummaryResult, validation: NDArray[np.float64], gamma:
     validation : ndarray of shape (m, n)
     gamma : float
         RBF kernel parameter of the MMD.
+    scaling : FeatureScaling, optional
+        The session's feature scaling: the MMD² reads the points so scaled
+        (:func:`evaluate_summary`).
     """
     p = int(result.points.shape[0])
     step = max(1, p // 50)
     sizes = sorted({*range(step, p + 1, step), p}) if p else []
-    values = mmd_curve(result.points, validation, gamma, sizes)
+    values = mmd_curve(
+        kernel_points(result.points, scaling), kernel_points(validation, scaling), gamma, sizes
+    )
     counts = _count(result.owner_ids)
     owners = sorted(counts) + [o for o in result.report.left_out if o not in counts]
     return MMDCurve(tuple(sizes), tuple(values), {o: counts.get(o, 0) for o in owners})
@@ -632,9 +653,11 @@ def plot_request(
     path: str | Path,
     *,
     title: str,
+    scaling: FeatureScaling | None = None,
 ) -> MMDCurve:
     """Plot a consumer's own summary into a PNG: MMD² to its validation set of the first k
-    summary points against k, and each owner's share of the summary.
+    summary points against k (the points read under ``scaling``, :func:`summary_curve`), and
+    each owner's share of the summary.
 
     Parameters
     ----------
@@ -659,7 +682,7 @@ def plot_request(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    drawn = summary_curve(result, validation, gamma)
+    drawn = summary_curve(result, validation, gamma, scaling=scaling)
     sizes, values, shares = list(drawn.sizes), list(drawn.mmd2), drawn.shares
     left_out = dict(result.report.left_out)
     owners = list(shares)

@@ -607,7 +607,13 @@ class OwnerServiceClient(OwnerChannel):
         consumer: str,
         terms: OwnerTerms,
     ) -> tuple[int, int]:
-        """OpenSession: offer the terms, send h1's frequencies and phases as data."""
+        """OpenSession: offer the terms, send h1's frequencies, phases and feature scaling
+        as data."""
+        scaling = None
+        if rff.scaling is not None:
+            scaling = owner_pb2.FeatureScaling(
+                low=array_to_proto(rff.scaling.low), high=array_to_proto(rff.scaling.high)
+            )
         request = owner_pb2.OpenSessionRequest(
             session_id=session_id,
             omega=array_to_proto(rff.omega),
@@ -616,6 +622,7 @@ class OwnerServiceClient(OwnerChannel):
             gamma=rff.gamma,
             consumer=consumer,
             terms=terms_to_proto(terms),
+            scaling=scaling,
             **self._held_receipt(),
         )
         response = await self._call(

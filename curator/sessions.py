@@ -595,9 +595,9 @@ class SessionManager:
         state = session.state
         made = payout_release(
             market,
-            result.points,
+            state.kernel_points(result.points),
             result.owner_ids,
-            state.validation,
+            state.kernel_validation,
             state.config.gamma,
             state.noise,
         )

@@ -210,7 +210,7 @@ def settle_session(
 
 def payout_release(
     market: SessionMarket,
-    points: NDArray[np.float64],
+    points: NDArray[np.floating],
     owner_ids: Sequence[str],
     validation: NDArray[np.floating],
     gamma: float,
@@ -224,12 +224,14 @@ def payout_release(
     ----------
     market : SessionMarket
     points : ndarray of shape (p, n)
-        The delivered summary, in the order its points were added.
+        The delivered summary, in the order its points were added, as the session's kernel
+        reads them (scaled by its feature scaling,
+        :meth:`~dpmarket.curator.summarization.state.SessionState.kernel_points`).
     owner_ids : sequence of str, length p
     validation : ndarray of shape (m, n)
-        D_v (it never leaves the curator; only the noisy values do).
+        D_v (it never leaves the curator; only the noisy values do), scaled alike.
     gamma : float
-        The session's RBF kernel parameter.
+        The session's RBF kernel parameter (in the scaled units).
     noise : NoiseSource
         The session's noise (OpenDP's sampler in production).
 

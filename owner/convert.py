@@ -10,7 +10,7 @@ from numpy.typing import NDArray
 from dpmarket.common.errors import InvalidArgumentError
 from dpmarket.common.privacy.ledger import SessionSpend
 from dpmarket.common.summarization.endpoints import OwnerBid, OwnerInfo, ReleasedPoint
-from dpmarket.common.summarization.rff import RFFParams
+from dpmarket.common.summarization.rff import FeatureScaling, RFFParams
 from dpmarket.runtime.arrays import array_from_proto, array_to_proto
 from dpmarket.runtime.identity import Identity
 from dpmarket.runtime.market import prices_to_proto
@@ -22,19 +22,32 @@ PointsResponse = TypeVar(
 )
 
 
-def rff_from_proto(omega: array_pb2.Array, phase: array_pb2.Array, gamma: float) -> RFFParams:
-    """Build h1 parameters from the wire.
+def rff_from_proto(
+    omega: array_pb2.Array,
+    phase: array_pb2.Array,
+    gamma: float,
+    scaling: owner_pb2.FeatureScaling | None = None,
+) -> RFFParams:
+    """Build h1 parameters from the wire (``scaling`` None or unset: no feature scaling).
 
     Raises
     ------
     InvalidArgumentError
-        If the arrays are malformed, inconsistent or not finite.
+        If the arrays are malformed, inconsistent or not finite, or the scaling's bounds are
+        not finite with ``low < high`` for every feature of ``omega``.
     """
     try:
+        feature_scaling = None
+        if scaling is not None:
+            feature_scaling = FeatureScaling(
+                low=array_from_proto(scaling.low, "scaling low", ndim=1, dtype=np.float64),
+                high=array_from_proto(scaling.high, "scaling high", ndim=1, dtype=np.float64),
+            )
         return RFFParams(
             omega=array_from_proto(omega, "omega", ndim=2, dtype=np.float64),
             phase=array_from_proto(phase, "phase", ndim=1, dtype=np.float64),
             gamma=gamma,
+            scaling=feature_scaling,
         )
     except ValueError as exc:
         raise InvalidArgumentError(str(exc)) from exc

@@ -40,6 +40,7 @@ them, so a failure there (a bug) costs what the release would have cost.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -76,8 +77,13 @@ from dpmarket.common.summarization.endpoints import (
     ReleasedPoint,
 )
 from dpmarket.common.summarization.hashes import HashAdvert, hash_points
-from dpmarket.common.summarization.kernels import bid_direction, bid_scores, embedding_greedy
-from dpmarket.common.summarization.rff import RFFParams, random_fourier_features
+from dpmarket.common.summarization.kernels import (
+    bid_direction,
+    bid_scores,
+    embedding_greedy,
+    feature_scaling,
+)
+from dpmarket.common.summarization.rff import FeatureScaling, RFFParams, random_fourier_features
 from dpmarket.common.summarization.terms import OwnerAccess, OwnerTerms, Step
 from dpmarket.common.validation import (
     check_matrix,
@@ -1082,12 +1088,56 @@ class Owner:
         with self._lock:
             return {sid: slot.session for sid, slot in self._slots.items()}
 
-    def _magnitudes(self) -> NDArray[np.float64] | None:
-        """The largest ``|x_j|`` of each feature by the public schema (``max(|low|, |high|)``:
-        the table was checked within its bounds), or None without a schema."""
+    def _magnitudes(self, rff: RFFParams) -> NDArray[np.float64] | None:
+        """The largest ``|z_j|`` of each feature as h1 reads it, by the public schema: 1 under
+        a feature scaling (the table was checked within its bounds, which the scaling maps
+        into [0, 1]), ``max(|low|, |high|)`` without one; None without a schema."""
         if self.schema is None:
             return None
+        if rff.scaling is not None:
+            return np.ones(rff.scaling.n_features)
         return np.array([max(abs(lo), abs(hi)) for _, lo, hi in self.schema.bounds()])
+
+    def _own_scaling(self) -> FeatureScaling | None:
+        """The feature scaling of this owner's declaration (its schema's public bounds), or
+        None without a schema: what every session's h1 must carry (:meth:`_check_scaling`)."""
+        return feature_scaling(self.schema)
+
+    def _check_scaling(self, rff: RFFParams) -> None:
+        """Refuse h1 parameters whose feature scaling is not this owner's declaration
+        (:meth:`open_session`'s InvalidArgumentError, before anything is computed or charged).
+
+        With a schema, the session's kernel reads every feature scaled to [0, 1] by the
+        schema's public bounds (:class:`~dpmarket.common.summarization.rff.FeatureScaling`):
+        the parameters must carry exactly those bounds; without one, no scaling. The curator
+        may lie; the owner trusts its own declaration. The message depends only on public
+        inputs (the declaration and the request).
+        """
+        if self.schema is None:
+            if rff.scaling is not None:
+                raise InvalidArgumentError(
+                    f"owner {self.owner_id} declares no schema, but h1's parameters carry a "
+                    "feature scaling: a session without a schema reads the features in their "
+                    "own units"
+                )
+            return
+        mine = self._own_scaling()
+        assert mine is not None
+        if rff.scaling is None:
+            raise InvalidArgumentError(
+                f"h1's parameters carry no feature scaling, but owner {self.owner_id} declares "
+                "a schema: the session's kernel reads every feature scaled to [0, 1] by the "
+                "schema's public bounds"
+            )
+        if rff.scaling != mine:  # same length: _check_shape checked the feature count
+            j = int(np.argmax((rff.scaling.low != mine.low) | (rff.scaling.high != mine.high)))
+            name = self.schema.feature_names[j]
+            raise InvalidArgumentError(
+                f"h1's feature scaling disagrees with owner {self.owner_id}'s declared bounds "
+                f"at column {name!r}: [{rff.scaling.low[j]!r}, {rff.scaling.high[j]!r}] asked, "
+                f"[{mine.low[j]!r}, {mine.high[j]!r}] declared; the session's kernel reads every "
+                "feature scaled by the schema's public bounds"
+            )
 
     def _check_shape(self, info: OwnerInfo, rff: RFFParams, data: Any) -> None:
         """Refuse h1 parameters that do not fit this owner's points or its limits (before
@@ -1115,8 +1165,9 @@ class Owner:
             raise InvalidArgumentError(
                 f"h1 dimension d={rff.d} exceeds this owner's limit of {self.max_rff_dimension}"
             )
+        self._check_scaling(rff)
         try:
-            check_angle_bound(rff.omega, rff.phase, self._magnitudes(), "h1")
+            check_angle_bound(rff.omega, rff.phase, self._magnitudes(rff), "h1")
             check_not_tiny(rff.omega, "h1 frequencies")
             check_not_tiny(rff.phase, "h1 phases")
         except ValueError as exc:
@@ -1242,7 +1293,8 @@ class Owner:
             If the session id is not one a curator may choose
             (:func:`~dpmarket.owner.ids.check_curator_id`: empty, too long, holding the
             separator of the owner's derived ids or an operator's prefix), the h1 parameters
-            do not fit the data, or d exceeds the policy's limit.
+            do not fit the data, their feature scaling is not this owner's declaration (the
+            schema's public bounds; none without a schema), or d exceeds the policy's limit.
         FailedPreconditionError
             If the ledger refuses the terms (over the per-session or remaining budget, or
             non-private terms the policy does not allow), or the policy refuses what the terms'
@@ -1702,7 +1754,8 @@ class Owner:
         """The hashes mode's proposal: ``count`` points chosen by the local greedy (as
         :meth:`propose_candidates`), released as their h1 hashes under the owners' secret map
         (:func:`dpmarket.common.summarization.hashes.hash_parameters`, dimension d of the session's
-        h1, kernel ``gamma``), with their labels. Each hash is charged as the raw point it
+        h1, kernel ``gamma``, the feature scaling of this owner's declaration, which the session
+        checked), with their labels. Each hash is charged as the raw point it
         describes: Theorem 9 protects the point only from receivers without the map.
 
         Every public input (the step, the agreed secret, ``gamma``, then ``count``) is checked
@@ -1723,6 +1776,7 @@ class Owner:
             key_id = party.key_id(session_id)
             try:  # the map first: a bad gamma is refused before anything is charged
                 params = party.params(key_id, self.info().num_features, session.d, gamma)
+                params = dataclasses.replace(params, scaling=self._own_scaling())
             except ValueError as exc:
                 raise InvalidArgumentError(
                     f"{exc}: the hashes' kernel parameter is the session's gamma"
@@ -1749,7 +1803,12 @@ class Owner:
             x = check_matrix(points, "points")
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from exc
-        return hash_points(x, self._party().params(key_id, x.shape[1], d, gamma))
+        params = self._party().params(key_id, x.shape[1], d, gamma)
+        try:
+            params = dataclasses.replace(params, scaling=self._own_scaling())
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from exc
+        return hash_points(x, params)
 
     def _points(
         self, session: OwnerSession, index: NDArray[np.int64]

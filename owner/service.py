@@ -68,7 +68,8 @@ def owner_limits(owner: Owner) -> ServiceLimits:
     ``limits.max_rff_dimension``) and ``n`` its features per point, in float64 values, each
     beside :data:`~dpmarket.runtime.admission.SMALL_REQUEST_BYTES` for the ids, terms and scalars:
 
-    * ``OpenSession``: h1's ``omega`` (``d x n``) and ``phase`` (``d``);
+    * ``OpenSession``: h1's ``omega`` (``d x n``), ``phase`` (``d``) and feature scaling
+      (``2 n``);
     * ``SetValidationEmbedding``: the validation and prior embeddings (``d`` each);
     * ``Bid`` and each ``RunRounds`` message: the summary's embedding (``d``);
     * every other RPC: ids and scalars only.
@@ -100,7 +101,7 @@ def owner_limits(owner: Owner) -> ServiceLimits:
         calls = max(calls, 4 * owner.max_sessions)
     return ServiceLimits(
         {
-            "OpenSession": SMALL_REQUEST_BYTES + VALUE_BYTES * d * (n + 1),
+            "OpenSession": SMALL_REQUEST_BYTES + VALUE_BYTES * (d * (n + 1) + 2 * n),
             "SetValidationEmbedding": SMALL_REQUEST_BYTES + 2 * VALUE_BYTES * d,
             "Bid": embedding,
             "RunRounds": embedding,
@@ -146,7 +147,12 @@ class OwnerServicer(owner_pb2_grpc.OwnerServiceServicer):
 
     @rpc("curator")
     async def OpenSession(self, request, context, caller):
-        rff = convert.rff_from_proto(request.omega, request.phase, request.gamma)
+        rff = convert.rff_from_proto(
+            request.omega,
+            request.phase,
+            request.gamma,
+            request.scaling if request.HasField("scaling") else None,
+        )
         terms = terms_from_proto(request.terms)
         if Step.HASHES in terms.steps:
             raise FailedPreconditionError(

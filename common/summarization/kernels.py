@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from dpmarket.common.summarization.rff import FeatureScaling, kernel_points
 from dpmarket.common.validation import (
     PARAMETER_FLOOR,
     check_matrix,
@@ -44,6 +45,8 @@ __all__ = [
     "exact_kernel_greedy",
     "exact_kernel_summary",
     "exchange_refine",
+    "feature_bounds",
+    "feature_scaling",
     "marginal_gain_score",
     "mmd2",
     "mmd2_rff",
@@ -953,19 +956,24 @@ def check_kernel_width(
 ) -> float:
     """Check that ``gamma`` lets the RBF kernel tell the validation points apart.
 
-    Computes the median of ``exp(-gamma ||x - y||^2)`` over pairs of distinct points among the
-    first ``max_points`` validation points (deterministic: no random draw).
+    Computes the median of ``exp(-gamma ||z(x) - z(y)||^2)`` over pairs of distinct points
+    among the first ``max_points`` validation points (deterministic: no random draw), ``z``
+    the session's feature scaling: ``(x - low) / (high - low)`` by ``bounds`` when given (a
+    session with a schema evaluates its kernel so,
+    :class:`~dpmarket.common.summarization.rff.FeatureScaling`), ``z(x) = x`` otherwise.
 
     Parameters
     ----------
     validation : array-like of shape (m, n_features)
+        In the features' own units.
     gamma : float
-        RBF kernel parameter, > 0, in 1 / squared feature units.
+        RBF kernel parameter, > 0, in 1 / squared units of ``z`` (with ``bounds``: of the
+        features scaled to [0, 1]; without: of the features' own units).
     max_points : int
         Points used, >= 2.
     bounds : array-like of shape (n_features, 2), optional
-        Each feature's public ``(low, high)`` (a schema's declared bounds), read only by the
-        refusal's advice.
+        Each feature's public ``(low, high)`` (a schema's declared bounds,
+        :func:`feature_bounds`): the kernel reads the features scaled by them.
 
     Returns
     -------
@@ -977,63 +985,78 @@ def check_kernel_width(
     ValueError
         If the median kernel value is below :data:`KERNEL_DEGENERATE_TOLERANCE` (``gamma`` too
         large: every kernel value is about 0, and every summary's MMD² about the same) or above
-        ``1 -`` that (``gamma`` too small). The message gives the median squared distance and a
-        ``gamma`` of its order when :data:`GAMMA_RANGE` holds it; otherwise (raw house prices:
-        the median heuristic gives about 1e-10, which a curator refuses) it says the features'
-        units are the problem: rescale every feature to [0, 1] by its public bounds, ``(x -
-        low) / (high - low)``, in the validation set and every owner's table alike, naming the
-        ``gamma`` that then fits (:func:`suggested_gamma` of the rescaled points, given
-        ``bounds``) — or the fitting ``gamma`` where a curator's policy widens its range.
+        ``1 -`` that (``gamma`` too small); or if ``bounds`` is not of shape (n_features, 2)
+        with finite ``low < high``. The message gives the median squared distance (in the
+        kernel's units) and a ``gamma`` of its order when :data:`GAMMA_RANGE` holds it;
+        otherwise, without ``bounds`` (raw house prices read without a schema: the median
+        heuristic gives about 1e-10, which a curator refuses), it says the features' units are
+        the problem: declare each feature's public bounds in a schema (the kernel then reads
+        every feature scaled to [0, 1]), naming nothing private — or the fitting ``gamma``
+        where a curator's policy widens its range.
     """
     x = check_matrix(validation, "validation set")[: check_positive_int(max_points, "max_points")]
+    if bounds is not None:
+        x = _scaled(x, bounds)
     if x.shape[0] < 2:
         return 1.0
     median_sq = _median_squared_distance(x)
     median_k = float(np.exp(-gamma * median_sq))
     if median_k < KERNEL_DEGENERATE_TOLERANCE or median_k > 1.0 - KERNEL_DEGENERATE_TOLERANCE:
         low, high = GAMMA_RANGE
+        units = (
+            " (in units of each feature scaled to [0, 1] by its schema bounds)"
+            if bounds is not None
+            else ""
+        )
         if median_sq > 0 and low <= 1.0 / median_sq <= high:
-            advice = f"Use a gamma around 1 / {median_sq:.3g} = {1 / median_sq:.3g}"
-        elif median_sq > 0:
+            advice = f"Use a gamma around 1 / {median_sq:.3g} = {1 / median_sq:.3g}{units}"
+        elif median_sq > 0 and bounds is None:
             # the median heuristic's gamma would be refused by a curator's default range: the
             # features' units are the problem, not the width
-            advice = _rescale_advice(x, median_sq, bounds)
+            advice = _rescale_advice(median_sq)
+        elif median_sq > 0:
+            advice = (
+                f"The gamma that fits these points{units}, 1 / {median_sq:.3g} = "
+                f"{1 / median_sq:.3g}, is outside the curator's default range [{low:g}, "
+                f"{high:g}]: the validation points are spread over too little (or too much) of "
+                "their declared bounds; check the schema's bounds"
+            )
         else:
             advice = "Use a larger gamma, or rescale the features"
         raise ValueError(
             f"gamma = {gamma:g} makes the RBF kernel between typical validation points "
-            f"{median_k:.3g} (median squared distance {median_sq:.3g}): every MMD² would be about "
-            f"the same. {advice}"
+            f"{median_k:.3g} (median squared distance {median_sq:.3g}{units}): every MMD² would "
+            f"be about the same. {advice}"
         )
     return median_k
 
 
-def _rescale_advice(x: NDArray[np.floating], median_sq: float, bounds: ArrayLike | None) -> str:
-    """What to do when the ``gamma`` fitting ``x`` in its own units lies outside
-    :data:`GAMMA_RANGE`: rescale by the public bounds (naming the ``gamma`` that then fits,
-    given ``bounds``), or a wider range at the curator."""
+def _scaled(x: NDArray[np.floating], bounds: ArrayLike) -> NDArray[np.floating]:
+    """``x`` scaled by ``bounds`` as a session's kernel reads it (:class:`~dpmarket.common.
+    summarization.rff.FeatureScaling`); ValueError for bounds that do not fit ``x``."""
+    scaling = FeatureScaling.of_bounds(bounds)
+    if scaling.n_features != x.shape[1]:
+        raise ValueError(
+            f"bounds describe {scaling.n_features} features but the validation set has {x.shape[1]}"
+        )
+    return kernel_points(x, scaling)
+
+
+def _rescale_advice(median_sq: float) -> str:
+    """What to do, without a schema, when the ``gamma`` fitting the points in their own units
+    lies outside :data:`GAMMA_RANGE`: declare the features' public bounds (the kernel then
+    reads them scaled to [0, 1]), or a wider range at the curator."""
     low, high = GAMMA_RANGE
     fits = 1.0 / median_sq
-    then = (
-        "then --gamma 1 / the median squared distance between the rescaled validation points fits"
-    )
-    if bounds is not None:
-        b = np.asarray(bounds, dtype=np.float64).reshape(-1, 2)
-        width = b[:, 1] - b[:, 0]
-        if b.shape[0] == x.shape[1] and np.all(np.isfinite(b)) and np.all(width > 0):
-            scaled_sq = _median_squared_distance((x - b[:, 0]) / width)
-            if scaled_sq > 0 and low <= 1.0 / scaled_sq <= high:
-                then = (
-                    f"on the validation points so rescaled, --gamma {1.0 / scaled_sq:.3g} fits "
-                    f"(1 / their median squared distance {scaled_sq:.3g})"
-                )
     return (
         f"The features' scale is the problem: one gamma serves every feature in its own units, "
         f"and the one that fits these, 1 / {median_sq:.3g} = {fits:.3g}, is outside the "
-        f"curator's default range [{low:g}, {high:g}]. Rescale every feature to [0, 1] by its "
-        f"public bounds, (x - low) / (high - low), in the validation set and in every owner's "
-        f"table alike (a schema whose bounds are then [0, 1]); {then}. Or, where the "
-        f"curator's policy widens its gamma range to hold it, --gamma {fits:.3g} fits these units"
+        f"curator's default range [{low:g}, {high:g}]. Read the table through a schema that "
+        f"declares each feature's public bounds (--schema; every owner declares the same): "
+        f"the kernel then reads every feature scaled to [0, 1] by them, (x - low) / (high - "
+        f"low), on every side, and --gamma 1 / the median squared distance between the scaled "
+        f"validation points fits. Or, where the curator's policy widens its gamma range to "
+        f"hold it, --gamma {fits:.3g} fits these units"
     )
 
 
@@ -1043,7 +1066,9 @@ def _median_squared_distance(x: NDArray[np.floating]) -> float:
     return float(np.median(sq))
 
 
-def suggested_gamma(validation: ArrayLike, *, max_points: int = 500) -> float:
+def suggested_gamma(
+    validation: ArrayLike, *, max_points: int = 500, bounds: ArrayLike | None = None
+) -> float:
     """The kernel width suited to a validation set: ``1 / median ||x - y||^2`` (the median
     heuristic), what :func:`check_kernel_width`'s refusal suggests.
 
@@ -1057,11 +1082,14 @@ def suggested_gamma(validation: ArrayLike, *, max_points: int = 500) -> float:
         In the features' own units; the first ``max_points`` are used (deterministic).
     max_points : int
         Points used, >= 2.
+    bounds : array-like of shape (n_features, 2), optional
+        Each feature's public ``(low, high)``: the points are scaled by them first, as a
+        session with a schema evaluates its kernel (:func:`check_kernel_width`).
 
     Returns
     -------
     float
-        ``gamma`` in 1 / squared feature units, > 0.
+        ``gamma`` in 1 / squared units of the features as the kernel reads them, > 0.
 
     Raises
     ------
@@ -1076,6 +1104,8 @@ def suggested_gamma(validation: ArrayLike, *, max_points: int = 500) -> float:
     x = check_matrix(validation, "validation set")[: check_positive_int(max_points, "max_points")]
     if x.shape[0] < 2:
         raise ValueError(f"a kernel width needs at least 2 validation points, got {x.shape[0]}")
+    if bounds is not None:
+        x = _scaled(x, bounds)
     median_sq = _median_squared_distance(x)
     if not median_sq > 0:
         raise ValueError(
@@ -1088,10 +1118,19 @@ def suggested_gamma(validation: ArrayLike, *, max_points: int = 500) -> float:
 def feature_bounds(schema: Schema | None) -> NDArray[np.float64] | None:
     """A schema's features' public ``(low, high)``, shape (n_features, 2), in the order a
     validation set read through it holds them (``None`` without a schema): the ``bounds`` of
-    :func:`check_validation_set`."""
+    :func:`check_validation_set` and of a session's feature scaling
+    (:class:`~dpmarket.common.summarization.rff.FeatureScaling`)."""
     if schema is None:
         return None
     return np.array([(low, high) for _, low, high in schema.bounds()], dtype=np.float64)
+
+
+def feature_scaling(schema: Schema | None) -> FeatureScaling | None:
+    """The feature scaling of a session whose parties declare ``schema``: every feature mapped
+    to [0, 1] by its public bounds (:func:`feature_bounds`) before the kernel, on every side;
+    ``None`` without a schema (the features read in their own units)."""
+    bounds = feature_bounds(schema)
+    return None if bounds is None else FeatureScaling.of_bounds(bounds)
 
 
 def check_validation_set(
@@ -1103,9 +1142,12 @@ def check_validation_set(
     ----------
     validation : array-like of shape (m, n_features)
     gamma : float
-        RBF kernel parameter, > 0, in 1 / squared feature units.
+        RBF kernel parameter, > 0, in 1 / squared units of the features as the kernel reads
+        them (scaled to [0, 1] by ``bounds`` when given, their own units otherwise).
     bounds : array-like of shape (n_features, 2), optional
-        Each feature's public ``(low, high)``, for a refusal's advice (:func:`check_kernel_width`).
+        Each feature's public ``(low, high)`` (the session's schema, :func:`feature_bounds`):
+        the kernel width is checked on the validation points scaled by them, as the session
+        evaluates its kernel (:func:`check_kernel_width`).
 
     Returns
     -------

@@ -222,7 +222,13 @@ class CandidatesStrategy(AllocatedStrategy[CandidatesConfig]):
                 np.zeros((0, cfg.rff_dimension)),
                 p,
             )
-        order = await asyncio.to_thread(exact_kernel_summary, pool, state.validation, p, cfg.gamma)
+        order = await asyncio.to_thread(
+            exact_kernel_summary,
+            state.kernel_points(pool),
+            state.kernel_validation,
+            p,
+            cfg.gamma,
+        )
         if len(uniform_rows) == p:
             order, hedge = await asyncio.to_thread(self.hedged, pool, order, uniform_rows)
             assert self.info is not None
@@ -240,15 +246,16 @@ class CandidatesStrategy(AllocatedStrategy[CandidatesConfig]):
         state = self.state
         gamma = self.config.gamma
         sample = np.asarray(uniform, dtype=np.int64)
-        ours = mmd2(pool[chosen], state.validation, gamma)
+        points, validation = state.kernel_points(pool), state.kernel_validation
+        ours = mmd2(points[chosen], validation, gamma)
         kept: Literal["selection", "uniform sample"] = (
-            "uniform sample" if mmd2(pool[sample], state.validation, gamma) < ours else "selection"
+            "uniform sample" if mmd2(points[sample], validation, gamma) < ours else "selection"
         )
         hedge = HedgeReport(uniform_points=int(sample.size), kept=kept)
         if kept == "selection":
             return chosen, hedge
         empty = np.zeros((0, pool.shape[1]))
-        order = exact_kernel_greedy(pool[sample], state.validation, empty, sample.size, gamma)
+        order = exact_kernel_greedy(points[sample], validation, empty, sample.size, gamma)
         return sample[order], hedge
 
 

@@ -452,6 +452,9 @@ class RoundsStrategy(RoundsLoop[RoundsConfig]):
             [state.seed_set, np.reshape(summary.points, (-1, state.seed_set.shape[1]))]
         )
         exact = marginal_gain_score(
-            np.stack([e.point for e in self.pool]), state.validation, current, self.config.gamma
+            state.kernel_points(np.stack([e.point for e in self.pool])),
+            state.kernel_validation,
+            state.kernel_points(current),
+            self.config.gamma,
         )
         return int(np.argmax(exact))

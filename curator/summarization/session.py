@@ -30,7 +30,11 @@ from dpmarket.common.market.terms import session_quote
 from dpmarket.common.privacy.ledger import PrivacyLedger
 from dpmarket.common.schema import disagreement
 from dpmarket.common.summarization.endpoints import OwnerEndpoint
-from dpmarket.common.summarization.kernels import check_validation_set, feature_bounds
+from dpmarket.common.summarization.kernels import (
+    check_validation_set,
+    feature_bounds,
+    feature_scaling,
+)
 from dpmarket.common.summarization.methods import SummarizationConfig
 from dpmarket.common.summarization.session_ledger import SessionLedger, TermsReport
 from dpmarket.common.summarization.summary import SessionReport, SessionRequest, SummaryResult
@@ -141,11 +145,13 @@ class SummarizationSession:
 
         Asks every owner for its dataset description; checks that the owners and the consumer
         declare one schema (or, without schemas, the feature counts), the summary size and the
-        kernel width; derives the session's terms (what it spends of each owner's privacy,
-        :func:`~dpmarket.common.summarization.terms.owner_terms`); quotes the session's maximum
-        cost from every owner's published prices (:meth:`quote`), lets ``check_terms`` (the
-        curator's policy) refuse the terms and the payout release their settlement fixes
-        (called with both), and refuses a quote above the consumer's cap
+        kernel width (with a schema, in units of each feature scaled to [0, 1] by its public
+        bounds: the session's feature scaling, which h1's parameters carry to the owners and
+        the curator's exact kernel applies too); derives the session's terms (what it spends
+        of each owner's privacy, :func:`~dpmarket.common.summarization.terms.owner_terms`);
+        quotes the session's maximum cost from every owner's published prices (:meth:`quote`),
+        lets ``check_terms`` (the curator's policy) refuse the terms and the payout release
+        their settlement fixes (called with both), and refuses a quote above the consumer's cap
         (``request.max_cost``); draws h1's parameters and opens the session at every owner
         with the terms and its line of the quote, which each owner checks against its own
         policy and prices. Nothing is released or charged: h1's parameters are public
@@ -215,9 +221,20 @@ class SummarizationSession:
                 f"summary size p={state.config.summary_size} exceeds the {total} points the "
                 f"{len(active)} owner(s) hold"
             )
+        # The session's schema: the consumer's, or (without one) the one its owners agree on.
+        # Its public bounds scale every feature to [0, 1] before the kernel, on every side.
+        schema = request.schema
+        if schema is None:
+            schema = next((s for s in schemas.values() if s is not None), None)
         try:
+            state.scaling = feature_scaling(schema)
+            if state.scaling is not None and state.scaling.n_features != n:
+                raise ValueError(
+                    f"the schema declares {state.scaling.n_features} features but the "
+                    f"validation set has {n}"
+                )
             check_validation_set(
-                state.validation, state.config.gamma, bounds=feature_bounds(request.schema)
+                state.validation, state.config.gamma, bounds=feature_bounds(schema)
             )
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from exc

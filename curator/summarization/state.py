@@ -44,7 +44,7 @@ from dpmarket.common.privacy.noise import NoiseSource, OpenDPNoise, SeededNoise
 from dpmarket.common.privacy.rng import make_rng
 from dpmarket.common.sketches import PrivateSketch, RFFMap
 from dpmarket.common.summarization.endpoints import OwnerEndpoint, OwnerInfo
-from dpmarket.common.summarization.rff import RFFParams
+from dpmarket.common.summarization.rff import FeatureScaling, RFFParams, kernel_points
 from dpmarket.common.summarization.summary import ProgressEvent, SessionRequest
 from dpmarket.common.summarization.terms import OwnerTerms
 from dpmarket.common.validation import check_matrix
@@ -295,6 +295,9 @@ class SessionState:
         #: Whether the owners' payout charge is recorded (:meth:`points_arrived`).
         self.payout_recorded = False
         self.rff: RFFParams | None = None
+        #: How the session's kernel reads every point (the schema's public bounds, set when the
+        #: session is prepared; None: the features' own units, a session without a schema).
+        self.scaling: FeatureScaling | None = None
         self.start = time.perf_counter()
         self.total_rounds = 1
         self.summary_size = 0
@@ -303,6 +306,17 @@ class SessionState:
         self.rounds_done = 0
         self.round_seconds: list[float] = []
         self.prepared = False
+
+    def kernel_points(self, x: NDArray[np.floating]) -> NDArray[np.floating]:
+        """Points of shape (n, n_features) as the session's exact kernel reads them: scaled
+        by :attr:`scaling` (:func:`~dpmarket.common.summarization.rff.kernel_points`), the
+        same map h1 applies at every owner."""
+        return kernel_points(x, self.scaling)
+
+    @property
+    def kernel_validation(self) -> NDArray[np.floating]:
+        """D_v as the session's exact kernel reads it (:meth:`kernel_points`), shape (m, n)."""
+        return self.kernel_points(self.validation)
 
     def _check_sketches(self) -> None:
         """Every sketch an RFF sketch over the validation set's attributes."""

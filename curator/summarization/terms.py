@@ -49,7 +49,9 @@ class Offer:
     async def open(self, terms: OwnerTerms) -> None:
         """Draw h1's parameters and open the session at every owner with ``terms``.
 
-        h1's parameters are public randomness: nothing is released or charged. Records each
+        h1's parameters are public randomness, and carry the session's feature scaling (the
+        schema's public bounds, which every owner checks against its own declaration): nothing
+        is released or charged. Records each
         owner's allowance of raw points for the session.
 
         Raises
@@ -65,7 +67,13 @@ class Offer:
         """
         state = self.state
         cfg = state.config
-        rff = draw_rff_params(state.validation.shape[1], cfg.rff_dimension, cfg.gamma, state.rng)
+        rff = draw_rff_params(
+            state.validation.shape[1],
+            cfg.rff_dimension,
+            cfg.gamma,
+            state.rng,
+            scaling=state.scaling,
+        )
         state.rff = rff
         seeds = state.rng.integers(0, 2**63 - 1, size=len(state.slots))
 

@@ -127,21 +127,16 @@ def test_an_option_of_another_method_is_refused_naming_who_reads_it(tmp_path) ->
     assert "--auction is read by --method private or --method rounds" in result.output
 
 
-def test_request_on_raw_units_says_how_to_rescale_before_calling_the_curator(
-    tmp_path, monkeypatch
-) -> None:
-    """Issue 28: a validation table in raw units (house prices up to 300,000) with the default
-    gamma 0.1. The gamma that fits its units (about 1e-9) lies outside the curator's default
-    range, so no --gamma alone serves. ``request`` refuses before any call to the curator
-    (nothing asked of an owner, nothing charged, nothing written) with a usage error that says
-    to rescale every feature to [0, 1] by the schema's public bounds, in the validation set
-    and every owner's table alike, and names the --gamma that fits the rescaled points. The
-    control: the old ``request`` called the curator, whose refusal (after asking every owner
-    for its schema) advised standardizing by each one's mean and sd and no gamma for it."""
+class _CuratorCalled(Exception):
+    """Raised by a stand-in for the curator's client: the request got past its own checks."""
+
+
+def _raw_housing(tmp_path, monkeypatch):
+    """A validation table in raw units (house prices up to 300,000), its schema, and a
+    ``request`` runner whose curator client raises :class:`_CuratorCalled` when created."""
     import numpy as np
     import pandas as pd
 
-    from dpmarket.common.summarization.kernels import suggested_gamma
     from dpmarket.consumer import client
 
     rng = np.random.default_rng(0)
@@ -160,23 +155,63 @@ def test_request_on_raw_units_says_how_to_rescale_before_calling_the_curator(
         '[[columns]]\nname = "bedrooms"\ntype = "categorical"\nlevels = [1, 2, 3, 4, 5, 6, 7]\n'
     )
 
-    def no_call(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the curator was called")
+    def called(*args: object, **kwargs: object) -> None:
+        raise _CuratorCalled
 
-    monkeypatch.setattr(client.CuratorClient, "__init__", no_call)
+    monkeypatch.setattr(client.CuratorClient, "__init__", called)
     out, report = tmp_path / "summary.npy", tmp_path / "report.json"
-    result = CliRunner().invoke(
-        main,
-        ["consumer", "request", "--curator", "127.0.0.1:1", "--insecure",
-         "--schema", str(tmp_path / "schema.toml"), "--validation",
-         str(tmp_path / "validation.csv"), "-p", "5", "--out", str(out), "--report", str(report)],
-        terminal_width=400,
-    )  # fmt: skip
+
+    def request(*extra: str):
+        return CliRunner().invoke(
+            main,
+            ["consumer", "request", "--curator", "127.0.0.1:1", "--insecure", "--validation",
+             str(tmp_path / "validation.csv"), "-p", "5", "--out", str(out), "--report",
+             str(report), *extra],
+            terminal_width=400,
+        )  # fmt: skip
+
+    return table, request, out, report
+
+
+def test_request_on_raw_units_with_a_schema_reads_the_kernel_in_scaled_units(
+    tmp_path, monkeypatch
+) -> None:
+    """Issue 28, then the kernel in bounds-scaled units: a validation table in raw units (house
+    prices up to 300,000) read through a schema with the default gamma 0.1 passes ``request``'s
+    own kernel check, which reads every feature scaled to [0, 1] by the schema's bounds as the
+    session does: the request goes on to the curator. A gamma that cannot tell the scaled points
+    apart is refused before any call, naming the gamma of the scaled units. Control: main
+    refused the first request (exit status 2, "Rescale every feature to [0, 1] by its public
+    bounds ... in every owner's table alike") before calling the curator."""
+    from dpmarket.common.summarization.kernels import suggested_gamma
+
+    table, request, out, report = _raw_housing(tmp_path, monkeypatch)
+    schema = ("--schema", str(tmp_path / "schema.toml"))
+    result = request(*schema)
+    assert isinstance(result.exception, _CuratorCalled), (result.output, result.exception)
+    result = request(*schema, "--gamma", "1e4")
     assert result.exit_code == 2, (result.output, result.exception)
     text = " ".join(result.output.split())
-    scaled = table.to_numpy(dtype=float) - [0.0, 0.0, 1.0]
-    fits = suggested_gamma(scaled / [300_000.0, 25_000.0, 6.0])
-    assert "Rescale every feature to [0, 1] by its public bounds" in text, text
-    assert "every owner's table alike" in text, text
-    assert f"--gamma {fits:.3g} fits" in text, text
+    scaled = (table.to_numpy(dtype=float) - [0.0, 0.0, 1.0]) / [300_000.0, 25_000.0, 6.0]
+    fits = suggested_gamma(scaled)
+    assert f"= {fits:.3g} (in units of each feature scaled to [0, 1] by its schema bounds)" in text
+    assert not out.exists() and not report.exists()
+
+
+def test_request_on_raw_units_without_a_schema_says_to_declare_the_bounds(
+    tmp_path, monkeypatch
+) -> None:
+    """Without a schema the kernel reads the raw units, where the gamma that fits (about 1e-9)
+    lies outside the curator's default range: ``request`` refuses before any call to the
+    curator (nothing asked of an owner, nothing charged, nothing written) and says to read the
+    tables through a schema that declares each feature's public bounds, naming the raw-unit
+    gamma only for a curator whose range holds it. Control: main told the user to rescale every
+    feature by hand in the validation set and every owner's table alike."""
+    _, request, out, report = _raw_housing(tmp_path, monkeypatch)
+    result = request()
+    assert result.exit_code == 2, (result.output, result.exception)
+    text = " ".join(result.output.split())
+    assert "The features' scale is the problem" in text, text
+    assert "a schema that declares each feature's public bounds (--schema" in text, text
+    assert "every owner's table alike" not in text, text
     assert not out.exists() and not report.exists()

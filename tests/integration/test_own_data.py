@@ -7,17 +7,27 @@ import json
 import os
 import signal
 import time
+import tomllib
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
 
+from dpmarket.common.summarization.kernels import mmd2
+from dpmarket.common.summarization.rff import draw_rff_params
 from dpmarket.deploy.cli import main
-from dpmarket.deploy.local import down, init_deployment, up
+from dpmarket.deploy.local import CURATOR, down, init_deployment, service_pki_dir, up
 from dpmarket.owner.ledger import OwnerLedger
+from dpmarket.runtime.arrays import array_to_proto
+from dpmarket.runtime.identity import Identity, identity_files
+from dpmarket.runtime.transport import TransportSecurity, sync_channel
+from dpmarket.v1 import owner_pb2, owner_pb2_grpc
 
 pytestmark = pytest.mark.integration
 
@@ -305,3 +315,86 @@ def test_a_request_needs_every_owner_and_one_up_restarted_is_reachable_at_once(
     result = json.loads(report.read_text(encoding="utf-8"))["result"]
     assert result["left_out"] == {}
     assert sorted(result["owner_spend"]) == sorted(OWNERS)
+
+
+#: The confirmed schema's feature bounds (age, bmi, bp), in its order.
+BOUNDS = np.array([[0.0, 120.0], [10.0, 70.0], [40.0, 200.0]])
+
+
+def test_a_raw_unit_request_runs_with_the_kernel_in_bounds_scaled_units(
+    deployment: Path,
+) -> None:
+    """The clinics' tables are in raw units (ages in years, blood pressure in mmHg); ``--gamma
+    1`` reads them scaled to [0, 1] by the schema's bounds (median kernel value 0.95 between the
+    validation points so scaled). The request runs: every party reads the kernel in those units,
+    the summary is raw rows of the owners it names, and the report's MMD² is the one of the
+    scaled points. Control: main refused this request before calling the curator ("gamma = 1
+    makes the RBF kernel between typical validation points 6.21e-219 (median squared distance
+    502) ... Use a gamma around 1 / 502 = 0.00199"): one gamma read every feature in its own
+    units."""
+    summary = deployment.parent / "scaled-summary.csv"
+    report = deployment.parent / "scaled-report.json"
+    code, output = _dpmarket(
+        "request", "--config", str(deployment / "consumer.toml"),
+        "--validation", str(deployment.parent / "validation.csv"), "-p", "10", "--gamma", "1",
+        "--out", str(summary), "--report", str(report),
+    )  # fmt: skip
+    assert code == 0, output
+    frame = pd.read_csv(summary)
+    assert len(frame) == 10 and set(frame["owner"]) <= set(OWNERS)
+    points = frame[["age", "bmi", "bp"]].to_numpy(float)
+    for point, owner in zip(points, frame["owner"], strict=True):
+        table = pd.read_csv(deployment.parent / f"{owner}.csv")[["age", "bmi", "bp"]]
+        assert (table.to_numpy(float) == point).all(axis=1).any()
+    validation = pd.read_csv(deployment.parent / "validation.csv")[["age", "bmi", "bp"]]
+    width = BOUNDS[:, 1] - BOUNDS[:, 0]
+    scaled = mmd2(
+        (points - BOUNDS[:, 0]) / width, (validation.to_numpy(float) - BOUNDS[:, 0]) / width, 1.0
+    )
+    result = json.loads(report.read_text(encoding="utf-8"))["result"]
+    assert result["mmd2_validation"] == pytest.approx(scaled, rel=1e-9)
+
+
+def test_an_owner_refuses_a_feature_scaling_unlike_its_declaration(deployment: Path) -> None:
+    """The curator may lie about the session's feature scaling: an owner opens a session only
+    under its own declaration's bounds. A scaling with another bound for ``bp`` (the refusal
+    names the column) and none at all are refused with INVALID_ARGUMENT, before anything is
+    computed or charged. Control: the declared bounds open the session (then closed,
+    charging nothing). On main the owner had no scaling to check: any bounds opened the
+    session."""
+    config = tomllib.loads((deployment / "owner-young.toml").read_text(encoding="utf-8"))
+    target = f"{config['host']}:{config['port']}"
+    curator = Identity("curator", CURATOR)
+    files = identity_files(deployment / service_pki_dir(curator), curator)
+    rff = draw_rff_params(3, 16, 1.0, np.random.default_rng(2))
+
+    def scaling(high: np.ndarray) -> owner_pb2.FeatureScaling:
+        return owner_pb2.FeatureScaling(low=array_to_proto(BOUNDS[:, 0]), high=array_to_proto(high))
+
+    def request(sid: str, scaled: owner_pb2.FeatureScaling | None) -> Any:
+        return owner_pb2.OpenSessionRequest(
+            session_id=sid,
+            omega=array_to_proto(rff.omega),
+            phase=array_to_proto(rff.phase),
+            sampling_seed=1,
+            gamma=rff.gamma,
+            consumer="consumer:consumer",
+            terms=owner_pb2.SessionTerms(method=owner_pb2.SESSION_METHOD_CANDIDATES_SKETCH),
+            scaling=scaled,
+        )
+
+    lied = BOUNDS[:, 1] * np.array([1.0, 1.0, 10.0])
+    before = _charges(deployment)
+    security = TransportSecurity.from_files(*files)
+    with sync_channel(target, security, Identity("owner", "young")) as channel:
+        stub = owner_pb2_grpc.OwnerServiceStub(channel)
+        for scaled, says in ((scaling(lied), "at column 'bp'"), (None, "no feature scaling")):
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.OpenSession(request("scale-" + uuid.uuid4().hex, scaled), timeout=30)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert says in str(refused.value.details())
+        assert _charges(deployment) == before  # refused: nothing charged
+        sid = "scale-" + uuid.uuid4().hex
+        opened = stub.OpenSession(request(sid, scaling(BOUNDS[:, 1])), timeout=30)
+        assert opened.num_points == 120
+        stub.CloseSession(owner_pb2.CloseSessionRequest(session_id=sid), timeout=30)

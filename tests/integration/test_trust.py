@@ -793,7 +793,7 @@ def test_an_admitted_caller_is_held_to_each_methods_own_limit(
     once, as before each caller had its share of the reads), grows by more than Bid's bound."""
     owner_me = Identity("owner", guard.owner_ids[0])
     d, n = OwnerPolicy.max_rff_dimension, digits.n_features
-    open_limit = SMALL_REQUEST_BYTES + VALUE_BYTES * d * (n + 1)
+    open_limit = SMALL_REQUEST_BYTES + VALUE_BYTES * (d * (n + 1) + 2 * n)
     bid_limit = SMALL_REQUEST_BYTES + VALUE_BYTES * d
     largest = _open_session_of(open_limit, d, n)
     kw: dict[str, Any] = {

@@ -20,6 +20,7 @@ import pytest
 from dpmarket.common.errors import DPMarketError, InvalidArgumentError
 from dpmarket.common.fourier import ANGLE_LIMIT
 from dpmarket.common.schema import Column, Schema
+from dpmarket.common.summarization.kernels import feature_scaling
 from dpmarket.common.summarization.rff import RFFParams, draw_rff_params
 from dpmarket.common.summarization.terms import OwnerTerms, SessionMethod
 from dpmarket.curator.policy import DEFAULT_RANGES
@@ -38,6 +39,9 @@ SCHEMA = Schema(
     "label",
 )
 TERMS = OwnerTerms(SessionMethod.CANDIDATES_SKETCH, 0.0, 0.0)
+#: The session's feature scaling: the schema's bounds, which the owner requires of h1.
+SCALING = feature_scaling(SCHEMA)
+assert SCALING is not None
 
 
 def _owner(with_value: bool) -> Owner:
@@ -58,7 +62,7 @@ def _crafted() -> RFFParams:
     the fix: its float64 reduction left ~1e283, an infinite float32 angle, a NaN feature)."""
     omega = np.zeros((2, 3))
     omega[:, 0] = 3e299
-    return RFFParams(omega=omega, phase=np.array([0.5, 1.0]), gamma=1.0)
+    return RFFParams(omega=omega, phase=np.array([0.5, 1.0]), gamma=1.0, scaling=SCALING)
 
 
 def _outcome(step: Callable[[], Any]) -> str:
@@ -108,16 +112,17 @@ def test_honest_parameters_at_the_largest_gamma_and_dimension_pass() -> None:
     d = int(DEFAULT_RANGES["rff_dimension"][1])
     owner = _owner(True)
     for seed in range(3):
-        rff = draw_rff_params(3, d, gamma, np.random.default_rng(seed))
+        rff = draw_rff_params(3, d, gamma, np.random.default_rng(seed), scaling=SCALING)
         assert _session(owner, rff) == ["ok", "ok", "ok"]
         owner.close_session("s")
 
 
 def test_an_angle_just_within_the_limit_passes_and_one_beyond_is_refused() -> None:
-    # |omega|_1 * max|x| + |phase| at the schema's bounds: income's 1e5 dominates.
+    # |omega|_1 * max|z| + |phase| at the schema's bounds, h1 reading every feature scaled to
+    # [0, 1] by them: max|z| = 1.
     for scale, expected in ((0.999, "ok"), (1.001, "InvalidArgumentError")):
-        omega = np.array([[0.0, 0.0, scale * (ANGLE_LIMIT - 1.0) / 1e5]])
-        rff = RFFParams(omega=omega, phase=np.array([1.0]), gamma=1.0)
+        omega = np.array([[0.0, 0.0, scale * (ANGLE_LIMIT - 1.0)]])
+        rff = RFFParams(omega=omega, phase=np.array([1.0]), gamma=1.0, scaling=SCALING)
         owner = _owner(False)
         assert _outcome(functools.partial(owner.open_session, "s", rff, 0, terms=TERMS)) == expected
 
@@ -125,7 +130,8 @@ def test_an_angle_just_within_the_limit_passes_and_one_beyond_is_refused() -> No
 def _opened(with_value: bool) -> Owner:
     """An owner (its table with or without the value) with session "s" open."""
     owner = _owner(with_value)
-    owner.open_session("s", draw_rff_params(3, 8, 1e-6, np.random.default_rng(0)), 0, terms=TERMS)
+    rff = draw_rff_params(3, 8, 1e-6, np.random.default_rng(0), scaling=SCALING)
+    owner.open_session("s", rff, 0, terms=TERMS)
     return owner
 
 
@@ -148,7 +154,7 @@ def _tiny_frequency() -> RFFParams:
     counted those rows."""
     omega = np.full((2, 3), 0.01)
     omega[:, 0] = 1e-310
-    return RFFParams(omega=omega, phase=np.array([0.5, 1.0]), gamma=1.0)
+    return RFFParams(omega=omega, phase=np.array([0.5, 1.0]), gamma=1.0, scaling=SCALING)
 
 
 def test_subnormal_h1_parameters_are_refused_at_the_open_before_any_row_is_read(
@@ -158,7 +164,9 @@ def test_subnormal_h1_parameters_are_refused_at_the_open_before_any_row_is_read(
         raise AssertionError("the owner computed features of its rows")
 
     monkeypatch.setattr(Owner, "_features", staticmethod(no_read))
-    tiny_phase = RFFParams(omega=np.full((2, 3), 0.01), phase=np.array([1e-300, 1.0]), gamma=1.0)
+    tiny_phase = RFFParams(
+        omega=np.full((2, 3), 0.01), phase=np.array([1e-300, 1.0]), gamma=1.0, scaling=SCALING
+    )
     for rff, what in ((_tiny_frequency(), "h1 frequencies"), (tiny_phase, "h1 phases")):
         for with_value in (False, True):
             owner = _owner(with_value)

@@ -28,15 +28,15 @@ from dpmarket.v1 import privacy_pb2 as dpmarket_dot_v1_dot_privacy__pb2
 from dpmarket.v1 import schema_pb2 as dpmarket_dot_v1_dot_schema__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x64pmarket/v1/owner.proto\x12\x0b\x64pmarket.v1\x1a\x17\x64pmarket/v1/array.proto\x1a\x18\x64pmarket/v1/market.proto\x1a\x19\x64pmarket/v1/privacy.proto\x1a\x18\x64pmarket/v1/schema.proto\"\x15\n\x13GetOwnerInfoRequest\"\xe1\x01\n\x14GetOwnerInfoResponse\x12\x10\n\x08owner_id\x18\x01 \x01(\t\x12\x12\n\nnum_points\x18\x02 \x01(\x03\x12\x14\n\x0cnum_features\x18\x03 \x01(\x03\x12\x12\n\nhas_labels\x18\x04 \x01(\x08\x12*\n\x06schema\x18\x05 \x01(\x0b\x32\x1a.dpmarket.v1.DatasetSchema\x12#\n\x06prices\x18\x06 \x01(\x0b\x32\x13.dpmarket.v1.Prices\x12(\n\x06\x61\x63\x63\x65ss\x18\x07 \x01(\x0b\x32\x18.dpmarket.v1.OwnerAccess\"\x84\x01\n\x0bOwnerAccess\x12\x18\n\x10\x61llow_exact_bids\x18\x01 \x01(\x08\x12\x1f\n\x17\x61llow_steered_selection\x18\x02 \x01(\x08\x12\x19\n\x11\x61llow_non_private\x18\x03 \x01(\x08\x12\x1f\n\x17\x61llow_reward_disclosure\x18\x04 \x01(\x08\"\xa7\x02\n\x12OpenSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12!\n\x05omega\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12!\n\x05phase\x18\x03 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x15\n\rsampling_seed\x18\x04 \x01(\x04\x12\r\n\x05gamma\x18\x05 \x01(\x01\x12\x10\n\x08\x63onsumer\x18\x06 \x01(\t\x12(\n\x05terms\x18\x08 \x01(\x0b\x32\x19.dpmarket.v1.SessionTerms\x12\x32\n\x0eledger_receipt\x18\t \x01(\x0b\x32\x1a.dpmarket.v1.LedgerReceipt\x12\x1b\n\x13receipt_certificate\x18\n \x01(\x0cJ\x04\x08\x07\x10\x08\"\x98\x01\n\x0cSessionTerms\x12*\n\x06method\x18\x01 \x01(\x0e\x32\x1a.dpmarket.v1.SessionMethod\x12\x0f\n\x07\x65psilon\x18\x02 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\x01\x12\x12\n\nmax_rounds\x18\x04 \x01(\x03\x12(\n\x06market\x18\x05 \x01(\x0b\x32\x18.dpmarket.v1.MarketTerms\"=\n\x13OpenSessionResponse\x12\x12\n\nnum_points\x18\x01 \x01(\x03\x12\x12\n\nmax_points\x18\x02 \x01(\x03\"\xc1\x01\n\x1dSetValidationEmbeddingRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x30\n\x14validation_embedding\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x17\n\x0fshrinkage_sigma\x18\x03 \x01(\x01\x12+\n\x0fprior_embedding\x18\x04 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x14\n\x0cscore_metric\x18\x05 \x01(\x08\" \n\x1eSetValidationEmbeddingResponse\"t\n\nBidRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\x12-\n\x11summary_embedding\x18\x03 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x14\n\x0csummary_size\x18\x04 \x01(\x03\"?\n\x0b\x42idResponse\x12\x0f\n\x07has_bid\x18\x01 \x01(\x08\x12\x0b\n\x03\x62id\x18\x02 \x01(\x01\x12\x12\n\ntimes_best\x18\x03 \x01(\x03\"8\n\x13ReleasePointRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\"d\n\x14ReleasePointResponse\x12!\n\x05point\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x12\n\x05label\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x0b\n\x03\x62id\x18\x03 \x01(\x01\x42\x08\n\x06_label\"}\n\x10RunRoundsRequest\x12&\n\x03\x62id\x18\x01 \x01(\x0b\x32\x17.dpmarket.v1.BidRequestH\x00\x12\x39\n\rrelease_point\x18\x02 \x01(\x0b\x32 .dpmarket.v1.ReleasePointRequestH\x00\x42\x06\n\x04step\"\x80\x01\n\x11RunRoundsResponse\x12\'\n\x03\x62id\x18\x01 \x01(\x0b\x32\x18.dpmarket.v1.BidResponseH\x00\x12:\n\rrelease_point\x18\x02 \x01(\x0b\x32!.dpmarket.v1.ReleasePointResponseH\x00\x42\x06\n\x04step\"9\n\x14SampleUniformRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\"_\n\x15SampleUniformResponse\x12\"\n\x06points\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\"\n\x06labels\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\"=\n\x14\x43ountRelevantRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tthreshold\x18\x02 \x01(\x01\"9\n\x15\x43ountRelevantResponse\x12\x13\n\x0bnoisy_count\x18\x02 \x01(\x01J\x04\x08\x01\x10\x02R\x05\x63ount\"T\n\x18ProposeCandidatesRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\x12\x15\n\runiform_count\x18\x03 \x01(\x03\"c\n\x19ProposeCandidatesResponse\x12\"\n\x06points\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\"\n\x06labels\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x8a\x01\n\x14\x43loseSessionResponse\x12(\n\x05spent\x18\x01 \x01(\x0b\x32\x19.dpmarket.v1.SessionSpend\x12+\n\x07receipt\x18\x02 \x01(\x0b\x32\x1a.dpmarket.v1.LedgerReceipt\x12\x1b\n\x13receipt_certificate\x18\x03 \x01(\x0c\"(\n\x12GetProgressRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"P\n\x13GetProgressResponse\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x03\x12\r\n\x05total\x18\x03 \x01(\x03\x12\r\n\x05ticks\x18\x04 \x01(\x03\"I\n\x16RecordStatementRequest\x12/\n\tstatement\x18\x01 \x01(\x0b\x32\x1c.dpmarket.v1.SignedStatement\"T\n\x17RecordStatementResponse\x12\x14\n\x0cstatement_id\x18\x01 \x01(\t\x12\x14\n\x0crecorded_now\x18\x02 \x01(\x08\x12\r\n\x05total\x18\x03 \x01(\x03*\xad\x02\n\rSessionMethod\x12\x1e\n\x1aSESSION_METHOD_UNSPECIFIED\x10\x00\x12\x1a\n\x16SESSION_METHOD_UNIFORM\x10\x01\x12$\n SESSION_METHOD_CANDIDATES_COUNTS\x10\x02\x12$\n SESSION_METHOD_CANDIDATES_SKETCH\x10\x03\x12 \n\x1cSESSION_METHOD_HASHES_COUNTS\x10\x04\x12 \n\x1cSESSION_METHOD_HASHES_SKETCH\x10\x05\x12\x1a\n\x16SESSION_METHOD_PRIVATE\x10\x06\x12\x19\n\x15SESSION_METHOD_ROUNDS\x10\x07\x12\x19\n\x15SESSION_METHOD_GREEDY\x10\x08\x32\xa0\x08\n\x0cOwnerService\x12S\n\x0cGetOwnerInfo\x12 .dpmarket.v1.GetOwnerInfoRequest\x1a!.dpmarket.v1.GetOwnerInfoResponse\x12P\n\x0bOpenSession\x12\x1f.dpmarket.v1.OpenSessionRequest\x1a .dpmarket.v1.OpenSessionResponse\x12q\n\x16SetValidationEmbedding\x12*.dpmarket.v1.SetValidationEmbeddingRequest\x1a+.dpmarket.v1.SetValidationEmbeddingResponse\x12\x38\n\x03\x42id\x12\x17.dpmarket.v1.BidRequest\x1a\x18.dpmarket.v1.BidResponse\x12S\n\x0cReleasePoint\x12 .dpmarket.v1.ReleasePointRequest\x1a!.dpmarket.v1.ReleasePointResponse\x12N\n\tRunRounds\x12\x1d.dpmarket.v1.RunRoundsRequest\x1a\x1e.dpmarket.v1.RunRoundsResponse(\x01\x30\x01\x12V\n\rSampleUniform\x12!.dpmarket.v1.SampleUniformRequest\x1a\".dpmarket.v1.SampleUniformResponse\x12V\n\rCountRelevant\x12!.dpmarket.v1.CountRelevantRequest\x1a\".dpmarket.v1.CountRelevantResponse\x12\x62\n\x11ProposeCandidates\x12%.dpmarket.v1.ProposeCandidatesRequest\x1a&.dpmarket.v1.ProposeCandidatesResponse\x12S\n\x0c\x43loseSession\x12 .dpmarket.v1.CloseSessionRequest\x1a!.dpmarket.v1.CloseSessionResponse\x12\\\n\x0fRecordStatement\x12#.dpmarket.v1.RecordStatementRequest\x1a$.dpmarket.v1.RecordStatementResponse\x12P\n\x0bGetProgress\x12\x1f.dpmarket.v1.GetProgressRequest\x1a .dpmarket.v1.GetProgressResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x64pmarket/v1/owner.proto\x12\x0b\x64pmarket.v1\x1a\x17\x64pmarket/v1/array.proto\x1a\x18\x64pmarket/v1/market.proto\x1a\x19\x64pmarket/v1/privacy.proto\x1a\x18\x64pmarket/v1/schema.proto\"\x15\n\x13GetOwnerInfoRequest\"\xe1\x01\n\x14GetOwnerInfoResponse\x12\x10\n\x08owner_id\x18\x01 \x01(\t\x12\x12\n\nnum_points\x18\x02 \x01(\x03\x12\x14\n\x0cnum_features\x18\x03 \x01(\x03\x12\x12\n\nhas_labels\x18\x04 \x01(\x08\x12*\n\x06schema\x18\x05 \x01(\x0b\x32\x1a.dpmarket.v1.DatasetSchema\x12#\n\x06prices\x18\x06 \x01(\x0b\x32\x13.dpmarket.v1.Prices\x12(\n\x06\x61\x63\x63\x65ss\x18\x07 \x01(\x0b\x32\x18.dpmarket.v1.OwnerAccess\"\x84\x01\n\x0bOwnerAccess\x12\x18\n\x10\x61llow_exact_bids\x18\x01 \x01(\x08\x12\x1f\n\x17\x61llow_steered_selection\x18\x02 \x01(\x08\x12\x19\n\x11\x61llow_non_private\x18\x03 \x01(\x08\x12\x1f\n\x17\x61llow_reward_disclosure\x18\x04 \x01(\x08\"\xd5\x02\n\x12OpenSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12!\n\x05omega\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12!\n\x05phase\x18\x03 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x15\n\rsampling_seed\x18\x04 \x01(\x04\x12\r\n\x05gamma\x18\x05 \x01(\x01\x12\x10\n\x08\x63onsumer\x18\x06 \x01(\t\x12(\n\x05terms\x18\x08 \x01(\x0b\x32\x19.dpmarket.v1.SessionTerms\x12\x32\n\x0eledger_receipt\x18\t \x01(\x0b\x32\x1a.dpmarket.v1.LedgerReceipt\x12\x1b\n\x13receipt_certificate\x18\n \x01(\x0c\x12,\n\x07scaling\x18\x0b \x01(\x0b\x32\x1b.dpmarket.v1.FeatureScalingJ\x04\x08\x07\x10\x08\"S\n\x0e\x46\x65\x61tureScaling\x12\x1f\n\x03low\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12 \n\x04high\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\"\x98\x01\n\x0cSessionTerms\x12*\n\x06method\x18\x01 \x01(\x0e\x32\x1a.dpmarket.v1.SessionMethod\x12\x0f\n\x07\x65psilon\x18\x02 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\x01\x12\x12\n\nmax_rounds\x18\x04 \x01(\x03\x12(\n\x06market\x18\x05 \x01(\x0b\x32\x18.dpmarket.v1.MarketTerms\"=\n\x13OpenSessionResponse\x12\x12\n\nnum_points\x18\x01 \x01(\x03\x12\x12\n\nmax_points\x18\x02 \x01(\x03\"\xc1\x01\n\x1dSetValidationEmbeddingRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x30\n\x14validation_embedding\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x17\n\x0fshrinkage_sigma\x18\x03 \x01(\x01\x12+\n\x0fprior_embedding\x18\x04 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x14\n\x0cscore_metric\x18\x05 \x01(\x08\" \n\x1eSetValidationEmbeddingResponse\"t\n\nBidRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\x12-\n\x11summary_embedding\x18\x03 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x14\n\x0csummary_size\x18\x04 \x01(\x03\"?\n\x0b\x42idResponse\x12\x0f\n\x07has_bid\x18\x01 \x01(\x08\x12\x0b\n\x03\x62id\x18\x02 \x01(\x01\x12\x12\n\ntimes_best\x18\x03 \x01(\x03\"8\n\x13ReleasePointRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\"d\n\x14ReleasePointResponse\x12!\n\x05point\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\x12\n\x05label\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x0b\n\x03\x62id\x18\x03 \x01(\x01\x42\x08\n\x06_label\"}\n\x10RunRoundsRequest\x12&\n\x03\x62id\x18\x01 \x01(\x0b\x32\x17.dpmarket.v1.BidRequestH\x00\x12\x39\n\rrelease_point\x18\x02 \x01(\x0b\x32 .dpmarket.v1.ReleasePointRequestH\x00\x42\x06\n\x04step\"\x80\x01\n\x11RunRoundsResponse\x12\'\n\x03\x62id\x18\x01 \x01(\x0b\x32\x18.dpmarket.v1.BidResponseH\x00\x12:\n\rrelease_point\x18\x02 \x01(\x0b\x32!.dpmarket.v1.ReleasePointResponseH\x00\x42\x06\n\x04step\"9\n\x14SampleUniformRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\"_\n\x15SampleUniformResponse\x12\"\n\x06points\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\"\n\x06labels\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\"=\n\x14\x43ountRelevantRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tthreshold\x18\x02 \x01(\x01\"9\n\x15\x43ountRelevantResponse\x12\x13\n\x0bnoisy_count\x18\x02 \x01(\x01J\x04\x08\x01\x10\x02R\x05\x63ount\"T\n\x18ProposeCandidatesRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\x12\x15\n\runiform_count\x18\x03 \x01(\x03\"c\n\x19ProposeCandidatesResponse\x12\"\n\x06points\x18\x01 \x01(\x0b\x32\x12.dpmarket.v1.Array\x12\"\n\x06labels\x18\x02 \x01(\x0b\x32\x12.dpmarket.v1.Array\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x8a\x01\n\x14\x43loseSessionResponse\x12(\n\x05spent\x18\x01 \x01(\x0b\x32\x19.dpmarket.v1.SessionSpend\x12+\n\x07receipt\x18\x02 \x01(\x0b\x32\x1a.dpmarket.v1.LedgerReceipt\x12\x1b\n\x13receipt_certificate\x18\x03 \x01(\x0c\"(\n\x12GetProgressRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"P\n\x13GetProgressResponse\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x03\x12\r\n\x05total\x18\x03 \x01(\x03\x12\r\n\x05ticks\x18\x04 \x01(\x03\"I\n\x16RecordStatementRequest\x12/\n\tstatement\x18\x01 \x01(\x0b\x32\x1c.dpmarket.v1.SignedStatement\"T\n\x17RecordStatementResponse\x12\x14\n\x0cstatement_id\x18\x01 \x01(\t\x12\x14\n\x0crecorded_now\x18\x02 \x01(\x08\x12\r\n\x05total\x18\x03 \x01(\x03*\xad\x02\n\rSessionMethod\x12\x1e\n\x1aSESSION_METHOD_UNSPECIFIED\x10\x00\x12\x1a\n\x16SESSION_METHOD_UNIFORM\x10\x01\x12$\n SESSION_METHOD_CANDIDATES_COUNTS\x10\x02\x12$\n SESSION_METHOD_CANDIDATES_SKETCH\x10\x03\x12 \n\x1cSESSION_METHOD_HASHES_COUNTS\x10\x04\x12 \n\x1cSESSION_METHOD_HASHES_SKETCH\x10\x05\x12\x1a\n\x16SESSION_METHOD_PRIVATE\x10\x06\x12\x19\n\x15SESSION_METHOD_ROUNDS\x10\x07\x12\x19\n\x15SESSION_METHOD_GREEDY\x10\x08\x32\xa0\x08\n\x0cOwnerService\x12S\n\x0cGetOwnerInfo\x12 .dpmarket.v1.GetOwnerInfoRequest\x1a!.dpmarket.v1.GetOwnerInfoResponse\x12P\n\x0bOpenSession\x12\x1f.dpmarket.v1.OpenSessionRequest\x1a .dpmarket.v1.OpenSessionResponse\x12q\n\x16SetValidationEmbedding\x12*.dpmarket.v1.SetValidationEmbeddingRequest\x1a+.dpmarket.v1.SetValidationEmbeddingResponse\x12\x38\n\x03\x42id\x12\x17.dpmarket.v1.BidRequest\x1a\x18.dpmarket.v1.BidResponse\x12S\n\x0cReleasePoint\x12 .dpmarket.v1.ReleasePointRequest\x1a!.dpmarket.v1.ReleasePointResponse\x12N\n\tRunRounds\x12\x1d.dpmarket.v1.RunRoundsRequest\x1a\x1e.dpmarket.v1.RunRoundsResponse(\x01\x30\x01\x12V\n\rSampleUniform\x12!.dpmarket.v1.SampleUniformRequest\x1a\".dpmarket.v1.SampleUniformResponse\x12V\n\rCountRelevant\x12!.dpmarket.v1.CountRelevantRequest\x1a\".dpmarket.v1.CountRelevantResponse\x12\x62\n\x11ProposeCandidates\x12%.dpmarket.v1.ProposeCandidatesRequest\x1a&.dpmarket.v1.ProposeCandidatesResponse\x12S\n\x0c\x43loseSession\x12 .dpmarket.v1.CloseSessionRequest\x1a!.dpmarket.v1.CloseSessionResponse\x12\\\n\x0fRecordStatement\x12#.dpmarket.v1.RecordStatementRequest\x1a$.dpmarket.v1.RecordStatementResponse\x12P\n\x0bGetProgress\x12\x1f.dpmarket.v1.GetProgressRequest\x1a .dpmarket.v1.GetProgressResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dpmarket.v1.owner_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SESSIONMETHOD']._serialized_start=2812
-  _globals['_SESSIONMETHOD']._serialized_end=3113
+  _globals['_SESSIONMETHOD']._serialized_start=2943
+  _globals['_SESSIONMETHOD']._serialized_end=3244
   _globals['_GETOWNERINFOREQUEST']._serialized_start=144
   _globals['_GETOWNERINFOREQUEST']._serialized_end=165
   _globals['_GETOWNERINFORESPONSE']._serialized_start=168
@@ -44,51 +44,53 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OWNERACCESS']._serialized_start=396
   _globals['_OWNERACCESS']._serialized_end=528
   _globals['_OPENSESSIONREQUEST']._serialized_start=531
-  _globals['_OPENSESSIONREQUEST']._serialized_end=826
-  _globals['_SESSIONTERMS']._serialized_start=829
-  _globals['_SESSIONTERMS']._serialized_end=981
-  _globals['_OPENSESSIONRESPONSE']._serialized_start=983
-  _globals['_OPENSESSIONRESPONSE']._serialized_end=1044
-  _globals['_SETVALIDATIONEMBEDDINGREQUEST']._serialized_start=1047
-  _globals['_SETVALIDATIONEMBEDDINGREQUEST']._serialized_end=1240
-  _globals['_SETVALIDATIONEMBEDDINGRESPONSE']._serialized_start=1242
-  _globals['_SETVALIDATIONEMBEDDINGRESPONSE']._serialized_end=1274
-  _globals['_BIDREQUEST']._serialized_start=1276
-  _globals['_BIDREQUEST']._serialized_end=1392
-  _globals['_BIDRESPONSE']._serialized_start=1394
-  _globals['_BIDRESPONSE']._serialized_end=1457
-  _globals['_RELEASEPOINTREQUEST']._serialized_start=1459
-  _globals['_RELEASEPOINTREQUEST']._serialized_end=1515
-  _globals['_RELEASEPOINTRESPONSE']._serialized_start=1517
-  _globals['_RELEASEPOINTRESPONSE']._serialized_end=1617
-  _globals['_RUNROUNDSREQUEST']._serialized_start=1619
-  _globals['_RUNROUNDSREQUEST']._serialized_end=1744
-  _globals['_RUNROUNDSRESPONSE']._serialized_start=1747
-  _globals['_RUNROUNDSRESPONSE']._serialized_end=1875
-  _globals['_SAMPLEUNIFORMREQUEST']._serialized_start=1877
-  _globals['_SAMPLEUNIFORMREQUEST']._serialized_end=1934
-  _globals['_SAMPLEUNIFORMRESPONSE']._serialized_start=1936
-  _globals['_SAMPLEUNIFORMRESPONSE']._serialized_end=2031
-  _globals['_COUNTRELEVANTREQUEST']._serialized_start=2033
-  _globals['_COUNTRELEVANTREQUEST']._serialized_end=2094
-  _globals['_COUNTRELEVANTRESPONSE']._serialized_start=2096
-  _globals['_COUNTRELEVANTRESPONSE']._serialized_end=2153
-  _globals['_PROPOSECANDIDATESREQUEST']._serialized_start=2155
-  _globals['_PROPOSECANDIDATESREQUEST']._serialized_end=2239
-  _globals['_PROPOSECANDIDATESRESPONSE']._serialized_start=2241
-  _globals['_PROPOSECANDIDATESRESPONSE']._serialized_end=2340
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=2342
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=2383
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=2386
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=2524
-  _globals['_GETPROGRESSREQUEST']._serialized_start=2526
-  _globals['_GETPROGRESSREQUEST']._serialized_end=2566
-  _globals['_GETPROGRESSRESPONSE']._serialized_start=2568
-  _globals['_GETPROGRESSRESPONSE']._serialized_end=2648
-  _globals['_RECORDSTATEMENTREQUEST']._serialized_start=2650
-  _globals['_RECORDSTATEMENTREQUEST']._serialized_end=2723
-  _globals['_RECORDSTATEMENTRESPONSE']._serialized_start=2725
-  _globals['_RECORDSTATEMENTRESPONSE']._serialized_end=2809
-  _globals['_OWNERSERVICE']._serialized_start=3116
-  _globals['_OWNERSERVICE']._serialized_end=4172
+  _globals['_OPENSESSIONREQUEST']._serialized_end=872
+  _globals['_FEATURESCALING']._serialized_start=874
+  _globals['_FEATURESCALING']._serialized_end=957
+  _globals['_SESSIONTERMS']._serialized_start=960
+  _globals['_SESSIONTERMS']._serialized_end=1112
+  _globals['_OPENSESSIONRESPONSE']._serialized_start=1114
+  _globals['_OPENSESSIONRESPONSE']._serialized_end=1175
+  _globals['_SETVALIDATIONEMBEDDINGREQUEST']._serialized_start=1178
+  _globals['_SETVALIDATIONEMBEDDINGREQUEST']._serialized_end=1371
+  _globals['_SETVALIDATIONEMBEDDINGRESPONSE']._serialized_start=1373
+  _globals['_SETVALIDATIONEMBEDDINGRESPONSE']._serialized_end=1405
+  _globals['_BIDREQUEST']._serialized_start=1407
+  _globals['_BIDREQUEST']._serialized_end=1523
+  _globals['_BIDRESPONSE']._serialized_start=1525
+  _globals['_BIDRESPONSE']._serialized_end=1588
+  _globals['_RELEASEPOINTREQUEST']._serialized_start=1590
+  _globals['_RELEASEPOINTREQUEST']._serialized_end=1646
+  _globals['_RELEASEPOINTRESPONSE']._serialized_start=1648
+  _globals['_RELEASEPOINTRESPONSE']._serialized_end=1748
+  _globals['_RUNROUNDSREQUEST']._serialized_start=1750
+  _globals['_RUNROUNDSREQUEST']._serialized_end=1875
+  _globals['_RUNROUNDSRESPONSE']._serialized_start=1878
+  _globals['_RUNROUNDSRESPONSE']._serialized_end=2006
+  _globals['_SAMPLEUNIFORMREQUEST']._serialized_start=2008
+  _globals['_SAMPLEUNIFORMREQUEST']._serialized_end=2065
+  _globals['_SAMPLEUNIFORMRESPONSE']._serialized_start=2067
+  _globals['_SAMPLEUNIFORMRESPONSE']._serialized_end=2162
+  _globals['_COUNTRELEVANTREQUEST']._serialized_start=2164
+  _globals['_COUNTRELEVANTREQUEST']._serialized_end=2225
+  _globals['_COUNTRELEVANTRESPONSE']._serialized_start=2227
+  _globals['_COUNTRELEVANTRESPONSE']._serialized_end=2284
+  _globals['_PROPOSECANDIDATESREQUEST']._serialized_start=2286
+  _globals['_PROPOSECANDIDATESREQUEST']._serialized_end=2370
+  _globals['_PROPOSECANDIDATESRESPONSE']._serialized_start=2372
+  _globals['_PROPOSECANDIDATESRESPONSE']._serialized_end=2471
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=2473
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=2514
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=2517
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=2655
+  _globals['_GETPROGRESSREQUEST']._serialized_start=2657
+  _globals['_GETPROGRESSREQUEST']._serialized_end=2697
+  _globals['_GETPROGRESSRESPONSE']._serialized_start=2699
+  _globals['_GETPROGRESSRESPONSE']._serialized_end=2779
+  _globals['_RECORDSTATEMENTREQUEST']._serialized_start=2781
+  _globals['_RECORDSTATEMENTREQUEST']._serialized_end=2854
+  _globals['_RECORDSTATEMENTRESPONSE']._serialized_start=2856
+  _globals['_RECORDSTATEMENTRESPONSE']._serialized_end=2940
+  _globals['_OWNERSERVICE']._serialized_start=3247
+  _globals['_OWNERSERVICE']._serialized_end=4303
 # @@protoc_insertion_point(module_scope)

@@ -194,6 +194,7 @@ class OpenSessionRequest(_message.Message):
     TERMS_FIELD_NUMBER: _builtins.int
     LEDGER_RECEIPT_FIELD_NUMBER: _builtins.int
     RECEIPT_CERTIFICATE_FIELD_NUMBER: _builtins.int
+    SCALING_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Curator-chosen random session id (at least 128 bits), unique per curator; unrelated to the id
     the consumer knows.
@@ -235,6 +236,15 @@ class OpenSessionRequest(_message.Message):
         nothing until its operator resolves it; a receipt it did not sign changes nothing.
         """
 
+    @_builtins.property
+    def scaling(self) -> Global___FeatureScaling:
+        """How h1 reads every point: z = (x - low) / (high - low) per feature before the frequencies,
+        with the session's schema's public bounds; unset for a session without a schema (z = x).
+        The owner refuses, with INVALID_ARGUMENT and before anything is computed or charged,
+        a scaling that is not exactly its own declaration's bounds, a missing one when it
+        declares a schema, and one when it declares none.
+        """
+
     def __init__(
         self,
         *,
@@ -247,14 +257,45 @@ class OpenSessionRequest(_message.Message):
         terms: Global___SessionTerms | None = ...,
         ledger_receipt: _privacy_pb2.LedgerReceipt | None = ...,
         receipt_certificate: _builtins.bytes = ...,
+        scaling: Global___FeatureScaling | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ledger_receipt", b"ledger_receipt", "omega", b"omega", "phase", b"phase", "terms", b"terms"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ledger_receipt", b"ledger_receipt", "omega", b"omega", "phase", b"phase", "scaling", b"scaling", "terms", b"terms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer", b"consumer", "gamma", b"gamma", "ledger_receipt", b"ledger_receipt", "omega", b"omega", "phase", b"phase", "receipt_certificate", b"receipt_certificate", "sampling_seed", b"sampling_seed", "session_id", b"session_id", "terms", b"terms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer", b"consumer", "gamma", b"gamma", "ledger_receipt", b"ledger_receipt", "omega", b"omega", "phase", b"phase", "receipt_certificate", b"receipt_certificate", "sampling_seed", b"sampling_seed", "scaling", b"scaling", "session_id", b"session_id", "terms", b"terms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___OpenSessionRequest: _TypeAlias = OpenSessionRequest  # noqa: Y015
+
+@_typing.final
+class FeatureScaling(_message.Message):
+    """A feature scaling: each feature's public bounds, in the feature's own units."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LOW_FIELD_NUMBER: _builtins.int
+    HIGH_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def low(self) -> _array_pb2.Array:
+        """Lower bounds, float64 of shape (num_features,)."""
+
+    @_builtins.property
+    def high(self) -> _array_pb2.Array:
+        """Upper bounds, float64 of shape (num_features,), each above its lower bound."""
+
+    def __init__(
+        self,
+        *,
+        low: _array_pb2.Array | None = ...,
+        high: _array_pb2.Array | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["high", b"high", "low", b"low"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["high", b"high", "low", b"low"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FeatureScaling: _TypeAlias = FeatureScaling  # noqa: Y015
 
 @_typing.final
 class SessionTerms(_message.Message):

@@ -453,15 +453,15 @@ def test_the_suggested_gamma_is_the_one_a_refusal_names_and_is_accepted() -> Non
 
 
 def test_a_width_refusal_never_advises_a_gamma_the_curator_refuses() -> None:
-    """Raw house prices (sd about 1e5): the median heuristic's gamma is about 1e-11, below the
-    curator's default range [1e-6, 1e6]. The refusal says the scale is the problem and how to
-    rescale the features: to [0, 1] by their public bounds, in the validation set and every
-    owner's table alike; given the bounds, it names the gamma that fits the rescaled points
-    (inside the range); the gamma of the raw units only where a curator's policy widens its
-    range. Controls (issue 28): the first message advised "a gamma around 1 / 9.5e+09 =
+    """Raw house prices (sd about 1e5) read without a schema: the median heuristic's gamma is
+    about 1e-11, below the curator's default range [1e-6, 1e6]. The refusal says the scale is
+    the problem and that a schema declaring the public bounds makes the kernel read every
+    feature scaled to [0, 1]; the gamma of the raw units only where a curator's policy widens
+    its range. Controls (issue 28): the first message advised "a gamma around 1 / 9.5e+09 =
     1.05e-10", which the curator then refused; the second, to standardize each feature (mean
-    0, sd 1) in every owner's data alike, which no public value fixes (each owner's own mean
-    and sd differ), then "a gamma around 1 / (2 x 2 features) = 0.25"."""
+    0, sd 1) in every owner's data alike, which no public value fixes; the third (main before
+    the kernel read scaled units), to rescale every feature to [0, 1] by hand in the validation
+    set and every owner's table alike."""
     from dpmarket.common.summarization.kernels import GAMMA_RANGE
     from dpmarket.curator.policy import DEFAULT_RANGES
 
@@ -471,23 +471,50 @@ def test_a_width_refusal_never_advises_a_gamma_the_curator_refuses() -> None:
     with pytest.raises(ValueError, match="features' scale is the problem") as refused:
         check_kernel_width(points, 1.0)
     message = str(refused.value)
-    assert "Rescale every feature to [0, 1] by its public bounds" in message
+    assert "a schema that declares each feature's public bounds" in message
+    assert "the kernel then reads every feature scaled to [0, 1] by them" in message
     assert "Use a gamma around" not in message and "Standardize" not in message
-    assert "in every owner's table alike" in message
+    assert "in every owner's table alike" not in message  # nothing to rescale by hand
     raw = suggested_gamma(points)
     assert f"where the curator's policy widens its gamma range to hold it, --gamma {raw:.3g}" in (
         message
     )
+
+
+def test_with_bounds_the_kernel_width_is_checked_in_scaled_units() -> None:
+    """Given the schema's bounds, the width is checked on the points scaled to [0, 1] by them,
+    as the session's kernel reads them: raw house prices at gamma 1 pass (median kernel value
+    that of the scaled points), and a refusal names the gamma of the scaled units, which
+    :func:`suggested_gamma` with the same bounds gives. Control: main checked the raw units,
+    refusing gamma 1 ("features' scale is the problem")."""
+    from dpmarket.common.summarization.kernels import GAMMA_RANGE
+
+    points = np.clip(np.random.default_rng(0).normal(2e5, 1e5, (60, 2)), 0.0, 6e5)
     bounds = np.array([[0.0, 6e5], [0.0, 6e5]])
-    with pytest.raises(ValueError, match="features' scale is the problem") as refused:
-        check_kernel_width(points, 1.0, bounds=bounds)
-    fits = suggested_gamma(points / 6e5)
+    scaled = points / 6e5
+    assert check_kernel_width(points, 1.0, bounds=bounds) == check_kernel_width(scaled, 1.0)
+    fits = suggested_gamma(points, bounds=bounds)
+    assert fits == suggested_gamma(scaled)
     assert GAMMA_RANGE[0] <= fits <= GAMMA_RANGE[1]
-    assert f"on the validation points so rescaled, --gamma {fits:.3g} fits" in str(refused.value)
-    assert check_kernel_width(points / 6e5, float(f"{fits:.3g}")) == pytest.approx(
+    with pytest.raises(ValueError, match="Use a gamma around") as refused:
+        check_kernel_width(points, 1e-9, bounds=bounds)
+    message = str(refused.value)
+    assert f"= {fits:.3g} (in units of each feature scaled to [0, 1] by its schema bounds)" in (
+        message
+    )
+    assert check_kernel_width(points, float(f"{fits:.3g}"), bounds=bounds) == pytest.approx(
         math.exp(-1.0), rel=1e-2
     )
-    # The curator's session and ``request`` take the bounds from the schema, its features only.
+    with pytest.raises(ValueError, match="low < high"):
+        check_kernel_width(points, 1.0, bounds=np.array([[0.0, 6e5], [1.0, 1.0]]))
+    with pytest.raises(ValueError, match="3 features"):
+        check_kernel_width(points, 1.0, bounds=np.tile([0.0, 1.0], (3, 1)))
+
+
+def test_feature_bounds_are_the_schemas_features_bounds() -> None:
+    """The curator's session and ``request`` take the bounds from the schema, its features
+    only, in order."""
+    bounds = np.array([[0.0, 6e5], [0.0, 6e5]])
     from dpmarket.common.schema import Schema
     from dpmarket.common.summarization.kernels import feature_bounds
 

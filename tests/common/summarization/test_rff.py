@@ -27,7 +27,13 @@ from dpmarket.common.fourier import (
     reduced_angles,
 )
 from dpmarket.common.summarization.kernels import rbf_kernel
-from dpmarket.common.summarization.rff import RFFParams, draw_rff_params, random_fourier_features
+from dpmarket.common.summarization.rff import (
+    FeatureScaling,
+    RFFParams,
+    draw_rff_params,
+    kernel_points,
+    random_fourier_features,
+)
 
 
 def _bernstein_t(n: int, var: float, b: float, log_term: float) -> float:
@@ -314,3 +320,58 @@ def test_tiny_angles_are_zero_and_no_float32_angle_is_subnormal() -> None:
     assert not ((out != 0) & (np.abs(out) < tiny32)).any()
     np.testing.assert_array_equal(out[:4], np.zeros(4, dtype=np.float32))
     assert out[4] == np.float32(TINY_ANGLE) and out[5] == np.float32(1.0)
+
+
+def test_features_under_a_scaling_are_those_of_the_points_scaled_bit_for_bit() -> None:
+    """h1 under a feature scaling is h1 without one of ``(x - low) / (high - low)``, bit for bit
+    and whatever the chunking; the draw is the same with or without the scaling; unit bounds
+    leave every value as it is, so their features are those without a scaling. Control: main's
+    parameters carry no scaling (the draw's ``scaling`` keyword is a TypeError there)."""
+    rng = np.random.default_rng(5)
+    low, high = np.array([0.0, -3e4, 40.0]), np.array([1e5, 7e4, 41.0])
+    x = rng.uniform(low, high, (300, 3))
+    scaling = FeatureScaling(low=low, high=high)
+    plain = draw_rff_params(3, 32, 0.7, np.random.default_rng(1))
+    scaled = draw_rff_params(3, 32, 0.7, np.random.default_rng(1), scaling=scaling)
+    np.testing.assert_array_equal(plain.omega, scaled.omega)
+    np.testing.assert_array_equal(plain.phase, scaled.phase)
+    assert plain != scaled
+    z = (x - low) / (high - low)
+    assert (z >= 0).all() and (z <= 1).all()
+    np.testing.assert_array_equal(scaling.apply(x), z)
+    np.testing.assert_array_equal(kernel_points(x, scaling), z)
+    assert kernel_points(x, None) is x
+    expected = random_fourier_features(z, plain)
+    np.testing.assert_array_equal(random_fourier_features(x, scaled), expected)
+    np.testing.assert_array_equal(random_fourier_features(x, scaled, chunk_size=7), expected)
+    unit = FeatureScaling(low=np.zeros(3), high=np.ones(3))
+    u = rng.uniform(0.0, 1.0, (50, 3))
+    np.testing.assert_array_equal(unit.apply(u), u)
+    unit_params = RFFParams(plain.omega, plain.phase, plain.gamma, scaling=unit)
+    np.testing.assert_array_equal(
+        random_fourier_features(u, unit_params), random_fourier_features(u, plain)
+    )
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "match"),
+    [
+        ([0.0, 1.0], [1.0, 1.0], "low < high"),
+        ([0.0], [np.inf], "finite"),
+        ([-1e308], [1e308], "finite high - low"),
+        ([0.0, 0.0], [1.0], "one length"),
+        ([], [], "one length"),
+    ],
+)
+def test_a_feature_scaling_refuses_bounds_it_cannot_scale_by(low, high, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        FeatureScaling(low=np.array(low), high=np.array(high))
+
+
+def test_params_refuse_a_scaling_of_another_feature_count() -> None:
+    params = draw_rff_params(3, 4, 1.0, np.random.default_rng(0))
+    two = FeatureScaling.of_bounds([[0.0, 1.0], [0.0, 2.0]])
+    with pytest.raises(ValueError, match="FeatureScaling of 3 features"):
+        RFFParams(params.omega, params.phase, 1.0, scaling=two)
+    with pytest.raises(ValueError, match="shape"):
+        FeatureScaling.of_bounds([0.0, 1.0])
