@@ -54,6 +54,7 @@ from dpmarket.runtime.cli import (
     curator_options,
     json_option,
     print_json,
+    print_table,
     progress_printer,
     security_from_options,
     tls_options,
@@ -351,7 +352,7 @@ def finish(
     if as_json:
         print_json(document)
     else:
-        Console().print(comparison_table([evaluation], title=title, wide=wide))
+        print_table(comparison_table([evaluation], title=title, wide=wide), wide=wide)
     for line in charge_lines(result.report):
         console.print(line, highlight=False)
     report = result.report
@@ -712,7 +713,7 @@ def _print_quote(
     if as_json:
         print_json(quote_json(quoted))
     else:
-        Console().print(quote_table(quoted, wide=wide))
+        print_table(quote_table(quoted, wide=wide), wide=wide)
 
 
 def _summarize(
@@ -2125,7 +2126,7 @@ def statements_command(
     if not settled:
         console.print("no settled statements")
         return
-    Console().print(statements_table(settled, wide=wide))
+    print_table(statements_table(settled, wide=wide), wide=wide)
 
 
 def _write_statements_csv(settled: Sequence[Any], path: str) -> None:

@@ -53,6 +53,7 @@ from dpmarket.runtime.cli import (
     ensure_info_logging,
     json_option,
     print_json,
+    print_table,
     security_from_options,
     tls_options,
     write_output,
@@ -312,7 +313,7 @@ def ledger(
         return
     out = Console()
     if report["entries"]:
-        out.print(_charges_table(report, wide=wide))
+        print_table(_charges_table(report, wide=wide), wide=wide)
     else:
         where = f" in session {session!r}" if session is not None else ""
         out.print(f"no charges{where} in {report['ledger']}", markup=False, highlight=False)
@@ -1581,4 +1582,4 @@ def earnings_command(data_dir: Path, as_json: bool, wide: bool) -> None:
     if not earnings:
         Console().print(f"no earnings recorded in {ledger_path(data_dir)}", highlight=False)
         return
-    Console().print(earnings_table(earnings, wide=wide))
+    print_table(earnings_table(earnings, wide=wide), wide=wide)

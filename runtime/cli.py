@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from rich.console import Console
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from dpmarket.runtime.files import json_text, write_json
 from dpmarket.runtime.identity import ROLES, Identity, identity_files
@@ -40,6 +43,7 @@ __all__ = [
     "ensure_info_logging",
     "json_option",
     "print_json",
+    "print_table",
     "progress_printer",
     "security_from_options",
     "setup_logging",
@@ -464,6 +468,19 @@ def json_option(func: Callable[..., Any]) -> Callable[..., Any]:
         is_flag=True,
         help="Print JSON on stdout instead of tables (messages stay on stderr).",
     )(func)
+
+
+def print_table(table: Table, *, wide: bool = False) -> None:
+    """Print a rich ``table`` on stdout. A ``--wide`` table is printed at its own natural width
+    when that exceeds the terminal's (80 columns through a pipe), so that no cell is cut to an
+    ellipsis: wide output is for reading every column, and a terminal narrower than the table
+    wraps lines rather than losing digits."""
+    out = Console()
+    if wide:
+        natural = Measurement.get(out, out.options.update_width(100_000), table).maximum
+        if natural > out.width:
+            out = Console(width=natural)
+    out.print(table)
 
 
 def print_json(data: Any) -> None:

@@ -122,3 +122,24 @@ def test_the_plot_draws_the_mmd_curve_and_each_owners_share(
     )
     counts = {o: result.owner_ids.count(o) for o in set(result.owner_ids)}
     assert drawn.shares == {**dict(sorted(counts.items())), "owner-x": 0}
+
+
+def test_a_wide_table_through_a_pipe_is_printed_at_its_own_width(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--wide`` through a pipe (or an 80-column terminal): the table keeps every digit.
+
+    Control: printed by a plain ``Console()`` (what ``request --wide`` did), stdout not being a
+    terminal gives rich 80 columns, and every value was cut (``0.0…``) — an outside analyst's
+    report, `request --wide ... | cat`."""
+    from dpmarket.runtime.cli import print_table
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    print_table(comparison_table(DEMO_ROWS, title="t", wide=True), wide=True)
+    text = capsys.readouterr().out
+    assert "…" not in text, text
+    for value in ("0.298", "+7532", "0.000123", "1517 + 2456"):
+        assert value in text, value
+    # The compact table is unchanged: printed at the terminal's width, and it fits 80.
+    print_table(comparison_table(DEMO_ROWS, title="t"))
+    _fits(capsys.readouterr().out)
