@@ -61,6 +61,7 @@ bit for bit, wherever they are computed.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
@@ -620,6 +621,31 @@ _INSIDE_BIN = (
     "so that bin counts for nothing (or for all) of it; the interval counts that bin whole in "
     "its upper end and not at all in its lower end, so it holds wherever they lie"
 )
+#: Why an M2M value whose predicate meets the domain only at an edge is a guess (in the words of
+#: :data:`_INSIDE_BIN` where they fit): the set is a face of measure 0 (``x = low``).
+_ON_FACE = (
+    "a guess at the domain's edge: the predicate holds only an edge of the domain (a threshold "
+    "at a continuous column's declared lower bound, where records may pile up, or a single "
+    "value of it), and M2M's fit is continuous: the value takes the records as spread with no "
+    "mass on any single value, so that edge counts for nothing of it; the interval takes M2M's "
+    "residual range over that face of the domain too (the design's points moved onto it), so "
+    "it holds records piled there"
+)
+#: Per sketch family, how the interval of a value whose predicate meets a bin (a histogram) or
+#: the domain (M2M) only at an edge is built, and why the value is a guess
+#: (:meth:`Explorer._settle`).
+_EDGE_GUESS = {
+    "hist": (
+        "every bin's mass anywhere in its bin: the bins the predicate holds whole and every bin "
+        "it touches, widened by the noise; they hold wherever the records lie inside a bin",
+        _INSIDE_BIN,
+    ),
+    "m2m": (
+        "M2M's residual range over the design and over the set's face (its fit and shrinkage), "
+        "widened by the noise; the value, M2M's continuous fit, puts no mass on that face",
+        _ON_FACE,
+    ),
+}
 
 
 def _flag(code: str, reason: str) -> Flag:
@@ -1160,7 +1186,9 @@ class Explorer:
         predicate meeting the domain only at its edge (``P[x <= low]``, where records may sit
         at the bound) is not settled: a histogram's that meets a bin only at its edge is a
         guess inside that bin (basis ``bounds``, flagged ``model-guess``, no standard error),
-        M2M's keeps its residual's range over the set's face (:func:`_face_points`).
+        and so is M2M's that meets the domain only at an edge of a continuous column (the face
+        ``x = low``, on which its continuous fit puts no mass: :meth:`_at_edge`), its interval
+        M2M's residual range over that face too (:func:`_face_points`).
 
         A logistic regression is fitted by implicit M2M with the explorer's lambda rule and
         intercept; its errors are the spread over :data:`M2M_BOOTSTRAP` // 2 refits to the
@@ -1429,15 +1457,19 @@ class Explorer:
         spread: tuple[NDArray[np.float64], NDArray[np.float64]],
     ) -> tuple[list[float | None], list[str | None]]:
         """The values the declared bounds settle (:meth:`_settled`), for every sketch kind,
-        and a histogram's guesses inside a bin, set in place in ``stated``, ``values``, the
-        interval's ``(low, high)`` (None: no interval) and ``spread`` ``(se, bias)`` (each of
-        k values). Returns per value the settled value or None, and the ``model-guess`` reason
-        or None."""
+        and the guesses at an edge (a histogram's inside a bin, M2M's on a face of the domain),
+        set in place in ``stated``, ``values``, the interval's ``(low, high)`` (None: no
+        interval) and ``spread`` ``(se, bias)`` (each of k values). Returns per value the
+        settled value or None, and the ``model-guess`` reason or None."""
         settled = self._settled(query, idx)
         guesses: list[str | None] = [None] * len(stated)
+        covers, reason = _EDGE_GUESS[
+            "hist" if isinstance(self.spec.feature_map, HISTMap) else "m2m"
+        ]
         # What the domain fixes is exact (basis public, as the marginals kind answers it); a
-        # predicate meeting a bin only at an edge is a guess inside that bin: P[x <= low]
-        # reads the records at exactly the lower bound as none of the lowest bin.
+        # predicate meeting a bin (or, from M2M, the domain) only at an edge is a guess there:
+        # P[x <= low] reads the records at exactly the lower bound as none of the lowest bin
+        # (of M2M's continuous fit), its interval unchanged.
         for v, (exact, edge) in enumerate(settled):
             if exact is not None:
                 values[v] = exact
@@ -1446,13 +1478,8 @@ class Explorer:
                 if interval is not None:
                     interval[0][v], interval[1][v] = exact, exact
             elif edge:
-                stated[v] = (
-                    "bounds",
-                    "every bin's mass anywhere in its bin: the bins the predicate holds whole "
-                    "and every bin it touches, widened by the noise; they hold wherever the "
-                    "records lie inside a bin",
-                )
-                guesses[v] = _INSIDE_BIN
+                stated[v] = ("bounds", covers)
+                guesses[v] = reason
         return [e for e, _ in settled], guesses
 
     def _settled(self, query: Query, idx: NDArray[np.int64]) -> list[tuple[float | None, bool]]:
@@ -1465,9 +1492,10 @@ class Explorer:
         one-column count meets a bin only at an edge
         (:func:`~dpmarket.common.sketches.intervals.bin_ranges` gives that bin least value 0,
         largest 1, and its uniform reading 0 or 1: a ``<=`` threshold at a bin's lower edge),
-        so the value is a guess inside that bin; False for other kinds, counts over several
-        columns (Fréchet bounds already, :func:`interval_basis`) and M2M (its residual's range
-        over the set's face holds such a set: :func:`_face_points`)."""
+        so the value is a guess inside that bin, or whether an RFF's or RACE's CDF or count
+        meets the domain only at an edge on some column (:meth:`_at_edge`); False for other
+        kinds and a histogram's counts over several columns (Fréchet bounds already,
+        :func:`interval_basis`)."""
         domain = self.domain
         if query.kind == "cdf":
             per_value = [
@@ -1494,19 +1522,34 @@ class Explorer:
             elif all(r == (1.0, 1.0) for r in ranges):
                 out.append((1.0, False))
             else:
-                out.append(
-                    (None, len(targets) == 1 and self._bin_edge(*next(iter(targets.items()))))
-                )
+                out.append((None, self._at_edge(targets)))
         return out
 
-    def _bin_edge(self, column: int, target: BinTarget) -> bool:
-        """Whether a histogram's indicator ``target`` on ``column`` meets a bin only at an edge
-        (:meth:`_settled`); False for an RFF or RACE sketch."""
+    def _at_edge(self, targets: Mapping[int, BinTarget]) -> bool:
+        """Whether a CDF's or count's indicator ``targets`` (per column) meet what a column's
+        records can hold only at an edge (:meth:`_settled`): least value 0, largest 1, and the
+        uniform reading 0 or 1. For a histogram, a bin of its one column
+        (:func:`~dpmarket.common.sketches.intervals.bin_ranges`; several columns: False, their
+        Fréchet bounds are a guess already). For an RFF or RACE sketch, the whole domain of
+        some column read as one bin (:func:`~dpmarket.common.sketches.intervals.domain_range`):
+        a continuous or integer column (continuous in M2M's design) held to one value
+        (``x <= low``, where records may pile up at the bound), so the set is a face of measure
+        0 on which M2M's continuous fit puts no mass (its residual's range over that face,
+        :func:`_face_points`, keeps the interval)."""
         fmap = self.spec.feature_map
-        if not isinstance(fmap, HISTMap):
-            return False
-        low, high, mid = bin_ranges(fmap, self.domain, column, target)
-        return bool(((low < high) & ((mid == low) | (mid == high))).any())
+        if isinstance(fmap, HISTMap):
+            if len(targets) != 1:
+                return False
+            # (least, largest, uniform reading) per bin: shape (3, n_bins), one array a column
+            ranges = [np.array(bin_ranges(fmap, self.domain, j, t)) for j, t in targets.items()]
+        else:
+            # M2M's uniform design reads an integer column as continuous (Domain.sample_uniform):
+            # ``x <= low`` there is a face of measure 0 too.
+            design = dataclasses.replace(self.domain, integers=())
+            ranges = [np.array(domain_range(design, j, t))[:, None] for j, t in targets.items()]
+        return any(
+            bool(((low < high) & ((mid == low) | (mid == high))).any()) for low, high, mid in ranges
+        )
 
     def _stated(
         self, query: Query, idx: NDArray[np.int64], n_columns: int, k: int
