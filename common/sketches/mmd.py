@@ -20,9 +20,15 @@ n_hat^2`` (``u_hat_j`` the frequency's two coordinates of ``z_hat - mu``) are i.
 with mean ``MMD_k^2``: their sample variance over ``m'`` estimates the first two parts at once, and
 the value's standard error is ``sqrt(var(T_hat) / m' + (2 sd(zeta) / n_hat)^2 (z_hat . (z_hat -
 mu) / m')^2)``. The interval ``value -+ z SE`` is a central-limit interval over the ``m'``
-frequencies: it covers ``MMD_k^2(D, V)`` (the V-statistic of the exact Gaussian kernel on the
-owner's records and ``V``, in the spec's units) at its nominal rate over the draw of the spec's
-frequencies and of the noise, for ``m'`` in the tens or more.
+frequencies: it aims to cover ``MMD_k^2(D, V)`` (the V-statistic of the exact Gaussian kernel on
+the owner's records and ``V``, in the spec's units) over the draw of the spec's frequencies and of
+the noise. The ``T_hat_j`` are skewed (a few low frequencies carry most of the mass), so the value
+and its sample standard error fall together and the interval covers less than its nominal rate:
+on Ecdat Benefits (``m' = 100``, ``sigma = 0.5``) the largest owner's covered 90 of 100 draws at
+eps 1 and 75 of 80 at eps 3 (its noiseless RFF value was unbiased, mean 0.0423 against 0.0424;
+the value-SE correlation was 0.79 at eps 1). A Hoeffding or empirical-Bernstein bound over
+``m'`` terms in [0, 4] has a half-width of about 0.5 or 0.4 at ``m' = 100`` and 95 % (ten times
+the MMD² measured there, 0.03-0.05), so no such term is added.
 
 Two owners of one spec share the frequencies and ``V``, so the difference of their values is the
 mean of the i.i.d. ``T_hat^A_j - T_hat^B_j``: :func:`mmd2_difference` gives its standard error
